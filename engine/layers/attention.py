@@ -1,0 +1,112 @@
+"""Paged attention over a block-structured KV pool, for prefill chunks and decodes in one batch.
+
+The batch is flattened (varlen): sequence i owns query rows
+``query_start_loc[i]:query_start_loc[i+1]``. Its context after this step is ``seq_lens[i]``
+tokens, whose K/V live in the pool at ``block_tables[i]``; token at position p sits in slot
+``block_tables[i][p // B] * B + p % B``. New tokens' K/V are written to ``slot_mapping`` first,
+so every query reads its whole context (cached prefix + this step) from the pool.
+
+GQA: the pool stores K/V once per KV head ``[num_blocks, B, n_kv, hd]``; query head h reads KV
+head ``h // (n_heads / n_kv)`` through ``scaled_dot_product_attention(enable_gqa=True)``; K/V
+are never repeated in memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where this step's tokens go and what each sequence attends to. Built by ModelRunner."""
+
+    slot_mapping: torch.Tensor  # int64 [T]: pool slot of each new token
+    query_start_loc: list[int]  # [S+1] cumulative query lengths (cu_seqlens_q)
+    seq_lens: list[int]  # [S] context length of each sequence after this step
+    block_tables: torch.Tensor  # int64 [S, max_blocks], padded with 0 (masked by seq_lens)
+    num_decodes: int  # the first num_decodes sequences have exactly one query token
+    decode_seq_lens: torch.Tensor | None = None  # int64 [num_decodes], seq_lens of the decodes
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's K/V ([T, n_kv, hd]) into their slots of the pool."""
+    n_kv, hd = k.shape[1], k.shape[2]
+    k_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """[..., nb] block ids -> [..., nb*B, n_kv, hd] contiguous context."""
+    blocks = cache[block_table]  # [..., nb, B, n_kv, hd]
+    return blocks.flatten(-4, -3)
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence, batched; padding beyond seq_len is masked out."""
+    max_len = int(seq_lens.max())
+    nb = (max_len + k_cache.shape[1] - 1) // k_cache.shape[1]
+    table = block_tables[:, :nb]
+    k = _gather(k_cache, table)[:, :max_len].transpose(1, 2)  # [S, n_kv, L, hd]
+    v = _gather(v_cache, table)[:, :max_len].transpose(1, 2)
+    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [S, L]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2).to(k.dtype), k, v, attn_mask=mask[:, None, None, :], scale=scale,
+        enable_gqa=True)  # q [S, H, 1, hd]
+    return out.squeeze(2)
+
+
+def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """A chunk of n query tokens at positions [seq_len-n, seq_len) over a seq_len context."""
+    n = q.shape[0]
+    nb = (seq_len + k_cache.shape[1] - 1) // k_cache.shape[1]
+    k = _gather(k_cache, block_table[:nb])[:seq_len].transpose(0, 1)  # [n_kv, L, hd]
+    v = _gather(v_cache, block_table[:nb])[:seq_len].transpose(0, 1)
+    qh = q.transpose(0, 1).to(k.dtype)  # [H, n, hd]
+    if n == seq_len:
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # Query j sits at absolute position seq_len - n + j and sees keys 0..that position.
+        mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]."""
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd:
+        seq_lens = meta.decode_seq_lens
+        if seq_lens is None:
+            seq_lens = torch.tensor(meta.seq_lens[:nd], device=q.device)
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], seq_lens, scale).to(q.dtype)
+    for i in range(nd, meta.num_seqs):
+        s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale).to(q.dtype)
+    return out
+
+
+class PagedAttention(torch.nn.Module):
+    """The attention a model layer calls; the KV pool and metadata are passed in each step."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
