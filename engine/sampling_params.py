@@ -19,6 +19,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus top k
+    prompt_logprobs: int | None = None  # score the prompt too (completions with echo)
     priority: int = 0  # lower runs first: interactive chats 0, background API jobs 1
 
     def __post_init__(self) -> None:
@@ -32,8 +33,10 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be > 0")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError("logprobs must be between 0 and 20")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= 20:
+                raise ValueError(f"{name} must be between 0 and 20")
 
     @property
     def is_greedy(self) -> bool:
