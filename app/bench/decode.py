@@ -1,0 +1,99 @@
+"""`ember bench decode`: single-stream prefill and decode speed, Ember next to llama.cpp.
+
+Both run the same GGUF file on the same threads in the same process, one after the other,
+each `--runs` times; the table shows medians. Prefill tok/s = prompt tokens / time to the
+first token; decode tok/s = (new tokens − 1) / time from the first to the last token.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+
+
+def make_prompt(tokenizer_encode, n_tokens: int) -> list[int]:
+    """A natural-ish prompt of exactly n_tokens (repeated corpus-like text, cut to length)."""
+    text = ("The quick brown fox jumps over the lazy dog while the engine counts tokens. "
+            "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n") * 64
+    ids = tokenizer_encode(text)
+    while len(ids) < n_tokens:
+        ids = ids + ids
+    return ids[:n_tokens]
+
+
+def bench_ember(engine, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.add_request(prompt, params)
+    t_first = None
+    n = 0
+    while engine.has_unfinished():
+        for o in engine.step():
+            n += len(o.new_token_ids)
+            if t_first is None and o.new_token_ids:
+                t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    return len(prompt) / (t_first - t0), (n - 1) / (t_end - t_first)
+
+
+def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    llm.reset()
+    t0 = time.perf_counter()
+    t_first = None
+    n = 0
+    for _ in llm.generate(prompt, temp=0.0, reset=True):
+        n += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+        if n >= new_tokens:
+            break
+    t_end = time.perf_counter()
+    return len(prompt) / (t_first - t0), (n - 1) / (t_end - t_first)
+
+
+def run(args) -> int:
+    import llama_cpp
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loaders.default_model import default_model_path
+
+    path = args.model or str(default_model_path())
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
+                                    max_prefill_chunk=max(args.prompt_tokens, 16),
+                                    max_num_batched_tokens=max(args.prompt_tokens, 1024),
+                                    enable_prefix_caching=False))
+    llm = llama_cpp.Llama(model_path=path, n_ctx=args.prompt_tokens + args.new_tokens + 16,
+                          n_batch=max(args.prompt_tokens, 512), n_threads=args.threads, verbose=False)
+    prompt = make_prompt(engine.tokenizer.encode, args.prompt_tokens)
+    bench_ember(engine, prompt[:32], 8)  # warm-up: allocator, kernels, caches
+    bench_llamacpp(llm, prompt[:32], 8)
+    rows = {"ember": [], "llama.cpp": []}
+    for _ in range(args.runs):
+        rows["ember"].append(bench_ember(engine, prompt, args.new_tokens))
+        rows["llama.cpp"].append(bench_llamacpp(llm, prompt, args.new_tokens))
+    med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rows.items()}
+    print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, prompt {args.prompt_tokens} tokens, "
+          f"{args.new_tokens} new tokens, median of {args.runs} runs")
+    print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>15}")
+    for k, (pp, tg) in med.items():
+        print(f"{k:<12}{pp:>15.1f}{tg:>15.1f}")
+    e, l = med["ember"], med["llama.cpp"]
+    print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
+    return 0
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("decode", help="single-stream prefill and decode tok/s, Ember vs llama.cpp")
+    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    p.set_defaults(func=run)

@@ -1,0 +1,101 @@
+"""`ember bench throughput`: N concurrent chats of 128 new tokens, Ember's continuous batching
+next to llama-cpp-python serving the same chats one after another, in one run.
+
+Aggregate tok/s = all new tokens / wall time from the first request to the last token.
+TTFT is per chat from the moment all N are submitted; per-chat tok/s excludes TTFT.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+QUESTIONS = [
+    "Explain how a hash map works.", "Write a haiku about autumn.", "What is a prime number?",
+    "Give three tips for learning Python.", "Why is the sky blue?", "Summarize the plot of Hamlet.",
+    "How do vaccines work?", "What is the capital of Australia and why?",
+]
+
+
+def chat_prompts(engine, n: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        q = QUESTIONS[i % len(QUESTIONS)] + (f" (variant {i})" if i >= len(QUESTIONS) else "")
+        text = engine.chat_template.render([{"role": "user", "content": q}], add_generation_prompt=True)
+        out.append(engine.tokenizer.encode(text))
+    return out
+
+
+def run_ember(engine, prompts, new_tokens: int) -> dict:
+    from engine.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    total = 0
+    while engine.has_unfinished():
+        for o in engine.step():
+            now = time.perf_counter()
+            total += len(o.new_token_ids)
+            first.setdefault(o.request_id, now)
+            last[o.request_id] = now
+    wall = time.perf_counter() - t0
+    per_chat = [(new_tokens - 1) / (last[i] - first[i]) for i in ids if last[i] > first[i]]
+    return {"agg": total / wall, "ttft": statistics.median(first[i] - t0 for i in ids),
+            "per_chat": statistics.median(per_chat) if per_chat else float("nan")}
+
+
+def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    ttfts, per_chat, total = [], [], 0
+    for p in prompts:
+        t_first, n = None, 0
+        for _ in llm.generate(p, temp=0.0, reset=True):
+            n += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+                ttfts.append(t_first - t0)
+            if n >= new_tokens:
+                break
+        per_chat.append((n - 1) / (time.perf_counter() - t_first))
+        total += n
+    wall = time.perf_counter() - t0
+    return {"agg": total / wall, "ttft": statistics.median(ttfts), "per_chat": statistics.median(per_chat)}
+
+
+def run(args) -> int:
+    import llama_cpp
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loaders.default_model import default_model_path
+
+    path = args.model or str(default_model_path())
+    engine = LLMEngine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
+                                    max_num_seqs=max(args.concurrency), enable_prefix_caching=False))
+    llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=args.threads, verbose=False)
+    run_ember(engine, chat_prompts(engine, 2), 4)  # warm-up
+    print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, {args.new_tokens} new tokens per chat, "
+          "greedy, ignore EOS; llama.cpp serves the chats one after another")
+    print(f"{'chats':>5} | {'ember agg tok/s':>15} {'TTFT s':>8} {'per-chat':>9} | "
+          f"{'llama.cpp agg':>13} {'TTFT s':>8} {'per-chat':>9} | {'ratio':>6}")
+    for n in args.concurrency:
+        prompts = chat_prompts(engine, n)
+        e = run_ember(engine, prompts, args.new_tokens)
+        l = run_llamacpp(llm, prompts if n <= args.llamacpp_max else prompts[:args.llamacpp_max], args.new_tokens)
+        print(f"{n:>5} | {e['agg']:>15.1f} {e['ttft']:>8.2f} {e['per_chat']:>9.1f} | "
+              f"{l['agg']:>13.1f} {l['ttft']:>8.2f} {l['per_chat']:>9.1f} | {e['agg'] / l['agg']:>6.2f}")
+    return 0
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("throughput", help="aggregate tok/s of N concurrent chats vs llama.cpp")
+    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    p.add_argument("--llamacpp-max", type=int, default=8,
+                   help="llama.cpp runs at most this many chats of each row (its aggregate is per-chat speed)")
+    p.set_defaults(func=run)
