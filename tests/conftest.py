@@ -1,0 +1,41 @@
+"""Shared fixtures. Everyone may append fixtures here; keep them small and documented."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers such as gguf_factory
+
+
+@pytest.fixture(scope="session")
+def bundled_model_path() -> Path:
+    from engine.loaders.default_model import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """tiny_model_factory(**kw) -> Path of a tiny random GGUF (cached per set of arguments)."""
+    from gguf_factory import write_tiny_model
+
+    cache: dict[tuple, Path] = {}
+
+    def make(**kw) -> Path:
+        key = tuple(sorted(kw.items()))
+        if key not in cache:
+            path = tmp_path_factory.mktemp("tiny") / "model.gguf"
+            cache[key] = write_tiny_model(path, **kw)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    """Settings, data and model store of every test live in its own tmp dir, never the user's."""
+    monkeypatch.setenv("EMBER_HOME", str(tmp_path / "ember-home"))
