@@ -1,0 +1,299 @@
+"""Chats and their messages in one SQLite file (WAL), with Markdown and JSON export.
+
+One connection behind a lock, so the GUI thread and workers may call it; every method is one
+transaction. WAL with synchronous=NORMAL keeps every committed write across a crash of this
+process (only an OS crash can lose the last transactions). A message still marked 'streaming'
+when the store is opened belongs to a process that died mid-reply: it keeps its partial text and
+becomes 'error'.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+STATUSES = ("done", "streaming", "error", "stopped")
+SCHEMA_VERSION = 1
+EXPORT_FORMAT = "ember-chat"
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    model TEXT,
+    settings TEXT NOT NULL DEFAULT '{{}}',   -- JSON object: system prompt, temperature, ...
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN {ROLES}),
+    content TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'done' CHECK (status IN {STATUSES}),
+    created_at REAL NOT NULL,
+    tok_s REAL,   -- decode speed of an assistant reply, measured by the client
+    ttft REAL     -- seconds to the first token
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
+"""
+
+
+class HistoryError(ValueError):
+    """A bad argument (unknown chat, role or status); the store itself is unchanged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    id: int
+    title: str
+    model: str | None
+    settings: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    status: str
+    created_at: float
+    tok_s: float | None = None
+    ttft: float | None = None
+
+
+class ChatStore:
+    def __init__(self, path: Path | str, repair: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        # autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _tx)
+        self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"cannot enable WAL on {self.path} (journal_mode={mode})")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"{self.path} was written by a newer Ember (schema {version})")
+        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); migrations go here when the schema grows
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self.repaired = self.repair_interrupted() if repair else 0
+
+    # ---- plumbing ----
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> ChatStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def journal_mode(self) -> str:
+        with self._lock:
+            return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def repair_interrupted(self) -> int:
+        """Replies left 'streaming' by a dead process keep their text and become 'error'."""
+        with self._tx() as db:
+            return db.execute("UPDATE messages SET status='error' WHERE status='streaming'").rowcount
+
+    # ---- chats ----
+    def create_chat(self, title: str, model: str | None = None, settings: dict[str, Any] | None = None) -> int:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO chats(title, model, settings, created_at, updated_at) VALUES (?,?,?,?,?)",
+                             (str(title), model, _dump_settings(settings), now, now))
+            return int(cur.lastrowid)
+
+    def get_chat(self, chat_id: int) -> Chat:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
+        if row is None:
+            raise HistoryError(f"no chat with id {chat_id}")
+        return _chat(row)
+
+    def list_chats(self, search: str | None = None, limit: int | None = None) -> list[Chat]:
+        """Most recently updated first; `search` matches titles and message text (case-insensitive)."""
+        sql, args = "SELECT * FROM chats", []
+        if search:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            sql += (" WHERE title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                    " WHERE m.chat_id = chats.id AND m.content LIKE ? ESCAPE '\\')")
+            args += [pattern, pattern]
+        sql += " ORDER BY updated_at DESC, id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._lock:
+            return [_chat(r) for r in self._db.execute(sql, args)]
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._update_chat(chat_id, "title=?", str(title))
+
+    def set_chat_model(self, chat_id: int, model: str | None) -> None:
+        self._update_chat(chat_id, "model=?", model)
+
+    def update_chat_settings(self, chat_id: int, settings: dict[str, Any]) -> None:
+        """Merge `settings` into the chat's settings (a key set to None is removed)."""
+        with self._tx() as db:
+            row = db.execute("SELECT settings FROM chats WHERE id=?", (chat_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no chat with id {chat_id}")
+            merged = {**json.loads(row[0]), **settings}
+            merged = {k: v for k, v in merged.items() if v is not None}
+            db.execute("UPDATE chats SET settings=?, updated_at=? WHERE id=?",
+                       (_dump_settings(merged), time.time(), chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._tx() as db:  # messages go with it (ON DELETE CASCADE)
+            if db.execute("DELETE FROM chats WHERE id=?", (chat_id,)).rowcount == 0:
+                raise HistoryError(f"no chat with id {chat_id}")
+
+    def _update_chat(self, chat_id: int, assignment: str, value: Any) -> None:
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE chats SET {assignment}, updated_at=? WHERE id=?", (value, time.time(), chat_id))
+            if cur.rowcount == 0:
+                raise HistoryError(f"no chat with id {chat_id}")
+
+    # ---- messages ----
+    def add_message(self, chat_id: int, role: str, content: str, status: str = "done",
+                    tok_s: float | None = None, ttft: float | None = None) -> int:
+        _check(role=role, status=status)
+        now = time.time()
+        with self._tx() as db:
+            try:
+                cur = db.execute("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft)"
+                                 " VALUES (?,?,?,?,?,?,?)", (chat_id, role, str(content), status, now, tok_s, ttft))
+            except sqlite3.IntegrityError:
+                raise HistoryError(f"no chat with id {chat_id}") from None
+            db.execute("UPDATE chats SET updated_at=? WHERE id=?", (now, chat_id))
+            return int(cur.lastrowid)
+
+    def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
+                       tok_s: float | None = None, ttft: float | None = None) -> None:
+        """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status)."""
+        if status is not None:
+            _check(status=status)
+        sets, args = [], []
+        for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft)):
+            if value is not None:
+                sets.append(f"{column}=?")
+                args.append(str(value) if column == "content" else value)
+        with self._tx() as db:
+            row = db.execute("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no message with id {message_id}")
+            if sets:
+                db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id=?", (*args, message_id))
+                db.execute("UPDATE chats SET updated_at=? WHERE id=?", (time.time(), row[0]))
+
+    def delete_message(self, message_id: int) -> None:
+        """Regenerate drops the last reply before asking again."""
+        with self._tx() as db:
+            if db.execute("DELETE FROM messages WHERE id=?", (message_id,)).rowcount == 0:
+                raise HistoryError(f"no message with id {message_id}")
+
+    def get_message(self, message_id: int) -> Message:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
+        if row is None:
+            raise HistoryError(f"no message with id {message_id}")
+        return _message(row)
+
+    def messages(self, chat_id: int) -> list[Message]:
+        with self._lock:
+            return [_message(r) for r in self._db.execute(
+                "SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,))]
+
+    # ---- export / import ----
+    def export_markdown(self, chat_id: int) -> str:
+        chat = self.get_chat(chat_id)
+        lines = [f"# {chat.title}", ""]
+        meta = [f"Model: {chat.model}"] if chat.model else []
+        meta.append("Created: " + time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.created_at)))
+        if system := chat.settings.get("system_prompt"):
+            meta.append(f"System prompt: {system}")
+        lines += ["_" + " · ".join(meta) + "_", ""]
+        for m in self.messages(chat_id):
+            note = "" if m.status == "done" else f" _({m.status})_"
+            lines += [f"## {m.role.capitalize()}{note}", "", m.content.rstrip(), ""]
+        return "\n".join(lines)
+
+    def export_json(self, chat_id: int) -> str:
+        chat = self.get_chat(chat_id)
+        doc = {"format": EXPORT_FORMAT, "version": SCHEMA_VERSION, **asdict(chat),
+               "messages": [{k: v for k, v in asdict(m).items() if k != "chat_id"} for m in self.messages(chat_id)]}
+        return json.dumps(doc, ensure_ascii=False, indent=2)
+
+    def import_json(self, text: str) -> int:
+        """Add a chat exported by export_json (as a new chat); its messages keep their text and status."""
+        try:
+            doc = json.loads(text)
+            if doc.get("format") != EXPORT_FORMAT:
+                raise ValueError(f"not an {EXPORT_FORMAT} export")
+            title, messages = str(doc["title"]), list(doc["messages"])
+            for m in messages:
+                _check(role=m["role"], status=m.get("status", "done"))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HistoryError(f"cannot import chat: {e}") from None
+        with self._tx() as db:
+            now = time.time()
+            cur = db.execute("INSERT INTO chats(title, model, settings, created_at, updated_at) VALUES (?,?,?,?,?)",
+                             (title, doc.get("model"), _dump_settings(doc.get("settings")),
+                              float(doc.get("created_at", now)), now))
+            chat_id = int(cur.lastrowid)
+            db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft)"
+                           " VALUES (?,?,?,?,?,?,?)",
+                           [(chat_id, m["role"], str(m["content"]), m.get("status", "done"),
+                             float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft")) for m in messages])
+            return chat_id
+
+
+def _check(role: str | None = None, status: str | None = None) -> None:
+    if role is not None and role not in ROLES:
+        raise HistoryError(f"role must be one of {ROLES}, not {role!r}")
+    if status is not None and status not in STATUSES:
+        raise HistoryError(f"status must be one of {STATUSES}, not {status!r}")
+
+
+def _dump_settings(settings: dict[str, Any] | None) -> str:
+    if settings is not None and not isinstance(settings, dict):
+        raise HistoryError("chat settings must be a dict")
+    return json.dumps(settings or {}, ensure_ascii=False, sort_keys=True)
+
+
+def _chat(row: sqlite3.Row) -> Chat:
+    return Chat(row["id"], row["title"], row["model"], json.loads(row["settings"]), row["created_at"], row["updated_at"])
+
+
+def _message(row: sqlite3.Row) -> Message:
+    return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
+                   row["tok_s"], row["ttft"])
