@@ -1,0 +1,258 @@
+"""Fixed-size KV blocks: free list, ref counts, prefix cache, fork with copy-on-write. No torch.
+
+A sequence's block table maps its logical block i (token positions [i*B, (i+1)*B)) to a
+physical block of the pool. Allocation follows the schedule (vLLM V1's allocate_slots): before
+a step computes n tokens of a sequence, its table is made to cover num_computed_tokens + n.
+
+Prefix cache: a block whose B tokens are all computed gets a chained hash
+h_i = H(h_{i-1}, tokens of block i), so h_i names the whole prefix up to that block. A new
+sequence reuses the longest run of cached leading blocks (ref_count + 1) instead of computing
+them; never all of its tokens, so at least one is computed and yields the next token's logits.
+Freed blocks keep their hash (lazy eviction) and wait on an LRU free list: freed blocks are
+appended at the tail, allocation takes the head and only then drops its stale hash, and a
+cache hit on a free block takes it off the list.
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from engine.sequence import Sequence
+
+NO_HASH = -1
+
+
+def hash_block_tokens(parent_hash: int, token_ids: list[int] | tuple[int, ...]) -> int:
+    """Chained 128-bit BLAKE2b of (parent hash, token ids): collisions are out of reach even
+    for prompts crafted to collide (Python's tuple hash is not), and blocks still compare
+    their token ids on a hit."""
+    h = hashlib.blake2b(digest_size=16)
+    if parent_hash != NO_HASH:
+        h.update(parent_hash.to_bytes(16, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = NO_HASH  # set once the block is full, computed and registered in the cache
+        self.token_ids: tuple[int, ...] = ()  # the block's tokens while it holds a hash
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref={self.ref_count}, hashed={self.hash != NO_HASH})"
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[int, int] = {}
+        # LRU free list; an OrderedDict is a deque that can also drop a revived block in O(1).
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.used_block_ids: set[int] = set()
+        self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.num_hit_tokens = 0  # of those, found
+
+    # ---- accounting ----------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self.used_block_ids)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a valid hash, in use or free (revivable)."""
+        return len(self.hash_to_block_id)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return len(self.hash_to_block_id) * self.block_size
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
+
+    @property
+    def usage(self) -> float:
+        return len(self.used_block_ids) / self.num_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- block pool ----------------------------------------------------------------------
+    def _take_free_block(self) -> int:
+        """Pop the least recently freed block; its stale hash, if any, is evicted now."""
+        block_id, _ = self.free_block_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        assert block.ref_count == 0
+        if block.hash != NO_HASH:
+            del self.hash_to_block_id[block.hash]
+            block.hash, block.token_ids = NO_HASH, ()
+        block.ref_count = 1
+        self.used_block_ids.add(block_id)
+        return block_id
+
+    def _touch(self, block_id: int) -> None:
+        """Take one more reference to a cached block, reviving it if it was free."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_ids[block_id]
+            self.used_block_ids.add(block_id)
+        block.ref_count += 1
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"double free of block {block_id}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.used_block_ids.remove(block_id)
+            self.free_block_ids[block_id] = None  # tail: evicted last
+
+    # ---- prefix cache --------------------------------------------------------------------
+    def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The chained hashes of seq's first num_blocks full blocks (memoised on the seq)."""
+        B, hashes = self.block_size, seq.block_hashes
+        for i in range(len(hashes), num_blocks):
+            parent = hashes[i - 1] if i else NO_HASH
+            hashes.append(hash_block_tokens(parent, seq.token_ids[i * B:(i + 1) * B]))
+        return hashes
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks for seq's leading full blocks; never all of its tokens. No side effects."""
+        if not self.enable_prefix_caching:
+            return []
+        B = self.block_size
+        max_blocks = (seq.num_tokens - 1) // B  # the last token is always computed
+        hits: list[int] = []
+        for i, h in enumerate(self._block_hashes(seq, max_blocks)[:max_blocks]):
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[i * B:(i + 1) * B]):
+                break
+            hits.append(block_id)
+        return hits
+
+    def hash_blocks(self, seq: Sequence) -> None:
+        """Register seq's blocks whose tokens are now all computed. A block whose prefix is
+        already cached elsewhere (two equal prompts computed side by side) stays unhashed."""
+        if not self.enable_prefix_caching:
+            return
+        B = self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // B
+        if num_full <= seq.num_hashed_blocks:
+            return
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(seq.num_hashed_blocks, num_full):
+            h, block = hashes[i], self.blocks[seq.block_table[i]]
+            if block.hash == NO_HASH and h not in self.hash_to_block_id:
+                block.hash, block.token_ids = h, tuple(seq.token_ids[i * B:(i + 1) * B])
+                self.hash_to_block_id[h] = block.block_id
+        seq.num_hashed_blocks = num_full
+
+    # ---- allocation ----------------------------------------------------------------------
+    def _num_needed(self, seq: Sequence, num_new_tokens: int, cached: list[int]) -> int:
+        """Free blocks that covering num_computed + cached + n tokens would consume."""
+        table = seq.block_table
+        start = seq.num_computed_tokens + len(cached) * self.block_size
+        end = start + num_new_tokens
+        num_new = max(0, self.num_blocks_for(end) - len(table) - len(cached))
+        revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        shared = sum(1 for i in range(start // self.block_size, min(len(table), self.num_blocks_for(end)))
+                     if self.blocks[table[i]].ref_count > 1)  # copy-on-write
+        return num_new + revived + shared
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int | None = None,
+                     cached: list[int] | None = None) -> bool:
+        """Whether a sequence without blocks can take its cache hits plus n new tokens
+        (default: the rest of its tokens)."""
+        cached = self.match_prefix(seq) if cached is None else cached
+        n = seq.num_tokens - len(cached) * self.block_size if num_new_tokens is None else num_new_tokens
+        return self._num_needed(seq, n, cached) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int | None = None,
+                 cached: list[int] | None = None) -> None:
+        """Admit a sequence: take its prefix-cache hits (counted as computed) and slots for n
+        new tokens after them (default: all the rest). Call can_allocate first."""
+        assert not seq.block_table and seq.num_computed_tokens == 0, "sequence already holds blocks"
+        cached = self.match_prefix(seq) if cached is None else cached
+        num_cached = len(cached) * self.block_size
+        n = seq.num_tokens - num_cached if num_new_tokens is None else num_new_tokens
+        if self._num_needed(seq, n, cached) > self.num_free_blocks:
+            raise RuntimeError("not enough free KV blocks; check can_allocate first")
+        for block_id in cached:
+            self._touch(block_id)
+        seq.block_table = list(cached)
+        seq.num_computed_tokens = seq.num_cached_tokens = num_cached
+        seq.num_hashed_blocks = len(cached)
+        self.num_query_tokens += seq.num_tokens
+        self.num_hit_tokens += num_cached
+        self.append_slots(seq, n)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        return self._num_needed(seq, num_new_tokens, []) <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> list[tuple[int, int]]:
+        """Make seq's table cover num_computed_tokens + n tokens. A shared block about to be
+        written is copied first; returns the (src, dst) block copies the runner must make."""
+        B, table = self.block_size, seq.block_table
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
+        if self._num_needed(seq, num_new_tokens, []) > self.num_free_blocks:
+            raise RuntimeError("not enough free KV blocks; check can_append first")
+        copies = []
+        for i in range(start // B, min(len(table), self.num_blocks_for(end))):
+            src = table[i]
+            if self.blocks[src].ref_count > 1:  # shared with a fork: copy before writing
+                dst = self._take_free_block()
+                self._release(src)
+                table[i] = dst
+                copies.append((src, dst))
+        while len(table) < self.num_blocks_for(end):
+            table.append(self._take_free_block())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Share all of parent's blocks with child; the first write into a shared block copies it."""
+        assert not child.block_table, "the child already holds blocks"
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_hashed_blocks = parent.num_hashed_blocks
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's references, last block first so a prefix outlives its tails on the LRU list."""
+        for block_id in reversed(seq.block_table):
+            self._release(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_hashed_blocks = 0
+
+    def trim(self, seq: Sequence) -> None:
+        """Free blocks past num_computed_tokens after a rollback (rejected speculative tokens);
+        call it once token_ids and num_computed_tokens are rolled back."""
+        del seq.block_hashes[seq.num_tokens // self.block_size:]
+        keep = self.num_blocks_for(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, seq.num_computed_tokens // self.block_size)
+
+    def check(self) -> None:
+        """Invariants, for tests: every block is free xor used, refs match, the cache is consistent."""
+        assert len(self.free_block_ids) + len(self.used_block_ids) == self.num_blocks
+        assert not self.used_block_ids & self.free_block_ids.keys()
+        for block in self.blocks:
+            assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), block
+            if block.hash != NO_HASH:
+                assert self.hash_to_block_id[block.hash] == block.block_id, block
+        assert all(self.blocks[b].hash == h for h, b in self.hash_to_block_id.items())

@@ -1,0 +1,198 @@
+"""Which tokens of which sequences the next forward computes. No torch.
+
+One unified step, like vLLM V1: every sequence has known tokens without K/V (a prompt chunk,
+or the one token sampled last step) and gets up to min(that, max_prefill_chunk, budget) of
+them. Running sequences go first, decodes (one token) before prefill chunks, so a long prompt
+delays the running chats by at most one chunk; then waiting sequences are admitted in
+(priority, arrival) order while the token budget, max_num_seqs and free blocks allow.
+
+When blocks run out, the lowest-priority, then newest, running sequence is preempted by
+recompute: its blocks are freed (their hashes stay, so the recompute mostly hits the prefix
+cache), num_computed_tokens goes back to 0, and it waits again ahead of everything that came
+after it. A waiting sequence may also preempt running ones of strictly lower priority, so an
+interactive chat never queues behind background jobs.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[Sequence]  # decodes first, then prefill chunks
+    num_new_tokens: list[int]  # compute seq.token_ids[c : c + n], c = seq.num_computed_tokens
+    num_decodes: int  # the first num_decodes seqs have exactly one new token
+    preempted: list[Sequence] = field(default_factory=list)  # their KV was freed this step
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy before the forward
+    finished: list[Sequence] = field(default_factory=list)  # ended here: cannot fit even alone
+    is_sampled: list[bool] = field(default_factory=list)  # per seq: all known tokens computed after this step
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    def sampled_seqs(self) -> list[Sequence]:
+        """The sequences that yield a token this step, in seqs order (one logits row each)."""
+        return [s for s, is_sampled in zip(self.seqs, self.is_sampled) if is_sampled]
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_prefill_chunk = config.max_prefill_chunk
+        self.max_model_len = config.max_model_len
+        self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}  # unfinished, by request id
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- requests ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. A prompt that cannot fit the pool (or max_model_len) is rejected
+        here, and seq.max_tokens is lowered so that the sequence alone always fits: a sequence
+        never waits for blocks that cannot exist."""
+        bm = self.block_manager
+        pool_tokens = bm.num_blocks * bm.block_size
+        if seq.num_prompt_tokens > pool_tokens:
+            raise ValueError(
+                f"the prompt has {seq.num_prompt_tokens} tokens but the KV pool holds only "
+                f"{pool_tokens} ({bm.num_blocks} blocks of {bm.block_size} tokens)")
+        # The last sampled token needs no K/V: prompt + max_tokens - 1 slots at most.
+        room = pool_tokens - seq.num_prompt_tokens + 1
+        if self.max_model_len is not None:
+            if seq.num_prompt_tokens >= self.max_model_len:
+                raise ValueError(f"the prompt has {seq.num_prompt_tokens} tokens; the context "
+                                 f"is {self.max_model_len} and leaves no room for a reply")
+            room = min(room, self.max_model_len - seq.num_prompt_tokens)
+        if seq.request_id in self.requests:
+            raise ValueError(f"request id {seq.request_id!r} is already queued")
+        seq.max_tokens = min(seq.max_tokens, room)
+        seq.status = SequenceStatus.WAITING
+        self.requests[seq.request_id] = seq
+        bisect.insort(self.waiting, seq, key=_by_key)
+
+    def finish(self, seq: Sequence, status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> None:
+        """End a sequence and free its blocks at once."""
+        assert status.is_finished
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
+        self.requests.pop(seq.request_id, None)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Cancel a request wherever it is; its blocks are free when this returns."""
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        return seq
+
+    # ---- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}  # new tokens per sequence, in scheduling order
+        out = SchedulerOutput([], [], 0)
+
+        def preempt(victim: Sequence) -> None:
+            nonlocal budget
+            budget += scheduled.pop(victim, 0)  # its slots of this step are freed too
+            self.running.remove(victim)
+            bm.free(victim)  # num_computed_tokens -> 0; token_ids stay and are recomputed
+            victim.status = SequenceStatus.WAITING
+            victim.num_preemptions += 1
+            bisect.insort(self.waiting, victim, key=_by_key)
+            out.preempted.append(victim)
+
+        # 1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order.
+        self.running.sort(key=_by_key)
+        for seq in sorted(self.running, key=lambda s: s.is_prefill):
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed_tokens, self.max_prefill_chunk, budget)
+            if n <= 0:
+                continue
+            if bm.num_blocks_for(seq.num_computed_tokens + n) > bm.num_blocks:
+                self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
+                out.finished.append(seq)
+                continue
+            while not bm.can_append(seq, n):
+                preempt(max(self.running, key=_by_key))  # the least urgent; may be seq itself
+                if seq.status != SequenceStatus.RUNNING:
+                    break
+            else:
+                out.block_copies += bm.append_slots(seq, n)
+                scheduled[seq] = n
+                budget -= n
+
+        # 2. Waiting sequences in order; a head that does not fit blocks the rest (no
+        #    overtaking) unless running work of strictly lower priority can make room. After
+        #    a preemption for lack of blocks nothing new is admitted this step (as in vLLM).
+        short_of_blocks = bool(out.preempted)
+        while self.waiting and budget > 0 and not short_of_blocks:
+            seq = self.waiting[0]
+            if seq in out.preempted:
+                break  # made room for a more urgent one just now: not back in the same step
+            cached = bm.match_prefix(seq)
+            n = min(seq.num_tokens - len(cached) * bm.block_size, self.max_prefill_chunk, budget)
+            if len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq, n, cached):
+                lower = [s for s in self.running if s.priority > seq.priority]
+                if not lower:
+                    break
+                preempt(max(lower, key=_by_key))  # it waits behind seq: lower priority
+                continue
+            self.waiting.pop(0)
+            bm.allocate(seq, n, cached)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled[seq] = n
+            budget -= n
+
+        seqs = sorted(scheduled, key=lambda s: scheduled[s] != 1)  # stable: decodes first
+        out.seqs = seqs
+        out.num_new_tokens = [scheduled[s] for s in seqs]
+        out.num_decodes = sum(1 for n in out.num_new_tokens if n == 1)
+        out.is_sampled = [s.num_computed_tokens + n == s.num_tokens
+                          for s, n in zip(seqs, out.num_new_tokens)]
+        return out
+
+    def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> None:
+        """After the forward: the scheduled tokens are computed; append one sampled token to each
+        sampled sequence (in out.seqs order) and offer newly full blocks to the prefix cache."""
+        tokens = iter(sampled_token_ids)
+        for seq, n, is_sampled in zip(out.seqs, out.num_new_tokens, out.is_sampled):
+            token = next(tokens) if is_sampled else None
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # aborted or finished since schedule()
+            seq.num_computed_tokens += n
+            self.block_manager.hash_blocks(seq)
+            if token is not None:
+                seq.append_token(token)
+
+
+def _by_key(seq: Sequence) -> tuple[int, float, int]:
+    return seq.sort_key

@@ -1,0 +1,109 @@
+"""A request as the scheduler sees it: token ids, counters, block table. No torch.
+
+``token_ids`` holds the prompt and every sampled token. ``num_computed_tokens`` counts the
+leading tokens whose K/V are in the pool; the tokens after it are what the next step must
+compute (a prefill chunk, or the one token sampled last step). Preemption by recompute sets it
+back to 0 and keeps ``token_ids``, so the generated tokens are recomputed as part of the prompt.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from enum import Enum, auto
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED_STOPPED = auto()  # EOS, a stop token or a stop string
+    FINISHED_LENGTH = auto()  # max_tokens, the context or the KV pool is full
+    FINISHED_ABORTED = auto()  # the client went away or cancelled
+    FINISHED = FINISHED_STOPPED  # alias: "finished, the engine knows why"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+
+
+class Sequence:
+    # Process-wide ids, like nano-vllm's; pass seq_id to stay deterministic in tests.
+    _ids = itertools.count()
+
+    def __init__(self, token_ids: list[int], params: SamplingParams | None = None,
+                 request_id: str | None = None, seq_id: int | None = None,
+                 arrival_time: float | None = None) -> None:
+        if not token_ids:
+            raise ValueError("a sequence needs at least one prompt token")
+        self.seq_id = next(Sequence._ids) if seq_id is None else seq_id
+        self.request_id = f"seq-{self.seq_id}" if request_id is None else request_id
+        self.params = params if params is not None else SamplingParams()
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.num_computed_tokens = 0  # leading tokens whose K/V are in the pool
+        self.num_cached_tokens = 0  # of those, how many came from the prefix cache at admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
+        self.num_hashed_blocks = 0  # leading blocks of block_table already offered to the cache
+        self.status = SequenceStatus.WAITING
+        self.priority = self.params.priority  # lower runs first
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.max_tokens = self.params.max_tokens  # the scheduler may lower it to fit the pool
+        self.num_preemptions = 0
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than one known token still lacks K/V (a prompt, or a recompute after preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def sort_key(self) -> tuple[int, float, int]:
+        """Scheduling order: priority, then arrival (first come, first served)."""
+        return (self.priority, self.arrival_time, self.seq_id)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def fork(self, seq_id: int | None = None, request_id: str | None = None) -> Sequence:
+        """A child with the same tokens and counters; BlockManager.fork shares the blocks."""
+        child = copy.copy(self)
+        child.seq_id = next(Sequence._ids) if seq_id is None else seq_id
+        child.request_id = f"seq-{child.seq_id}" if request_id is None else request_id
+        child.token_ids = list(self.token_ids)
+        child.block_hashes = list(self.block_hashes)
+        child.block_table = []
+        child.num_hashed_blocks = 0
+        return child
