@@ -56,6 +56,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}  # unfinished, by request id
+        self.num_preemptions = 0  # since start, for stats and tests
 
     @property
     def num_waiting(self) -> int:
@@ -125,6 +126,7 @@ class Scheduler:
             bm.free(victim)  # num_computed_tokens -> 0; token_ids stay and are recomputed
             victim.status = SequenceStatus.WAITING
             victim.num_preemptions += 1
+            self.num_preemptions += 1
             bisect.insort(self.waiting, victim, key=_by_key)
             out.preempted.append(victim)
 
