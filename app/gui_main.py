@@ -1,0 +1,175 @@
+"""`ember` with no command: the desktop app. The only module of `app` that imports Qt.
+
+It parses nothing of its own, builds the objects (settings, stores, supervisor, controller,
+window, tray), wires them together and runs the event loop; the widgets live in `ui`.
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
+
+from app.catalog import Catalog
+from app.history import ChatStore
+from app.settings import Settings
+from app.store import ModelStore
+from app.supervisor import EngineSupervisor
+from ui.crash_dialog import CrashReporter
+from ui.engine_controller import EngineController
+from ui.main_window import MainWindow
+from ui.model_manager import ModelManagerDialog
+from ui.resources import apply_theme, icon
+from ui.settings_dialog import SettingsDialog
+from ui.single_instance import SingleInstance, instance_key
+from ui.tray import TrayIcon
+
+log = logging.getLogger("ember")
+
+ENGINE_FIELDS = ("server_port", "api_key", "backend", "device", "kv_memory_fraction", "threads",
+                 "models_dir", "server_host")
+
+
+@dataclass
+class EmberApp:
+    """Everything the GUI is made of, wired together; tests build one without running exec()."""
+
+    settings: Settings
+    chat_store: ChatStore
+    store: ModelStore
+    controller: EngineController
+    window: MainWindow
+    tray: TrayIcon
+    catalog: Any = None
+    downloads: Any = None
+    model_manager: ModelManagerDialog | None = None
+    settings_dialog: SettingsDialog | None = None
+
+    def open_model_manager(self, parent: QWidget | None = None) -> ModelManagerDialog:
+        if self.model_manager is None:
+            self.model_manager = ModelManagerDialog(self.store, self.catalog, self.downloads, self.settings,
+                                                    advise=_advisor(), parent=self.window)
+            self.model_manager.model_installed.connect(lambda _id: self.controller.refresh_models())
+        self.model_manager.show()
+        self.model_manager.raise_()
+        return self.model_manager
+
+    def open_settings(self, parent: QWidget | None = None) -> SettingsDialog:
+        before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
+        dialog = SettingsDialog(self.settings, self.window)
+        dialog.settings_saved.connect(lambda s: self._on_settings_saved(before))
+        dialog.open()  # window-modal, does not block the event loop
+        self.settings_dialog = dialog
+        return dialog
+
+    def show_window(self) -> None:
+        self.window.showNormal()
+        self.window.raise_()
+        self.window.activateWindow()
+
+    def _on_settings_saved(self, before: dict) -> None:
+        app = QApplication.instance()
+        if app is not None:
+            apply_theme(app, self.settings.theme)
+        if any(before[f] != getattr(self.settings, f) for f in ("connection_url", "connection_key")):
+            self.controller.apply_connection()
+        elif any(before[f] != getattr(self.settings, f) for f in ENGINE_FIELDS) and not self.controller.is_remote:
+            self.window.status.showMessage("Engine settings apply when the engine restarts "
+                                           "(Engine → Restart server).", 10000)
+
+
+def _advisor():
+    """entry -> FitAdvice from app.fit, or None when the fit module is not available."""
+    try:
+        from app.fit import fit_advice
+    except ImportError:
+        return None
+    return lambda entry: fit_advice(entry.size_bytes, entry)
+
+
+def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any | None = None,
+              poll_interval_ms: int = 1000) -> EmberApp:
+    """Build and wire the app's objects (no window shown, the engine not started yet)."""
+    settings.ensure_dirs()
+    store = ModelStore(settings.models_dir)
+    try:
+        store.ensure_default()
+    except Exception:  # the app still works with imported/downloaded models
+        log.exception("could not register the bundled model")
+    chat_store = ChatStore(settings.history_path)
+    if supervisor is None:  # also when remote: the user may switch back to the local engine
+        supervisor = EngineSupervisor(settings)
+    controller = EngineController(settings, supervisor, poll_interval_ms=poll_interval_ms)
+    try:
+        catalog = Catalog.load(hub_base_url=settings.hub_base_url)
+    except Exception:
+        log.exception("could not load the model catalog")
+        catalog = []
+    if downloads is None:
+        try:
+            from app.downloads import DownloadManager
+
+            downloads = DownloadManager(store, settings.data_dir / "downloads", settings.hub_base_url,
+                                        max_parallel=settings.max_parallel_downloads)
+        except Exception:
+            log.exception("downloads are unavailable")
+    parts: dict[str, Any] = {}
+    window = MainWindow(settings, chat_store, controller,
+                        open_model_manager=lambda parent: parts["app"].open_model_manager(parent),
+                        open_settings=lambda parent: parts["app"].open_settings(parent))
+    tray = TrayIcon(controller, save_settings=settings.save)
+    window.tray = tray
+    ember = EmberApp(settings, chat_store, store, controller, window, tray, catalog, downloads)
+    parts["app"] = ember
+    controller.show_window_requested.connect(ember.show_window)
+    window.hidden_to_tray.connect(tray.on_window_hidden)
+    return ember
+
+
+def _setup_logging(settings: Settings) -> Path:
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.logs_dir / "ember.log"
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=2 << 20, backupCount=3, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the desktop app; a second launch raises the first window and returns 0 at once."""
+    settings = Settings.load()
+    log_path = _setup_logging(settings)
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "ember"])
+    app.setApplicationName("Ember")
+    app.setDesktopFileName("io.github.ember.Ember")
+    app.setWindowIcon(icon("ember"))
+    app.setQuitOnLastWindowClosed(False)  # closing the window may leave the tray serving
+
+    instance = SingleInstance(instance_key(os.environ.get("EMBER_HOME") or str(settings.path)))
+    if not instance.acquire():
+        log.info("Ember is already running; asked it to show its window")
+        return 0
+    crash = CrashReporter(log_path)
+    crash.install()
+    apply_theme(app, settings.theme)
+
+    ember = build_app(settings)
+    instance.activated.connect(ember.show_window)
+    ember.controller.quit_requested.connect(app.quit)
+    if QSystemTrayIcon.isSystemTrayAvailable():
+        ember.tray.show()
+    ember.window.show()
+    ember.controller.start()
+    try:
+        return int(app.exec())
+    finally:
+        ember.controller.shutdown()
+        ember.chat_store.close()
+        instance.release()
+        crash.uninstall()

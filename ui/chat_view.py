@@ -1,0 +1,290 @@
+"""One open chat: its transcript, the input box, Send/Stop/Regenerate, and its own stream worker.
+
+Every chat has its own worker, so several chats stream at once (the engine batches them). The
+worker runs the Qt-free `EngineClient.chat_stream` generator; this view only reacts to signals.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from ui.message_input import MessageInput
+from ui.transcript import TranscriptMessage, TranscriptView
+from ui.workers import GeneratorWorker
+
+log = logging.getLogger(__name__)
+
+PERSIST_INTERVAL_S = 1.0  # partial replies reach SQLite this often, so a crash loses little
+DEFAULT_TITLE = "New chat"
+
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """Read `name` from a dataclass-like object or a dict (history rows come as either)."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+class ChatView(QWidget):
+    """The open chat. `reply_stats` reports TTFT and tok/s of the reply in flight."""
+
+    reply_started = Signal(int)
+    reply_finished = Signal(int, str)  # chat id, final status: done | stopped | error
+    reply_stats = Signal(dict)  # {"chat_id", "ttft_s", "tok_s", "tokens"}
+    title_changed = Signal(int, str)
+
+    def __init__(self, chat_store: Any, chat_id: int, engine: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.chat_store = chat_store
+        self.chat_id = chat_id
+        self.engine = engine
+        self._worker: GeneratorWorker | None = None
+        self._stream: ReplyStream | None = None
+        self._reply: TranscriptMessage | None = None
+        self._reply_id: int | None = None
+        self._t_sent = self._t_first = 0.0
+        self._tokens = 0
+        self._last_persist = 0.0
+        self._stats: dict | None = None
+
+        self.transcript = TranscriptView(self)
+        self.input = MessageInput(self)
+        self.send_button = QPushButton("Send", self, objectName="sendButton")
+        self.stop_button = QPushButton("Stop", self)
+        self.regenerate_button = QPushButton("Regenerate", self)
+        self.info_label = QLabel(self)
+        self.info_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.info_label, 1)
+        buttons.addWidget(self.regenerate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.send_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.transcript, 1)
+        layout.addWidget(self.input)
+        layout.addLayout(buttons)
+
+        self.input.submitted.connect(self.send)
+        self.send_button.clicked.connect(self._on_send_clicked)
+        self.stop_button.clicked.connect(self.stop)
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self._load()
+
+    # ---- public API (tests drive these, as a user would through the buttons) ----
+    @property
+    def is_streaming(self) -> bool:
+        return self._worker is not None
+
+    def send(self, text: str) -> None:
+        text = text.strip()
+        if not text or self.is_streaming:
+            return
+        self.input.clear()
+        self.chat_store.add_message(self.chat_id, "user", text)
+        self.transcript.messages.append(TranscriptMessage("user", text))
+        self._maybe_title_from(text)
+        self._start_reply(new_message=True)
+
+    def stop(self) -> None:
+        """Stop the reply in flight: the worker closes the stream (aborting the request) at once."""
+        if self._worker is None:
+            return
+        self._worker.quit()
+        self._stream.cancel()
+        self._finish("stopped")
+
+    def regenerate(self) -> None:
+        """Replace the last assistant reply with a new one."""
+        if self.is_streaming:
+            self.stop()
+        msgs = self.transcript.messages
+        if not msgs or msgs[-1].role != "assistant" or self._last_assistant_id() is None:
+            return
+        self._reply_id = self._last_assistant_id()
+        msgs.pop()
+        self._start_reply(new_message=False)
+
+    def set_busy_text(self, text: str) -> None:
+        self.info_label.setText(text)
+
+    # ---- the reply ----
+    def _start_reply(self, new_message: bool) -> None:
+        history = self._api_messages()
+        self._reply = TranscriptMessage("assistant", "", "streaming")
+        self.transcript.messages.append(self._reply)
+        if new_message:
+            self._reply_id = self.chat_store.add_message(self.chat_id, "assistant", "", status="streaming")
+        else:
+            self.chat_store.update_message(self._reply_id, "", "streaming")
+        self._t_sent, self._t_first, self._tokens, self._stats = time.monotonic(), 0.0, 0, None
+        self._last_persist = self._t_sent
+        client = self.engine.client()
+        if client is None:
+            self.transcript.render_now()
+            self._finish("error", "The engine is not running. Start it from the Server menu or the tray.")
+            return
+        chat = self.chat_store.get_chat(self.chat_id)
+        settings = dict(field(chat, "settings", None) or {})
+        model = field(chat, "model", None) or self.engine.current_model
+        self._stream = ReplyStream(client, history, model=model, **_sampling(settings))
+        self._worker = GeneratorWorker(self._stream.run)
+        self._worker.yielded.connect(self._on_delta)
+        self._worker.errored.connect(self._on_error)
+        self._worker.returned.connect(self._on_returned)
+        self._worker.finished.connect(self._on_worker_finished)
+        self._update_buttons()
+        self.transcript.render_now()
+        self.reply_started.emit(self.chat_id)
+        self._worker.start()
+
+    def _api_messages(self) -> list[dict]:
+        chat = self.chat_store.get_chat(self.chat_id)
+        system = (field(chat, "settings", None) or {}).get("system_prompt")
+        out = [{"role": "system", "content": system}] if system else []
+        out += [{"role": m.role, "content": m.content} for m in self.transcript.messages
+                if m.role in ("user", "assistant") and m.content and m.status != "error"]
+        return out
+
+    def _is_current(self) -> bool:
+        """Signals from a worker this view has already let go of (stopped, replaced) are ignored."""
+        return self._worker is not None and self.sender() is self._worker.signals
+
+    def _on_delta(self, delta: Any) -> None:
+        if not self._is_current() or self._reply is None:
+            return
+        text = field(delta, "text", "") or ""
+        now = time.monotonic()
+        if text:
+            if not self._t_first:
+                self._t_first = now
+            self._tokens += 1
+            self._reply.content += text
+        usage = field(delta, "usage", None)
+        if usage:
+            self._tokens = field(usage, "completion_tokens", self._tokens) or self._tokens
+        self._emit_stats(field(delta, "tok_s", None))
+        self.transcript.schedule_render()
+        if now - self._last_persist >= PERSIST_INTERVAL_S:
+            self._last_persist = now
+            self.chat_store.update_message(self._reply_id, self._reply.content, "streaming")
+
+    def _on_returned(self, _value: Any) -> None:
+        if self._is_current():
+            self._finish("done")
+
+    def _on_error(self, error: Exception) -> None:
+        if not self._is_current():
+            return
+        log.info("reply in chat %s failed: %s", self.chat_id, error)
+        text = str(error) or type(error).__name__
+        if getattr(error, "status_code", 0) is None and not self.engine.is_remote:  # lost the connection
+            text += ". If the engine stopped, Ember restarts it: press Regenerate to try again."
+        self._finish("error", text)
+
+    def _on_worker_finished(self) -> None:
+        if self._is_current():  # ended without returning (aborted): treat as stopped
+            self._finish("stopped")
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        reply, self._worker = self._reply, None
+        if reply is not None:
+            reply.status, reply.error = status, error
+            stats = self._stats or {}
+            self.chat_store.update_message(self._reply_id, reply.content, status,
+                                           tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"))
+        self._reply, self._stream = None, None
+        self.transcript.render_now()
+        self._update_buttons()
+        self.reply_finished.emit(self.chat_id, status)
+
+    def _emit_stats(self, server_tok_s: float | None) -> None:
+        if not self._t_first:
+            return
+        elapsed = time.monotonic() - self._t_first
+        tok_s = server_tok_s or ((self._tokens - 1) / elapsed if self._tokens > 1 and elapsed > 0 else 0.0)
+        stats = {"chat_id": self.chat_id, "ttft_s": self._t_first - self._t_sent, "tok_s": tok_s,
+                 "tokens": self._tokens}
+        self.info_label.setText(f"{self._tokens} tokens · {tok_s:.1f} tok/s · "
+                                f"first token {stats['ttft_s'] * 1000:.0f} ms")
+        self._stats = stats
+        self.reply_stats.emit(stats)
+
+    # ---- helpers ----
+    def _load(self) -> None:
+        msgs = []
+        for m in self.chat_store.messages(self.chat_id):
+            status = field(m, "status", "done") or "done"
+            if status == "streaming":  # a reply cut off by a previous crash of the app
+                status = "stopped"
+            msgs.append(TranscriptMessage(field(m, "role"), field(m, "content", "") or "", status,
+                                          "the reply was interrupted" if status == "error" else None))
+        self.transcript.set_messages(msgs)
+        self._update_buttons()
+
+    def _last_assistant_id(self) -> int | None:
+        for m in reversed(self.chat_store.messages(self.chat_id)):
+            if field(m, "role") == "assistant":
+                return field(m, "id")
+        return None
+
+    def _maybe_title_from(self, text: str) -> None:
+        chat = self.chat_store.get_chat(self.chat_id)
+        if (field(chat, "title", "") or DEFAULT_TITLE) == DEFAULT_TITLE:
+            title = " ".join(text.split())[:48] or DEFAULT_TITLE
+            self.chat_store.rename_chat(self.chat_id, title)
+            self.title_changed.emit(self.chat_id, title)
+
+    def _on_send_clicked(self) -> None:
+        self.send(self.input.toPlainText())
+
+    def _update_buttons(self) -> None:
+        streaming = self.is_streaming
+        self.send_button.setEnabled(not streaming)
+        self.stop_button.setEnabled(streaming)
+        self.regenerate_button.setEnabled(not streaming and any(
+            m.role == "assistant" for m in self.transcript.messages))
+
+
+class ReplyStream:
+    """A Qt-free, cancellable stream of ChatDeltas; `cancel()` may be called from the GUI thread.
+
+    `run()` is the generator the worker iterates; cancelling shuts the socket down, so a read that
+    is blocked waiting for the next token returns at once and the engine aborts the sequence.
+    """
+
+    def __init__(self, client: Any, messages: list[dict], **kwargs: Any) -> None:
+        self._client, self._messages, self._kwargs = client, messages, kwargs
+        self._stream: Any = None
+        self._cancelled = False
+
+    def run(self) -> Iterator[Any]:
+        if self._cancelled:
+            return
+        self._stream = self._client.chat_stream(self._messages, **self._kwargs)
+        if self._cancelled:  # cancelled while the request was being sent
+            self._stream.close()
+            return
+        try:
+            yield from self._stream
+        finally:
+            self._stream.close()
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        stream = self._stream
+        if stream is not None and hasattr(stream, "cancel"):
+            stream.cancel()
+
+
+def _sampling(settings: dict) -> dict:
+    """The chat's settings as `chat_stream` keyword arguments (only the ones that are set)."""
+    out = {k: settings[k] for k in ("temperature", "top_p", "max_tokens") if settings.get(k) is not None}
+    if settings.get("speculative"):
+        out["speculative"] = True
+    return out

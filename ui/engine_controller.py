@@ -1,0 +1,228 @@
+"""The GUI's handle on the engine: local (through app.supervisor) or a remote OpenAI-compatible server.
+
+Qt-side state only: the supervisor and the HTTP client are Qt-free and are called from workers;
+their callbacks arrive here on other threads and are re-emitted as signals (queued to the GUI).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.client import EngineClient
+from ui.workers import FunctionWorker
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_MS = 1000
+
+
+class EngineController(QObject):
+    """Owns the engine's lifecycle for the GUI and polls `/v1/engine/status` without blocking.
+
+    `state` is the supervisor's (stopped|starting|ready|crashed|error) or "remote".
+    """
+
+    state_changed = Signal(str)
+    status_changed = Signal(dict)  # the last /v1/engine/status body (or {"status": "unreachable"})
+    models_changed = Signal(list)  # model ids the engine serves
+    message = Signal(str)  # a line for the user (errors from start/stop/load)
+    show_window_requested = Signal()
+    quit_requested = Signal()
+    _supervisor_state = Signal(str)  # from the supervisor's watcher thread
+
+    def __init__(self, settings: Any, supervisor: Any | None = None, parent: QObject | None = None,
+                 poll_interval_ms: int = POLL_INTERVAL_MS) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        self.supervisor = supervisor
+        self.last_status: dict = {}
+        self.models: list[str] = []
+        self._client: EngineClient | None = None
+        self._client_key: tuple | None = None
+        self._poll_worker: FunctionWorker | None = None
+        self._models_worker: FunctionWorker | None = None
+        self._action_worker: FunctionWorker | None = None
+        self._state = "remote" if self.is_remote else "stopped"
+        self._supervisor_state.connect(self._on_supervisor_state)
+        if supervisor is not None:
+            supervisor.on_state_change(self._supervisor_state.emit)
+            self._state = getattr(supervisor, "state", "stopped")
+        self._poll_timer = QTimer(self)
+        self._poll_timer.setInterval(poll_interval_ms)
+        self._poll_timer.timeout.connect(self.poll)
+
+    # ---- read-only state (the tray and status bar build from these) ----
+    @property
+    def is_remote(self) -> bool:
+        return bool(getattr(self.settings, "connection_url", None))
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def base_url(self) -> str | None:
+        if self.is_remote:
+            return self.settings.connection_url
+        return getattr(self.supervisor, "base_url", None) if self.supervisor else None
+
+    @property
+    def api_key(self) -> str | None:
+        if self.is_remote:
+            return self.settings.connection_key
+        if self.supervisor is not None and getattr(self.supervisor, "api_key", None):
+            return self.supervisor.api_key
+        return getattr(self.settings, "api_key", None)
+
+    @property
+    def current_model(self) -> str | None:
+        return self.last_status.get("model") or (self.models[0] if self.models else None) \
+            or getattr(self.settings, "default_model", None)
+
+    def client(self) -> EngineClient | None:
+        """A client for the current address (the supervisor may pick a new port on restart)."""
+        url = self.base_url
+        if not url:
+            return None
+        key = (url, self.api_key)
+        if key != self._client_key:
+            self._client, self._client_key = EngineClient(url, api_key=self.api_key), key
+        return self._client
+
+    # ---- actions ----
+    def start(self) -> None:
+        """Start polling and, for the local engine, the engine process (in a worker)."""
+        self._poll_timer.start()
+        if self.is_remote:
+            self._set_state("remote")
+            self.poll()
+            self.refresh_models()
+        elif self.supervisor is not None:
+            self.start_server()
+
+    def start_server(self) -> None:
+        if self.supervisor is None or self.is_remote:
+            return
+        self._set_state("starting")
+        self._run_action(self.supervisor.start)
+
+    def stop_server(self) -> None:
+        if self.supervisor is None or self.is_remote:
+            return
+        self._run_action(self.supervisor.stop)
+
+    def restart_server(self) -> None:
+        if self.supervisor is not None and not self.is_remote:
+            self._run_action(self.supervisor.restart)
+
+    def apply_connection(self) -> None:
+        """After the connection settings changed: switch between the local engine and a remote server."""
+        self.models, self.last_status = [], {}
+        self.models_changed.emit([])
+        if self.is_remote:
+            if self.supervisor is not None and self.supervisor.state != "stopped":
+                self._run_action(self.supervisor.stop)
+            self._set_state("remote")
+            self.poll()
+            self.refresh_models()
+        else:
+            self._set_state(getattr(self.supervisor, "state", "stopped"))
+            self.start_server()
+
+    def load_model(self, model_id: str) -> None:
+        client = self.client()
+        if client is not None:
+            self._run_action(client.load_model, model_id)
+
+    def shutdown(self) -> None:
+        """Stop polling and the engine; blocking, called once on quit."""
+        self._poll_timer.stop()
+        for w in (self._poll_worker, self._models_worker, self._action_worker):
+            if w is not None:
+                w.quit()
+        if self.supervisor is not None:
+            try:
+                self.supervisor.stop()
+            except Exception:  # quitting anyway
+                log.exception("stopping the engine failed")
+
+    def request_show_window(self) -> None:
+        self.show_window_requested.emit()
+
+    def request_quit(self) -> None:
+        self.quit_requested.emit()
+
+    def poll(self) -> None:
+        """One status request in a worker; skipped while the previous one is in flight."""
+        client = self.client()
+        if client is None or (self._poll_worker is not None and not self._poll_worker.is_finished):
+            return
+        self._poll_worker = FunctionWorker(_timed_status, client)
+        self._poll_worker.returned.connect(self._on_status)
+        self._poll_worker.errored.connect(self._on_status_error)
+        self._poll_worker.start()
+
+    def refresh_models(self) -> None:
+        client = self.client()
+        if client is None or (self._models_worker is not None and not self._models_worker.is_finished):
+            return
+        self._models_worker = FunctionWorker(client.models)
+        self._models_worker.returned.connect(self._on_models)
+        self._models_worker.start()
+
+    # ---- slots ----
+    def _run_action(self, func, *args) -> None:
+        if self._action_worker is not None and not self._action_worker.is_finished:
+            self.message.emit("The engine is busy with another action; try again in a moment.")
+            return
+        self._action_worker = FunctionWorker(func, *args)
+        self._action_worker.errored.connect(self._on_action_error)
+        self._action_worker.finished.connect(self.poll)
+        self._action_worker.start()
+
+    def _on_action_error(self, error: Exception) -> None:
+        log.warning("engine action failed: %s", error)
+        self.message.emit(str(error))
+
+    def _on_supervisor_state(self, state: str) -> None:
+        if self.is_remote:  # the local engine stopping is not news while a remote server is used
+            return
+        self._set_state(state)
+        if state == "ready":
+            self.poll()
+            self.refresh_models()
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            self.state_changed.emit(state)
+
+    def _on_status(self, status: dict) -> None:
+        self.last_status = dict(status)
+        if self.supervisor is not None and not self.is_remote:
+            self._set_state(getattr(self.supervisor, "state", self._state))
+        if not self.models and status.get("status") == "ready":
+            self.refresh_models()
+        self.status_changed.emit(self.last_status)
+
+    def _on_status_error(self, error: Exception) -> None:
+        self.last_status = {"status": "unreachable", "message": str(error)}
+        self.status_changed.emit(self.last_status)
+
+    def _on_models(self, models: Any) -> None:
+        ids = [m if isinstance(m, str) else (m.get("id") if isinstance(m, dict) else getattr(m, "id", str(m)))
+               for m in (models or [])]
+        if ids != self.models:
+            self.models = ids
+            self.models_changed.emit(ids)
+
+
+def _timed_status(client: EngineClient) -> dict:
+    """`client.status()` plus when it was taken (runs on a worker thread)."""
+    status = client.status()
+    status = dict(status) if not isinstance(status, dict) else status
+    status.setdefault("polled_at", time.monotonic())
+    return status

@@ -1,0 +1,172 @@
+"""Installed models: verify (hash in a worker), delete, set as default, import a file."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from ui.catalog_table import human_size
+from ui.workers import FunctionWorker
+
+COLUMNS = ("Model", "Architecture", "Quantization", "Size", "Context", "Source", "Status")
+
+
+class InstalledTable(QWidget):
+    """Over app.store.ModelStore. `default_changed(id)` after Set as default; `changed()` after edits."""
+
+    default_changed = Signal(str)
+    changed = Signal()
+
+    def __init__(self, store: Any, settings: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.settings = settings
+        self._worker: FunctionWorker | None = None  # one hashing job (verify or import) at a time
+        self._status: dict[str, str] = {}
+        self.table = QTableWidget(0, len(COLUMNS), self)
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self.table.setSelectionMode(QTableWidget.SingleSelection)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.Stretch)
+        self.verify_button = QPushButton("Verify", self)
+        self.delete_button = QPushButton("Delete", self)
+        self.default_button = QPushButton("Set as default", self)
+        self.import_button = QPushButton("Import file…", self)
+        self.message = QLabel(self, wordWrap=True)
+        buttons = QHBoxLayout()
+        for b in (self.verify_button, self.delete_button, self.default_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(self.import_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table)
+        layout.addWidget(self.message)
+        layout.addLayout(buttons)
+        self.verify_button.clicked.connect(self._on_verify_clicked)
+        self.delete_button.clicked.connect(self._on_delete_clicked)
+        self.default_button.clicked.connect(self._on_default_clicked)
+        self.import_button.clicked.connect(self._on_import_clicked)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.refresh()
+
+    def refresh(self) -> None:
+        selected = self.selected_id()
+        models = self.store.list()
+        self.table.setRowCount(len(models))
+        for row, m in enumerate(models):
+            name = m.name + ("  ★ default" if m.id == self.settings.default_model else "")
+            item = QTableWidgetItem(name)
+            item.setData(Qt.UserRole, m.id)
+            item.setToolTip(f"{m.id}\n{m.path}\nsha256 {m.sha256}")
+            self.table.setItem(row, 0, item)
+            self.table.setItem(row, 1, QTableWidgetItem(m.architecture))
+            self.table.setItem(row, 2, QTableWidgetItem(f"{m.quantization} ({m.format})"))
+            self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
+            self.table.setItem(row, 4, QTableWidgetItem(str(m.context_length or "?")))
+            self.table.setItem(row, 5, QTableWidgetItem(m.source))
+            self.table.setItem(row, 6, QTableWidgetItem(self._status.get(m.id, "")))
+            if m.id == selected:
+                self.table.selectRow(row)
+        self._update_buttons()
+
+    def model_ids(self) -> list[str]:
+        return [self.table.item(r, 0).data(Qt.UserRole) for r in range(self.table.rowCount())]
+
+    def selected_id(self) -> str | None:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        return self.table.item(rows[0].row(), 0).data(Qt.UserRole) if rows else None
+
+    def select(self, model_id: str) -> None:
+        for r in range(self.table.rowCount()):
+            if self.table.item(r, 0).data(Qt.UserRole) == model_id:
+                self.table.selectRow(r)
+
+    # ---- actions (tests call these; the buttons call them too) ----
+    def verify(self, model_id: str) -> FunctionWorker | None:
+        self._status[model_id] = "verifying…"
+        self.refresh()
+        return self._run(self.store.verify, model_id, on_done=lambda ok, i=model_id: self._on_verified(i, ok))
+
+    def import_file(self, path: str | Path) -> FunctionWorker | None:
+        self.message.setText(f"Importing {Path(path).name}… (reading and hashing the file)")
+        return self._run(self.store.import_path, Path(path), on_done=self._on_imported)
+
+    def delete(self, model_id: str) -> None:
+        self.store.delete(model_id)
+        self._status.pop(model_id, None)
+        self.refresh()
+        self.changed.emit()
+
+    def set_default(self, model_id: str) -> None:
+        self.settings.default_model = model_id
+        self.settings.save()
+        self.refresh()
+        self.default_changed.emit(model_id)
+
+    # ---- slots ----
+    def _run(self, func, *args, on_done) -> FunctionWorker | None:
+        if self._worker is not None and not self._worker.is_finished:
+            self.message.setText("Another check is running; try again when it ends.")
+            return None
+        self._on_done = on_done
+        self._worker = FunctionWorker(func, *args)
+        self._worker.returned.connect(self._on_worker_returned)
+        self._worker.errored.connect(self._on_worker_errored)
+        self._worker.finished.connect(self._update_buttons)
+        self._update_buttons()
+        self._worker.start()
+        return self._worker
+
+    def _on_worker_returned(self, value: Any) -> None:
+        self._on_done(value)
+
+    def _on_worker_errored(self, error: Exception) -> None:
+        self.message.setText(f"Failed: {error}")
+        self._status = {k: v for k, v in self._status.items() if v != "verifying…"}
+        self.refresh()
+
+    def _on_verified(self, model_id: str, ok: bool) -> None:
+        self._status[model_id] = "✔ checksum OK" if ok else "✘ checksum mismatch or file missing"
+        self.message.setText(f"{model_id}: {self._status[model_id]}")
+        self.refresh()
+
+    def _on_imported(self, manifest: Any) -> None:
+        self.message.setText(f"Installed {manifest.name} as {manifest.id}.")
+        self.refresh()
+        self.select(manifest.id)
+        self.changed.emit()
+
+    def _on_verify_clicked(self) -> None:
+        if (model_id := self.selected_id()) is not None:
+            self.verify(model_id)
+
+    def _on_delete_clicked(self) -> None:
+        model_id = self.selected_id()
+        if model_id is None:
+            return
+        if QMessageBox.question(self, "Delete model", f"Delete {model_id} from this machine?") == QMessageBox.Yes:
+            self.delete(model_id)
+
+    def _on_default_clicked(self) -> None:
+        if (model_id := self.selected_id()) is not None:
+            self.set_default(model_id)
+
+    def _on_import_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()), "GGUF models (*.gguf)")
+        if path:
+            self.import_file(path)
+
+    def _update_buttons(self) -> None:
+        has = self.selected_id() is not None
+        busy = self._worker is not None and not self._worker.is_finished
+        self.verify_button.setEnabled(has and not busy)
+        self.delete_button.setEnabled(has)
+        self.default_button.setEnabled(has)
+        self.import_button.setEnabled(not busy)

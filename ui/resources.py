@@ -1,0 +1,75 @@
+"""Plain-file resources (icons, stylesheet) found through one helper, with no rcc step (napari)."""
+from __future__ import annotations
+
+import sys
+from importlib import resources as _resources
+from pathlib import Path
+
+from PySide6.QtGui import QColor, QIcon, QPalette
+from PySide6.QtWidgets import QApplication
+
+
+def resource_path(name: str) -> Path:
+    """Absolute path of `resources/<name>`; inside a PyInstaller bundle, next to the executable."""
+    if getattr(sys, "frozen", False) and hasattr(sys, "_MEIPASS"):
+        return Path(sys._MEIPASS) / "resources" / name
+    return Path(str(_resources.files("resources").joinpath(name)))
+
+
+def icon(name: str) -> QIcon:
+    """`resources/icons/<name>.svg` as a QIcon."""
+    return QIcon(str(resource_path(f"icons/{name}.svg")))
+
+
+def engine_state_icon(state: str) -> QIcon:
+    """The tray/status icon for an engine state (stopped|starting|ready|crashed|error|remote)."""
+    known = {"stopped", "starting", "ready", "crashed", "error"}
+    if state == "remote":
+        return icon("remote")
+    return icon(f"engine-{state if state in known else 'stopped'}")
+
+
+def _dark_palette() -> QPalette:
+    p = QPalette()
+    colors = {
+        QPalette.Window: "#25262b", QPalette.WindowText: "#e9ecef", QPalette.Base: "#1a1b1e",
+        QPalette.AlternateBase: "#2c2e33", QPalette.Text: "#e9ecef", QPalette.Button: "#2c2e33",
+        QPalette.ButtonText: "#e9ecef", QPalette.Highlight: "#e8590c",
+        QPalette.HighlightedText: "#ffffff", QPalette.ToolTipBase: "#2c2e33",
+        QPalette.ToolTipText: "#e9ecef", QPalette.PlaceholderText: "#868e96",
+        QPalette.Link: "#ffa94d", QPalette.Mid: "#373a40", QPalette.Dark: "#141517",
+    }
+    for role, color in colors.items():
+        p.setColor(role, QColor(color))
+    p.setColor(QPalette.Disabled, QPalette.Text, QColor("#5c5f66"))
+    p.setColor(QPalette.Disabled, QPalette.ButtonText, QColor("#5c5f66"))
+    return p
+
+
+def _light_palette() -> QPalette:
+    p = QPalette()
+    colors = {
+        QPalette.Window: "#f8f9fa", QPalette.WindowText: "#212529", QPalette.Base: "#ffffff",
+        QPalette.AlternateBase: "#f1f3f5", QPalette.Text: "#212529", QPalette.Button: "#f1f3f5",
+        QPalette.ButtonText: "#212529", QPalette.Highlight: "#e8590c",
+        QPalette.HighlightedText: "#ffffff", QPalette.PlaceholderText: "#868e96",
+        QPalette.Link: "#d9480f", QPalette.Mid: "#ced4da", QPalette.Dark: "#adb5bd",
+    }
+    for role, color in colors.items():
+        p.setColor(role, QColor(color))
+    return p
+
+
+def apply_theme(app: QApplication, theme: str) -> None:
+    """Fusion + a light or dark palette; style.qss refers to palette roles so it follows both.
+
+    "system" keeps the platform palette (and its dark mode, where the platform has one).
+    """
+    app.setStyle("Fusion")
+    if theme == "dark":
+        app.setPalette(_dark_palette())
+    elif theme == "light":
+        app.setPalette(_light_palette())
+    else:
+        app.setPalette(app.style().standardPalette())
+    app.setStyleSheet(resource_path("style.qss").read_text(encoding="utf-8"))

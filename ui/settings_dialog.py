@@ -1,0 +1,147 @@
+"""Preferences over app.settings.Settings: paths, server, backend and device, KV memory, theme, connection.
+
+The dialog edits a copy; `accept()` validates it through the Settings model (its bounds are the
+single source of truth) and shows the error instead of closing when a value is rejected.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
+                               QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+
+class PathEdit(QWidget):
+    """A line edit with a Browse… button for a folder."""
+
+    def __init__(self, value: Path | str | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.edit = QLineEdit(str(value or ""), self)
+        browse = QPushButton("Browse…", self)
+        browse.clicked.connect(self._on_browse)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.edit, 1)
+        row.addWidget(browse)
+
+    def text(self) -> str:
+        return self.edit.text().strip()
+
+    def _on_browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a folder", self.text())
+        if folder:
+            self.edit.setText(folder)
+
+
+class SettingsDialog(QDialog):
+    """`settings_saved(new_settings)` after a valid edit was written to disk."""
+
+    settings_saved = Signal(object)
+
+    def __init__(self, settings: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Ember settings")
+        self.settings = settings
+        s = settings
+        self.data_dir = PathEdit(s.data_dir, self)
+        self.models_dir = PathEdit(s.models_dir, self)
+        self.server_port = QSpinBox(self, minimum=0, maximum=65535, value=s.server_port)
+        self.server_port.setSpecialValueText("any free port")
+        self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
+        self.show_key = QCheckBox("Show", self)
+        self.show_key.toggled.connect(self._on_show_key)
+        copy_key = QPushButton("Copy", self)
+        copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.api_key.text()))
+        self.backend = self._combo(["auto", "torch", "llama.cpp"], s.backend)
+        self.device = self._combo(["auto", "cpu", "cuda", "mps"], s.device)
+        self.kv_fraction = QDoubleSpinBox(self, minimum=0.01, maximum=0.95, singleStep=0.05, decimals=2,
+                                          value=s.kv_memory_fraction)
+        self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
+        self.threads.setSpecialValueText("automatic")
+        self.theme = self._combo(["system", "light", "dark"], s.theme)
+        self.close_to_tray = QCheckBox("Closing the window keeps the server running in the tray", self,
+                                       checked=s.close_to_tray)
+        self.connection_url = QLineEdit(s.connection_url or "", self,
+                                        placeholderText="empty: the local engine; e.g. http://host:8000/v1")
+        self.connection_key = QLineEdit(s.connection_key or "", self, echoMode=QLineEdit.Password)
+        self.error = QLabel(self, wordWrap=True)
+        self.error.setStyleSheet("color: #c92a2a")
+
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.api_key, 1)
+        key_row.addWidget(self.show_key)
+        key_row.addWidget(copy_key)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
+        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("API key", key_row),
+                                                      ("", self.close_to_tray)]))
+        layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device),
+                                                ("KV-cache memory", self.kv_fraction), ("Threads", self.threads)]))
+        layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
+                                                    ("API key", self.connection_key)]))
+        layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
+        layout.addWidget(self.error)
+        buttons = QDialogButtonBox(QDialogButtonBox.Save | QDialogButtonBox.Cancel, self)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.kv_fraction.setToolTip("Share of free memory (after the weights) given to the KV cache")
+
+    def values(self) -> dict:
+        """The edited fields as Settings field values."""
+        return {
+            "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
+            "server_port": self.server_port.value(), "api_key": self.api_key.text().strip(),
+            "backend": self.backend.currentText(), "device": self.device.currentText(),
+            "kv_memory_fraction": self.kv_fraction.value(), "threads": self.threads.value() or None,
+            "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
+            "connection_url": self.connection_url.text().strip() or None,
+            "connection_key": self.connection_key.text().strip() or None,
+        }
+
+    def accept(self) -> None:
+        """Validate all fields first, then assign and save; a rejected value keeps the dialog open."""
+        values = self.values()
+        derived = str(Path(self.settings.data_dir) / "models")
+        if values["models_dir"] == derived and self.settings.models_dir == Path(derived):
+            values["models_dir"] = None  # it followed the data folder; keep following it
+        try:
+            type(self.settings).model_validate({**self.settings.model_dump(), **values})
+        except ValueError as e:  # pydantic.ValidationError is a ValueError
+            self.error.setText(_short_error(e))
+            return
+        for name, value in values.items():
+            if getattr(self.settings, name) != value and not (name.endswith("_dir") and value
+                                                               and Path(value) == getattr(self.settings, name)):
+                setattr(self.settings, name, value)
+        self.settings.save()
+        self.error.clear()
+        self.settings_saved.emit(self.settings)
+        super().accept()
+
+    def _combo(self, items: list[str], current: str) -> QComboBox:
+        box = QComboBox(self)
+        box.addItems(items)
+        box.setCurrentText(current)
+        return box
+
+    def _group(self, title: str, rows: list) -> QGroupBox:
+        box = QGroupBox(title, self)
+        form = QFormLayout(box)
+        for label, widget in rows:
+            form.addRow(label, widget) if label else form.addRow(widget)
+        return box
+
+    def _on_show_key(self, shown: bool) -> None:
+        self.api_key.setEchoMode(QLineEdit.Normal if shown else QLineEdit.Password)
+
+
+def _short_error(e: Exception) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in errors())
+    return str(e)

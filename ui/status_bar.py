@@ -1,0 +1,90 @@
+"""The main window's status bar: engine state, model, backend/device, the reply's speed, KV, RAM."""
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+from PySide6.QtCore import QSize
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+
+from ui.resources import engine_state_icon
+from ui.sparkline import Sparkline
+
+STATE_TEXT = {"stopped": "Engine stopped", "starting": "Loading model…", "ready": "Ready",
+              "crashed": "Engine crashed, restarting…", "error": "Engine error", "remote": "Remote server",
+              "unreachable": "Server unreachable"}
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+class EngineStatusBar(QStatusBar):
+    """Fed by EngineController signals (state, polled status) and by chat views (reply stats)."""
+
+    def __init__(self, engine: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.engine = engine
+        self.state_icon = QLabel(self)
+        self.state_label = QLabel(self)
+        self.loading = QProgressBar(self, maximumWidth=90, maximumHeight=14, textVisible=False)
+        self.loading.setRange(0, 0)  # busy: the engine does not report a fraction while loading
+        self.model_label = QLabel(self)
+        self.device_label = QLabel(self)
+        self.reply_label = QLabel(self)
+        self.kv_label = QLabel(self)
+        self.ram_label = QLabel(self)
+        self.chart = Sparkline(parent=self)
+        for w in (self.state_icon, self.state_label, self.loading, self.model_label, self.device_label):
+            self.addWidget(w)
+        for w in (self.reply_label, self.kv_label, self.ram_label, self.chart):
+            self.addPermanentWidget(w)
+        self.reply_label.setToolTip("The current reply: tokens per second and time to first token")
+        self.kv_label.setToolTip("KV-cache blocks in use / total, and the prefix-cache hit rate")
+        engine.state_changed.connect(self._on_state_changed)
+        engine.status_changed.connect(self._on_status_changed)
+        self._on_state_changed(engine.state)
+        self._update_ram()
+
+    def _on_state_changed(self, state: str) -> None:
+        self.state_icon.setPixmap(engine_state_icon(state).pixmap(QSize(16, 16)))
+        self.state_label.setText(STATE_TEXT.get(state, state))
+        self.loading.setVisible(state == "starting")
+
+    def _on_status_changed(self, status: dict) -> None:
+        state = status.get("status")
+        if state == "unreachable" or (state and self.engine.state == "remote"):
+            self.state_label.setText(STATE_TEXT.get(state, state) if state != "ready" else "Remote server")
+        elif state == "loading":
+            self.state_label.setText(status.get("message") or STATE_TEXT["starting"])
+            self.loading.setVisible(True)
+        elif state == "ready" and self.engine.state == "ready":
+            self.loading.setVisible(False)
+        model = status.get("model")
+        self.model_label.setText(f"Model: {model}" if model else "")
+        parts = [p for p in (status.get("backend"), status.get("device")) if p]
+        self.device_label.setText(" · ".join(parts))
+        kv = status.get("kv") or {}
+        if kv.get("blocks_total"):
+            text = f"KV {kv.get('blocks_used', 0)}/{kv['blocks_total']}"
+            if kv.get("prefix_hit_rate") is not None:
+                text += f" · prefix hits {100 * float(kv['prefix_hit_rate']):.0f}%"
+            self.kv_label.setText(text)
+        tok_s = status.get("generation_tok_s")
+        if tok_s is not None:
+            self.chart.add(float(tok_s))
+            running = status.get("num_running")
+            self.chart.setToolTip(f"Engine: {float(tok_s):.1f} tok/s" +
+                                  (f", {running} running" if running is not None else ""))
+        self._update_ram(status)
+
+    def on_reply_stats(self, stats: dict) -> None:
+        self.reply_label.setText(f"{stats.get('tok_s', 0):.1f} tok/s · TTFT {1000 * stats.get('ttft_s', 0):.0f} ms")
+
+    def _update_ram(self, status: dict | None = None) -> None:
+        vm = psutil.virtual_memory()
+        text = f"RAM {_gib(vm.total - vm.available)}/{_gib(vm.total)}"
+        vram = (status or {}).get("vram") or {}
+        if vram.get("total"):
+            text += f" · VRAM {_gib(vram.get('used', 0))}/{_gib(vram['total'])}"
+        self.ram_label.setText(text)
