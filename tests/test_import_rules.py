@@ -1,0 +1,140 @@
+"""The import rules of DESIGN.md, checked by parsing every .py file under engine/, ui/ and app/ with ast.
+
+- engine imports nothing from app or ui, and no Qt;
+- ui imports no engine, torch or llama_cpp;
+- app imports Qt only in app/gui_main.py, and ui only from there;
+- the GUI's path (app/gui_main.py, ui/ and every project module they import, transitively)
+  reaches no engine, torch or llama_cpp.
+Imports inside functions count too: ast.walk sees them all.
+"""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "ui", "app")
+QT = {"PySide6", "PySide2", "PyQt5", "PyQt6", "qtpy", "shiboken6", "superqt"}
+HEAVY = {"engine", "torch", "llama_cpp"}
+GUI_ENTRY = "app.gui_main"
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(root: Path, path: Path) -> set[str]:
+    """Full dotted names imported by a file (relative imports resolved against its package)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    mod = module_name(root, path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            out.add(prefix)
+            out.update(f"{prefix}.{alias.name}" for alias in node.names if alias.name != "*")
+    return {name for name in out if name}
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def scan(root: Path) -> dict[str, set[str]]:
+    """module name -> imported names, for every .py file of the three packages under `root`."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")) if (root / package).is_dir() else ():
+            if ".venv" in path.parts or "__pycache__" in path.parts:
+                continue
+            graph[module_name(root, path)] = imports_of(root, path)
+    return graph
+
+
+def violations(root: Path) -> list[str]:
+    graph = scan(root)
+    found: list[str] = []
+    for mod, names in graph.items():
+        tops = {top(n) for n in names}
+        if mod.startswith("engine"):
+            found += [f"{mod} imports {t} (engine must not import app, ui or Qt)" for t in sorted(tops & ({"app", "ui"} | QT))]
+        elif mod.startswith("ui"):
+            found += [f"{mod} imports {t} (ui reaches the engine only through app.client)"
+                      for t in sorted(tops & HEAVY)]
+        elif mod.startswith("app") and mod != GUI_ENTRY:
+            found += [f"{mod} imports {t} (only {GUI_ENTRY} may import Qt)" for t in sorted(tops & QT)]
+            found += [f"{mod} imports ui (only {GUI_ENTRY} may)" for _ in (tops & {"ui"})]
+    # the GUI's path: everything reachable from app.gui_main and ui/ through project imports
+    start = [m for m in graph if m == GUI_ENTRY or top(m) == "ui"]
+    seen, stack, via = set(start), list(start), {m: m for m in start}
+    while stack:
+        mod = stack.pop()
+        for name in graph.get(mod, ()):
+            if top(name) in HEAVY:
+                found.append(f"GUI path reaches {name}: {via[mod]} -> ... -> {mod}")
+                continue
+            # `from app import client` names app.client; `import app.history` names app.history
+            for target in (name, name.rpartition(".")[0]):
+                if target in graph and target not in seen and top(target) in ("app", "ui"):
+                    seen.add(target)
+                    via[target] = via[mod]
+                    stack.append(target)
+    return found
+
+
+def test_the_project_follows_the_import_rules():
+    assert scan(ROOT), "no modules found"
+    assert [v for v in violations(ROOT) if not v.startswith("GUI path")] == []
+
+
+def test_the_gui_path_reaches_no_engine_torch_or_llama_cpp():
+    """DESIGN.md: app may import engine for in-process CLI commands, never on the GUI's path."""
+    assert [v for v in violations(ROOT) if v.startswith("GUI path")] == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_the_checker_catches_each_kind_of_violation(tmp_path):
+    _write(tmp_path, {
+        "engine/__init__.py": "",
+        "engine/bad.py": "from app.settings import Settings\n",
+        "engine/qt.py": "def f():\n    from PySide6 import QtCore\n",  # inside a function still counts
+        "ui/__init__.py": "",
+        "ui/view.py": "import torch\nfrom ..app import client\n",
+        "ui/ok.py": "from app.helper import x\n",
+        "app/__init__.py": "",
+        "app/gui_main.py": "from PySide6.QtWidgets import QApplication\nimport ui.view\n",
+        "app/helper.py": "from . import deep\n",
+        "app/deep.py": "import llama_cpp\n",
+        "app/cli_x.py": "import ui.view\nfrom PySide6 import QtGui\nimport engine\n",  # engine is fine off the GUI path
+    })
+    found = "\n".join(violations(tmp_path))
+    assert "engine.bad imports app" in found
+    assert "engine.qt imports PySide6" in found
+    assert "ui.view imports torch" in found
+    assert "app.cli_x imports PySide6" in found and "app.cli_x imports ui" in found
+    assert "GUI path reaches llama_cpp" in found and "app.deep" in found  # ui.ok -> app.helper -> app.deep
+    assert "app.gui_main imports" not in found  # the entry point may import Qt and ui
+    assert "app.cli_x imports engine" not in found
+
+
+def test_relative_imports_resolve(tmp_path):
+    _write(tmp_path, {"engine/server/app.py": "from ..layers import attention\nfrom . import auth\n"})
+    names = imports_of(tmp_path, tmp_path / "engine/server/app.py")
+    assert {"engine.layers", "engine.layers.attention", "engine.server", "engine.server.auth"} <= names
