@@ -1,0 +1,147 @@
+"""One file over HTTP into a `.part` file, resuming with a Range request from the bytes on disk.
+
+One call is one attempt; the caller retries `RetryableError` with backoff. The `.part` file
+only ever holds a correct prefix of the remote file (a server that ignores Range, or resumes at
+the wrong offset, makes us start again from zero), so a resume after any failure — including the
+process being killed — is safe; the sha256 check at the end is the final word.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+_SHA_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
+_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIED_RE = re.compile(r"bytes \*/(\d+)")
+
+
+class DownloadError(Exception):
+    """A failure that retrying will not fix (404, checksum, disk full); the message says which."""
+
+
+class RetryableError(Exception):
+    """A failure worth another attempt (dropped connection, truncated body, 5xx, timeout)."""
+
+
+class Stopped(Exception):
+    """The job was paused or cancelled while transferring."""
+
+
+@dataclass
+class FetchResult:
+    total: int | None  # the remote file's size, when the server said
+    hub_sha256: str | None  # sha256 the hub published in X-Linked-Etag / ETag, if any
+    restarted: bool  # the server ignored our Range and we started from zero
+
+
+def hub_sha256(response: httpx.Response) -> str | None:
+    """The Hugging Face hub sends an LFS file's sha256 as X-Linked-Etag (on the redirect) or ETag."""
+    for r in (*response.history, response):
+        for key in ("x-linked-etag", "etag"):
+            value = r.headers.get(key)
+            if value and (m := _SHA_RE.match(value.strip().lower())):
+                return m.group(1)
+    return None
+
+
+def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: int | None,
+                  on_bytes: Callable[[int], None], should_stop: Callable[[], bool],
+                  check_space: Callable[[int], None], opener=open,
+                  chunk_size: int = 1 << 16) -> FetchResult:
+    """Append the rest of `url` to `part`; returns once the file is complete on disk (fsynced).
+
+    `on_bytes(n)` gets the number of bytes of this file on disk so far (it can drop to 0 when
+    the server ignores Range); `check_space(n)` raises when n more bytes will not fit.
+    """
+    offset = part.stat().st_size if part.exists() else 0
+    if expected_size is not None and offset > expected_size:
+        part.unlink()  # longer than the file can be: not a prefix of it
+        offset = 0
+    if expected_size is not None and offset == expected_size and offset > 0:
+        return FetchResult(expected_size, None, False)
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    try:
+        with client.stream("GET", url, headers=headers) as r:
+            return _receive(r, url, part, offset, expected_size, on_bytes, should_stop,
+                            check_space, opener, chunk_size)
+    except httpx.HTTPError as e:  # connect/read timeouts, dropped connections, truncated bodies
+        raise RetryableError(f"{type(e).__name__}: {e or 'connection failed'} ({url})") from e
+
+
+def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes, should_stop,
+             check_space, opener, chunk_size) -> FetchResult:
+    status = r.status_code
+    if status == 416 and offset:
+        m = _UNSATISFIED_RE.fullmatch(r.headers.get("content-range", ""))
+        if m and int(m.group(1)) == offset:
+            return FetchResult(offset, hub_sha256(r), False)  # we already hold every byte
+        part.unlink(missing_ok=True)
+        raise RetryableError(f"server refused to resume at byte {offset}; starting again")
+    if status in (408, 429) or status >= 500:
+        raise RetryableError(f"HTTP {status} {r.reason_phrase} from {url}")
+    if status >= 400:
+        raise DownloadError(f"HTTP {status} {r.reason_phrase}: {url}")
+    restarted = False
+    if status == 206:
+        m = _RANGE_RE.fullmatch(r.headers.get("content-range", ""))
+        if not m or int(m.group(1)) != offset:
+            part.unlink(missing_ok=True)
+            raise RetryableError(f"server resumed at the wrong offset ({r.headers.get('content-range')!r}); "
+                                 "starting again")
+        total = int(m.group(3)) if m.group(3) != "*" else None
+    elif status == 200:
+        if offset:  # no range support: what we hold is useless, the body starts at byte 0
+            restarted, offset = True, 0
+        length = r.headers.get("content-length")
+        total = int(length) if length and length.isdigit() else None
+    else:
+        raise DownloadError(f"unexpected HTTP {status} {r.reason_phrase}: {url}")
+    if expected_size is not None and total is not None and total != expected_size:
+        raise DownloadError(f"{url}: the server's file has {total} bytes, the catalog says {expected_size}")
+    if total is not None:
+        check_space(total - offset)
+
+    mode = "ab" if offset else "wb"
+    received = offset
+    on_bytes(received)
+    with opener(part, mode, buffering=0) as fh:  # unbuffered: a failed write leaves nothing pending
+        try:
+            for chunk in r.iter_bytes(chunk_size):
+                if should_stop():
+                    raise Stopped()
+                _write_all(fh, chunk)
+                received += len(chunk)
+                on_bytes(received)
+                if total is not None and received > total:
+                    break
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise DownloadError(f"disk full while writing {part.name} ({received} bytes kept); "
+                                    "free some space and resume") from e
+            raise DownloadError(f"cannot write {part}: {e}") from e
+        finally:
+            try:
+                os.fsync(fh.fileno())
+            except OSError:
+                pass
+    if total is not None and received != total:
+        if received > total:
+            part.unlink(missing_ok=True)
+            raise RetryableError(f"server sent more than {total} bytes; starting again")
+        raise RetryableError(f"truncated body: got {received} of {total} bytes")
+    return FetchResult(total, hub_sha256(r), restarted)
+
+
+def _write_all(fh, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = fh.write(view)
+        if n is None:  # non-blocking file said "try again"; regular files never do
+            continue
+        view = view[n:]
