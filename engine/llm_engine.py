@@ -133,13 +133,15 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq in out.preempted:
             self.runner.release(seq)
+        for seq in out.finished:  # could not fit the pool even alone: end it, say why
+            req = self._requests[seq.request_id]
+            outputs.append(self._finish(seq.request_id, "length", new_text=self._flush(req)))
         if not out.seqs:
             return outputs
         logits = self.runner.execute(out)
         sample_rows, sampled = [], []
         row = 0
-        for seq, n in zip(out.seqs, out.num_new_tokens):
-            is_sampled = seq.num_computed_tokens + n == seq.num_tokens
+        for seq, n, is_sampled in zip(out.seqs, out.num_new_tokens, out.is_sampled):
             if seq.params.prompt_logprobs is not None:
                 self._score_prompt(seq, logits[row:row + n], n)
                 row += n
@@ -186,7 +188,7 @@ class LLMEngine:
             if req.stops is not None:
                 text, matched = req.stops.feed(text)
                 reason = "stop" if matched else None
-        if reason is None and (len(seq.output_token_ids) >= params.max_tokens
+        if reason is None and (len(seq.output_token_ids) >= seq.max_tokens
                                or seq.num_tokens >= self.max_model_len):
             reason = "length"
         req.text += text
@@ -206,8 +208,9 @@ class LLMEngine:
 
     def _finish(self, request_id: str, reason: str, new_text: str = "", new_ids=(), logprobs=None) -> RequestOutput:
         req = self._requests.pop(request_id)
-        if reason != "abort":
-            self.scheduler.finish(req.seq, SequenceStatus.FINISHED)
+        if reason != "abort" and not req.seq.status.is_finished:
+            status = SequenceStatus.FINISHED_LENGTH if reason == "length" else SequenceStatus.FINISHED_STOPPED
+            self.scheduler.finish(req.seq, status)
             self.runner.release(req.seq)
         return self._output(req, list(new_ids), new_text, reason, logprobs)
 

@@ -130,6 +130,7 @@ class ModelRunner:
         """Logits (float32, on CPU) for every row the engine samples or scores, in seqs order:
         all new tokens of a sequence that asks for prompt logprobs, otherwise the last new
         token of each sequence whose known tokens are all computed after this step."""
+        self.copy_blocks(out.block_copies)
         input_ids, positions, meta, rows = self.prepare(out)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         if rows.numel() == 0:
