@@ -1,0 +1,340 @@
+"""BlockManager: no leaks, no double frees, exact counts, prefix cache, copy-on-write.
+
+The stateful test keeps a stand-in KV pool: slot (block, offset) holds the prefix tuple the
+token at that position was computed from (its K/V depend on exactly that). After any random
+mix of allocate / append / fork / free / preempt, every computed position of every live
+sequence must read back its own prefix through its block table — so a wrong cache hit, a
+missing copy-on-write or a block handed to two owners shows up as a wrong read.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import engine.block_manager as bm_module
+from engine.block_manager import NO_HASH, BlockManager
+from engine.sequence import Sequence
+
+
+def _seq(tokens, seq_id=None) -> Sequence:
+    return Sequence(list(tokens), seq_id=seq_id)
+
+
+def _compute(bm: BlockManager, seq: Sequence, n: int) -> None:
+    """What a step does to the bookkeeping: slots for n tokens, they get computed, hashed."""
+    bm.append_slots(seq, n)
+    seq.num_computed_tokens += n
+    bm.hash_blocks(seq)
+
+
+# ---- examples ---------------------------------------------------------------------------------
+
+def test_allocate_covers_prompt_and_counts_add_up():
+    bm = BlockManager(10, 4)
+    seq = _seq(range(10))
+    assert bm.can_allocate(seq)
+    bm.allocate(seq)
+    assert len(seq.block_table) == 3 and len(set(seq.block_table)) == 3
+    assert (bm.num_free_blocks, bm.num_used_blocks) == (7, 3)
+    assert seq.num_cached_tokens == 0 and bm.num_cached_tokens == 0
+    seq.num_computed_tokens = 10
+    bm.hash_blocks(seq)
+    assert bm.num_cached_tokens == 8  # two full blocks; the third holds 2 of 4 tokens
+    bm.free(seq)
+    assert (bm.num_free_blocks, bm.num_used_blocks) == (10, 0)
+    assert bm.num_cached_tokens == 8  # freed blocks keep their hashes
+    bm.check()
+
+
+def test_prefix_hit_reuses_blocks_and_never_the_whole_prompt():
+    bm = BlockManager(16, 4)
+    a = _seq(range(12))
+    bm.allocate(a)
+    a.num_computed_tokens = 12
+    bm.hash_blocks(a)
+    b = _seq(list(range(12)))  # the same 12 tokens: 3 full blocks, but one token must be computed
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.block_table[2] != a.block_table[2]
+    assert b.num_cached_tokens == b.num_computed_tokens == 8
+    assert bm.blocks[a.block_table[0]].ref_count == 2
+    c = _seq([*range(8), 99, 98, 97, 96, 95])  # diverges in block 2
+    bm.allocate(c)
+    assert c.block_table[:2] == a.block_table[:2] and c.num_cached_tokens == 8
+    assert bm.prefix_hit_rate == pytest.approx(16 / (12 + 12 + 13))
+    bm.check()
+
+
+def test_freed_blocks_keep_hash_and_revive():
+    bm = BlockManager(8, 4)
+    a = _seq(range(9))
+    bm.allocate(a)
+    a.num_computed_tokens = 9
+    bm.hash_blocks(a)
+    table = list(a.block_table)
+    bm.free(a)
+    assert bm.num_free_blocks == 8 and bm.num_cached_blocks == 2
+    b = _seq(range(9))
+    assert bm.can_allocate(b)
+    bm.allocate(b)
+    assert b.block_table[:2] == table[:2] and b.num_cached_tokens == 8
+    assert bm.num_used_blocks == 3  # two revived, one new
+    bm.check()
+
+
+def test_lru_evicts_least_recently_freed_and_prefix_last():
+    bm = BlockManager(6, 2)
+    a = _seq(range(6))  # 3 full blocks
+    bm.allocate(a)
+    a.num_computed_tokens = 6
+    bm.hash_blocks(a)
+    first, second, third = a.block_table
+    bm.free(a)  # freed tail first: the prefix block is evicted last
+    assert list(bm.free_block_ids)[-3:] == [third, second, first]
+    other = _seq([50, 51, 52, 53, 54, 55, 56, 57, 58, 59])  # needs 5 blocks: 3 never-hashed + 2 evicted
+    bm.allocate(other)
+    assert first not in other.block_table and second in other.block_table and third in other.block_table
+    assert bm.num_cached_blocks == 1
+    again = _seq(range(6))
+    assert bm.match_prefix(again) == [first]
+
+
+def test_colliding_hashes_are_caught_by_the_token_check(monkeypatch):
+    monkeypatch.setattr(bm_module, "hash_block_tokens", lambda parent, tokens: 7)  # every block collides
+    bm = BlockManager(8, 4)
+    a = _seq([1, 2, 3, 4, 5])
+    bm.allocate(a)
+    a.num_computed_tokens = 5
+    bm.hash_blocks(a)
+    assert bm.num_cached_blocks == 1
+    b = _seq([9, 9, 9, 9, 5])
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0 and b.block_table[0] != a.block_table[0]
+
+
+def test_fork_shares_then_copies_on_write():
+    bm = BlockManager(8, 4)
+    parent = _seq(range(6))
+    bm.allocate(parent)
+    parent.num_computed_tokens = 6
+    bm.hash_blocks(parent)
+    parent.append_token(100)
+    child = parent.fork()
+    bm.fork(parent, child)
+    assert child.block_table == parent.block_table
+    assert [bm.blocks[b].ref_count for b in parent.block_table] == [2, 2]
+    assert bm.can_append(child, 1)
+    copies = bm.append_slots(child, 1)  # position 6 lies in the shared, half-full block 1
+    assert copies == [(parent.block_table[1], child.block_table[1])]
+    assert child.block_table[0] == parent.block_table[0]  # the full block stays shared
+    assert bm.append_slots(parent, 1) == []  # now the parent owns its block alone
+    assert sum(b.ref_count for b in bm.blocks) == len(parent.block_table) + len(child.block_table)
+    bm.check()
+
+
+def test_out_of_blocks_is_refused_not_half_done():
+    bm = BlockManager(3, 4)
+    a = _seq(range(12))
+    assert bm.can_allocate(a)
+    bm.allocate(a)
+    b = _seq(range(20, 25))
+    assert not bm.can_allocate(b)
+    with pytest.raises(RuntimeError):
+        bm.allocate(b)
+    assert b.block_table == [] and bm.num_free_blocks == 0
+    a.num_computed_tokens = 12
+    assert not bm.can_append(a, 1)
+    with pytest.raises(RuntimeError):
+        bm.append_slots(a, 1)
+    assert len(a.block_table) == 3
+    bm.check()
+
+
+def test_chunked_allocation_follows_the_schedule():
+    bm = BlockManager(10, 4)
+    seq = _seq(range(18))
+    bm.allocate(seq, 5)  # first chunk of 5 tokens: 2 blocks
+    assert len(seq.block_table) == 2
+    seq.num_computed_tokens = 5
+    bm.hash_blocks(seq)
+    assert bm.num_cached_blocks == 1
+    _compute(bm, seq, 8)  # 13 tokens: 4 blocks, 3 full
+    assert len(seq.block_table) == 4 and bm.num_cached_blocks == 3
+    _compute(bm, seq, 5)
+    assert len(seq.block_table) == 5 and bm.num_cached_blocks == 4
+
+
+def test_trim_releases_blocks_past_a_rollback():
+    bm = BlockManager(10, 4)
+    seq = _seq(range(7))
+    bm.allocate(seq)
+    seq.num_computed_tokens = 7
+    seq.token_ids += [1, 2, 3, 4]  # four speculative tokens, scheduled and computed
+    _compute(bm, seq, 4)
+    assert len(seq.block_table) == 3
+    del seq.token_ids[8:]  # three rejected
+    seq.num_computed_tokens = 8
+    bm.trim(seq)
+    assert len(seq.block_table) == 2 and bm.num_used_blocks == 2
+    bm.check()
+
+
+# ---- stateful property test -----------------------------------------------------------------
+
+TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=30)  # a tiny alphabet: many shared prefixes
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4]),
+                caching=st.booleans())
+    def setup(self, num_blocks, block_size, caching):
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+        self.B = block_size
+        self.pool = {}  # (block, offset) -> prefix tuple whose K/V sit there
+        self.live: list[Sequence] = []  # hold blocks
+        self.waiting: list[Sequence] = []  # preempted: no blocks, tokens kept
+        self.next_id = 0
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _write(self, seq: Sequence, n: int) -> None:
+        """Run n tokens: the runner makes the copies, then writes each new position's K/V."""
+        for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
+            self.pool[(seq.block_table[p // self.B], p % self.B)] = tuple(seq.token_ids[:p + 1])
+        seq.num_computed_tokens += n
+        self.bm.hash_blocks(seq)
+
+    def _copy(self, copies) -> None:
+        for src, dst in copies:
+            for off in range(self.B):
+                if (src, off) in self.pool:
+                    self.pool[(dst, off)] = self.pool[(src, off)]
+
+    def _admit(self, seq: Sequence, chunk: int) -> bool:
+        cached = self.bm.match_prefix(seq)
+        n = min(chunk, seq.num_tokens - len(cached) * self.B)
+        if not self.bm.can_allocate(seq, n, cached):
+            return False
+        free_before = self.bm.num_free_blocks
+        self.bm.allocate(seq, n, cached)
+        assert self.bm.num_free_blocks <= free_before
+        assert seq.num_computed_tokens == seq.num_cached_tokens == len(cached) * self.B < seq.num_tokens
+        self._write(seq, n)
+        self.live.append(seq)
+        return True
+
+    @rule(tokens=TOKENS, chunk=st.integers(1, 32))
+    def add(self, tokens, chunk):
+        self._admit(Sequence(tokens, seq_id=self._new_id()), chunk)
+
+    @precondition(lambda self: self.waiting)
+    @rule(i=st.integers(0, 100), chunk=st.integers(1, 32))
+    def resume(self, i, chunk):
+        seq = self.waiting[i % len(self.waiting)]
+        if self._admit(seq, chunk):
+            self.waiting.remove(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 16), new_token=st.integers(0, 3))
+    def step(self, i, n, new_token):
+        """Continue a prefill by n tokens, or sample one token and decode it."""
+        seq = self.live[i % len(self.live)]
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.append_token(new_token)
+        n = min(n, seq.num_tokens - seq.num_computed_tokens)
+        if not self.bm.can_append(seq, n):
+            return
+        self._copy(self.bm.append_slots(seq, n))
+        assert len(seq.block_table) == self.bm.num_blocks_for(seq.num_computed_tokens + n)
+        self._write(seq, n)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def fork(self, i):
+        parent = self.live[i % len(self.live)]
+        child = parent.fork(seq_id=self._new_id())
+        self.bm.fork(parent, child)
+        self.live.append(child)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def free(self, i):
+        seq = self.live.pop(i % len(self.live))
+        self.bm.free(seq)
+        assert seq.block_table == [] and seq.num_computed_tokens == 0
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def preempt(self, i):
+        seq = self.live.pop(i % len(self.live))
+        self.bm.free(seq)
+        self.waiting.append(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def free_twice_is_harmless(self, i):
+        """free() empties the table, so a second free has nothing left to release."""
+        seq = self.live.pop(i % len(self.live))
+        self.bm.free(seq)
+        self.bm.free(seq)
+
+    @invariant()
+    def counts_add_up(self):
+        bm = self.bm
+        bm.check()
+        assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
+        refs = Counter(b for seq in self.live for b in seq.block_table)
+        assert sum(b.ref_count for b in bm.blocks) == sum(len(s.block_table) for s in self.live)
+        for block in bm.blocks:
+            assert block.ref_count == refs[block.block_id], block  # no leak, no double free
+        assert bm.num_cached_tokens == self.B * sum(b.hash != NO_HASH for b in bm.blocks)
+        if not bm.enable_prefix_caching:
+            assert bm.num_cached_tokens == 0
+        assert 0.0 <= bm.prefix_hit_rate <= 1.0
+
+    @invariant()
+    def every_computed_position_reads_its_own_prefix(self):
+        for seq in self.live:
+            assert len(seq.block_table) >= self.bm.num_blocks_for(seq.num_computed_tokens)
+            for p in range(seq.num_computed_tokens):
+                assert self.pool.get((seq.block_table[p // self.B], p % self.B)) == tuple(seq.token_ids[:p + 1])
+
+    @invariant()
+    def hashed_blocks_hold_computed_full_prefixes(self):
+        for block in self.bm.blocks:
+            if block.hash != NO_HASH:
+                assert len(block.token_ids) == self.B
+                prefix = self.pool.get((block.block_id, self.B - 1))
+                assert prefix is not None and prefix[-self.B:] == block.token_ids
+
+
+BlockManagerMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+# ---- hit property ----------------------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(prefix=st.lists(st.integers(0, 50), min_size=1, max_size=40),
+       tail=st.lists(st.integers(51, 99), max_size=10), block_size=st.sampled_from([1, 3, 4, 16]))
+def test_a_shared_prefix_hits_exactly_its_full_blocks(prefix, tail, block_size):
+    bm = BlockManager(64, block_size)
+    first = _seq(prefix)
+    bm.allocate(first)
+    first.num_computed_tokens = first.num_tokens
+    bm.hash_blocks(first)
+    second = _seq(prefix + tail)
+    bm.allocate(second)
+    expected = min(len(prefix) // block_size, (second.num_tokens - 1) // block_size)
+    assert second.num_cached_tokens == expected * block_size
+    assert second.block_table[:expected] == first.block_table[:expected]
+    assert len(set(second.block_table[expected:]) & set(first.block_table)) == 0
+    bm.check()
