@@ -31,7 +31,7 @@ def fit_badge(advice: Any) -> QLabel:
         if fits and ctx:
             text += f" · {ctx // 1024}k ctx" if ctx >= 1024 else f" · {ctx} ctx"
         label = QLabel(text)
-        label.setProperty("class", "badgeFits" if fits else "badgeNoFit")
+        label.setProperty("badge", "fits" if fits else "nofit")
         label.setToolTip(getattr(advice, "reason", "") or "")
     label.setAlignment(Qt.AlignCenter)
     return label

@@ -47,8 +47,9 @@ class EngineController(QObject):
         self._action_worker: FunctionWorker | None = None
         self._state = "remote" if self.is_remote else "stopped"
         self._supervisor_state.connect(self._on_supervisor_state)
+        self._unsubscribe = None
         if supervisor is not None:
-            supervisor.on_state_change(self._supervisor_state.emit)
+            self._unsubscribe = supervisor.on_state_change(self._supervisor_state.emit)
             self._state = getattr(supervisor, "state", "stopped")
         self._poll_timer = QTimer(self)
         self._poll_timer.setInterval(poll_interval_ms)
@@ -106,8 +107,7 @@ class EngineController(QObject):
     def start_server(self) -> None:
         if self.supervisor is None or self.is_remote:
             return
-        self._set_state("starting")
-        self._run_action(self.supervisor.start)
+        self.supervisor.start()  # non-blocking: the supervisor's watcher thread spawns and follows the engine
 
     def stop_server(self) -> None:
         if self.supervisor is None or self.is_remote:
@@ -137,12 +137,19 @@ class EngineController(QObject):
         if client is not None:
             self._run_action(client.load_model, model_id)
 
-    def shutdown(self) -> None:
-        """Stop polling and the engine; blocking, called once on quit."""
+    def close(self) -> None:
+        """Stop polling and listening to the supervisor; the engine itself keeps running."""
         self._poll_timer.stop()
         for w in (self._poll_worker, self._models_worker, self._action_worker):
             if w is not None:
                 w.quit()
+        if callable(self._unsubscribe):
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def shutdown(self) -> None:
+        """close() and stop the engine; blocking, called once on quit."""
+        self.close()
         if self.supervisor is not None:
             try:
                 self.supervisor.stop()

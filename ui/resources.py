@@ -5,6 +5,7 @@ import sys
 from importlib import resources as _resources
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
 
@@ -63,13 +64,13 @@ def _light_palette() -> QPalette:
 def apply_theme(app: QApplication, theme: str) -> None:
     """Fusion + a light or dark palette; style.qss refers to palette roles so it follows both.
 
-    "system" keeps the platform palette (and its dark mode, where the platform has one).
+    "system" follows the platform's colour scheme (dark or light) where it reports one.
     """
     app.setStyle("Fusion")
+    if theme == "system":
+        theme = "dark" if app.styleHints().colorScheme() == Qt.ColorScheme.Dark else "light"
     if theme == "dark":
         app.setPalette(_dark_palette())
-    elif theme == "light":
-        app.setPalette(_light_palette())
     else:
-        app.setPalette(app.style().standardPalette())
+        app.setPalette(_light_palette())
     app.setStyleSheet(resource_path("style.qss").read_text(encoding="utf-8"))

@@ -1,0 +1,181 @@
+"""The chat window against a real engine process on a tiny generated model (pytest-qt, offscreen)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.client import EngineClient
+from app.gui_main import build_app
+from ui.chat_view import ChatView
+from ui_support import GapMeter, make_settings, own_engine, shared_engine, tiny_gguf, ui_settings  # noqa: F401
+
+pytestmark = pytest.mark.timeout(300)
+
+GREEDY_LONG = {"temperature": 0.0, "max_tokens": 200}
+
+
+@pytest.fixture
+def ember(qtbot, tmp_path, shared_engine):  # noqa: F811
+    """The whole app (window, tray, controller) on the shared engine."""
+    settings = make_settings(tmp_path / "app")
+    app = build_app(settings, supervisor=shared_engine, poll_interval_ms=200)
+    qtbot.addWidget(app.window)
+    app.window.show()
+    app.controller.start()
+    yield app
+    for view in list(app.window._views.values()):
+        view.stop()
+    app.controller.close()  # the shared engine outlives this window
+    app.chat_store.close()
+
+
+def new_chat(app, **settings) -> ChatView:
+    view = app.window.new_chat()
+    app.chat_store.update_chat_settings(view.chat_id, {**GREEDY_LONG, **settings})
+    return view
+
+
+def record_thread_of_slots(monkeypatch) -> list[int]:
+    """Wrap ChatView's delta slot: every call must happen on the GUI thread."""
+    seen: list[int] = []
+    original = ChatView._on_delta
+
+    def wrapped(self, delta):
+        seen.append(threading.get_ident())
+        return original(self, delta)
+
+    monkeypatch.setattr(ChatView, "_on_delta", wrapped)
+    return seen
+
+
+def test_reply_streams_in_and_matches_a_plain_request(qtbot, ember, monkeypatch):
+    threads = record_thread_of_slots(monkeypatch)
+    view = new_chat(ember)
+    lengths = []
+    view.reply_stats.connect(lambda s: lengths.append(len(view.transcript.messages[-1].content)))
+    qtbot.keyClicks(view.input, "Hello there")
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000) as done:
+        qtbot.keyClick(view.input, Qt.Key_Return)
+        assert view.is_streaming and not view.send_button.isEnabled() and view.stop_button.isEnabled()
+    assert done.args == [view.chat_id, "done"]
+    assert len(set(lengths)) > 3, "the reply should arrive in many steps, not at once"
+    assert set(threads) == {threading.get_ident()}, "a slot ran on a worker thread"
+
+    msgs = ember.chat_store.messages(view.chat_id)
+    assert [(m.role, m.status) for m in msgs] == [("user", "done"), ("assistant", "done")]
+    reply = msgs[1].content
+    assert reply and view.transcript.messages[-1].content == reply
+    # Oracle: the same greedy request without streaming gives the same text.
+    client = EngineClient(ember.controller.base_url, api_key=ember.controller.api_key)
+    plain = client.chat([{"role": "user", "content": "Hello there"}], **GREEDY_LONG)
+    assert plain.text == reply
+    assert msgs[1].tok_s and msgs[1].tok_s > 0 and msgs[1].ttft is not None
+    assert "tok/s" in ember.window.status.reply_label.text()
+    assert ember.chat_store.get_chat(view.chat_id).title == "Hello there"
+
+
+def test_two_chats_stream_at_once(qtbot, ember):
+    a, b = new_chat(ember, max_tokens=400), new_chat(ember, max_tokens=400)
+    both = []
+
+    def check(_stats):
+        if a.is_streaming and b.is_streaming and a.transcript.messages[-1].content \
+                and b.transcript.messages[-1].content:
+            both.append(True)
+
+    a.reply_stats.connect(check)
+    b.reply_stats.connect(check)
+    with qtbot.waitSignals([a.reply_finished, b.reply_finished], timeout=180_000):
+        a.send("Tell me a story about a fox.")
+        b.send("Count from one to fifty.")
+    assert both, "the two replies never streamed at the same time"
+    for v in (a, b):
+        assert ember.chat_store.messages(v.chat_id)[-1].status == "done"
+
+
+def test_stop_ends_the_reply_and_frees_the_sequence(qtbot, ember):
+    view = new_chat(ember, max_tokens=3000, temperature=0.8)
+    view.send("Write a very long essay.")
+    qtbot.waitUntil(lambda: len(view.transcript.messages[-1].content) > 10, timeout=60_000)
+    with qtbot.waitSignal(view.reply_finished, timeout=5000) as stopped:
+        qtbot.mouseClick(view.stop_button, Qt.LeftButton)
+    assert stopped.args == [view.chat_id, "stopped"]
+    text = view.transcript.messages[-1].content
+    qtbot.wait(500)
+    assert view.transcript.messages[-1].content == text, "text kept arriving after Stop"
+    assert ember.chat_store.messages(view.chat_id)[-1].status == "stopped"
+    assert "(stopped)" in view.transcript.toPlainText()
+    client = EngineClient(ember.controller.base_url, api_key=ember.controller.api_key)
+    qtbot.waitUntil(lambda: client.status().get("num_running", 0) == 0, timeout=10_000)
+    assert view.send_button.isEnabled() and view.regenerate_button.isEnabled()
+
+
+def test_event_loop_keeps_turning_while_a_reply_streams(qtbot, ember):
+    view = new_chat(ember, max_tokens=300)
+    meter = GapMeter(20)
+    meter.start()
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000):
+        view.send("Say something long.")
+    meter.stop()
+    assert len(meter.ticks) > 10
+    assert meter.max_gap_ms < 200, f"the GUI thread was blocked for {meter.max_gap_ms:.0f} ms"
+
+
+def test_engine_killed_mid_reply(qtbot, tmp_path, own_engine):  # noqa: F811
+    app = build_app(own_engine.settings, supervisor=own_engine, poll_interval_ms=200)
+    qtbot.addWidget(app.window)
+    app.controller.start()
+    try:
+        first = new_chat(app, max_tokens=20)
+        with qtbot.waitSignal(first.reply_finished, timeout=60_000):
+            first.send("An earlier question")
+        view = new_chat(app, max_tokens=5000, temperature=0.8)
+        view.send("Write a very long essay.")
+        qtbot.waitUntil(lambda: len(view.transcript.messages[-1].content) > 5, timeout=60_000)
+        pid = own_engine.pid
+        with qtbot.waitSignal(view.reply_finished, timeout=30_000) as failed:
+            os.kill(pid, signal.SIGKILL)
+        assert failed.args == [view.chat_id, "error"]
+        assert "Error" in view.transcript.toPlainText()
+        qtbot.waitUntil(lambda: own_engine.state == "ready" and own_engine.pid not in (None, pid), timeout=120_000)
+        qtbot.waitUntil(lambda: app.controller.state == "ready", timeout=10_000)
+        # nothing else was lost: both chats and their turns are still there
+        assert [m.status for m in app.chat_store.messages(first.chat_id)] == ["done", "done"]
+        assert [m.status for m in app.chat_store.messages(view.chat_id)] == ["done", "error"]
+        with qtbot.waitSignal(view.reply_finished, timeout=60_000) as again:
+            view.regenerate_button.click()
+        assert again.args == [view.chat_id, "done"]
+        assert [m.role for m in app.chat_store.messages(view.chat_id)] == ["user", "assistant"]
+    finally:
+        for v in app.window._views.values():
+            v.stop()
+        app.controller.close()
+        app.chat_store.close()
+
+
+def test_event_loop_keeps_turning_while_the_engine_loads(qtbot, ui_settings, tiny_gguf):  # noqa: F811
+    from app.supervisor import EngineSupervisor
+
+    sup = EngineSupervisor(ui_settings, model_path=tiny_gguf, port=0)
+    app = build_app(ui_settings, supervisor=sup, poll_interval_ms=100)
+    qtbot.addWidget(app.window)
+    app.window.show()
+    meter = GapMeter(20)
+    try:
+        meter.start()
+        t0 = time.perf_counter()
+        app.controller.start()
+        qtbot.waitUntil(lambda: app.window.status.loading.isVisible(), timeout=10_000)
+        qtbot.waitUntil(lambda: app.controller.state == "ready", timeout=180_000)
+        meter.stop()
+        assert time.perf_counter() - t0 > 0.3
+        assert not app.window.status.loading.isVisible()
+        assert meter.max_gap_ms < 200, f"the GUI thread was blocked for {meter.max_gap_ms:.0f} ms"
+    finally:
+        app.controller.shutdown()
+        app.chat_store.close()

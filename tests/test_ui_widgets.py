@@ -1,0 +1,165 @@
+"""Fast Qt tests without an engine: workers, input box, transcript, chat list, settings dialog, single instance."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QDialog
+
+from app.history import ChatStore
+from ui.chat_list import ChatListPanel
+from ui.crash_dialog import CrashReporter
+from ui.message_input import MessageInput
+from ui.settings_dialog import SettingsDialog
+from ui.single_instance import SingleInstance, instance_key
+from ui.transcript import TranscriptMessage, TranscriptView, to_markdown
+from ui.workers import FunctionWorker, GeneratorWorker, create_worker
+from ui_support import ui_settings  # noqa: F401 - fixture
+
+
+def counter(n):
+    for i in range(n):
+        yield i
+    return "done"
+
+
+def test_generator_worker_signals_in_order(qtbot):
+    worker = create_worker(counter, 3)
+    assert isinstance(worker, GeneratorWorker)
+    seen = []
+    worker.yielded.connect(seen.append)
+    signals = [worker.started, worker.yielded, worker.yielded, worker.yielded, worker.returned, worker.finished]
+    with qtbot.waitSignals(signals, order="strict", timeout=5000):
+        worker.start()
+    assert seen == [0, 1, 2]
+
+
+def test_worker_reports_errors_and_quit_stops_between_items(qtbot):
+    def boom():
+        raise ValueError("bad input")
+
+    worker = FunctionWorker(boom)
+    with qtbot.waitSignal(worker.errored, timeout=5000) as blocker:
+        worker.start()
+    assert isinstance(blocker.args[0], ValueError)
+
+    gate, closed = threading.Event(), threading.Event()
+
+    def endless():
+        try:
+            i = 0
+            while True:
+                gate.wait(5)
+                yield i
+                i += 1
+        finally:
+            closed.set()  # the generator is closed on the worker thread after quit()
+
+    worker = GeneratorWorker(endless)
+    returned = []
+    worker.returned.connect(returned.append)
+    with qtbot.waitSignal(worker.finished, timeout=5000):
+        worker.start()
+        worker.quit()
+        gate.set()
+    assert closed.wait(2) and returned == []
+
+
+def test_message_input_enter_sends_shift_enter_breaks_line(qtbot):
+    box = MessageInput()
+    qtbot.addWidget(box)
+    qtbot.keyClicks(box, "first line")
+    qtbot.keyClick(box, Qt.Key_Return, Qt.ShiftModifier)
+    qtbot.keyClicks(box, "second")
+    assert box.toPlainText() == "first line\nsecond"
+    with qtbot.waitSignal(box.submitted, timeout=1000) as blocker:
+        qtbot.keyClick(box, Qt.Key_Return)
+    assert blocker.args == ["first line\nsecond"]
+
+
+def test_transcript_renders_code_blocks_monospace(qtbot):
+    view = TranscriptView()
+    qtbot.addWidget(view)
+    view.set_messages([TranscriptMessage("user", "Write **hello**"),
+                       TranscriptMessage("assistant", "Here:\n\n```python\nprint('hi')\n```\n\nDone.")])
+    text = view.toPlainText()
+    assert "print('hi')" in text and "**" not in text  # Markdown was rendered, not shown raw
+    cursor = view.document().find("print('hi')")
+    assert not cursor.isNull()
+    fmt = cursor.charFormat()
+    assert fmt.fontFixedPitch() or QFont(fmt.font()).styleHint() == QFont.Monospace
+    plain = view.document().find("Done.")
+    assert not plain.charFormat().fontFixedPitch()
+
+
+def test_transcript_closes_an_unfinished_code_fence():
+    md = to_markdown([TranscriptMessage("assistant", "```py\nx = 1", "streaming")])
+    assert md.count("```") == 2
+
+
+def test_chat_list_new_rename_search_delete(qtbot, tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    panel = ChatListPanel(store)
+    qtbot.addWidget(panel)
+    a = panel.new_chat()
+    store.add_message(a, "user", "tell me about foxes")
+    b = panel.new_chat()
+    panel.rename(b, "  Cooking   ideas ")
+    assert store.get_chat(b).title == "Cooking ideas"
+    assert panel.current_chat_id() == b
+    panel.search.setText("foxes")
+    assert [panel.list.item(i).data(Qt.UserRole) for i in range(panel.list.count())] == [a]
+    panel.search.clear()
+    with qtbot.waitSignal(panel.chat_deleted) as blocker:
+        panel.delete(b)
+    assert blocker.args == [b]
+    assert [c.id for c in store.list_chats()] == [a]
+
+
+@pytest.mark.parametrize("url, ok", [("not a url", False), ("http://127.0.0.1:9/v1", True)])
+def test_settings_dialog_validates_and_saves(qtbot, ui_settings, url, ok):  # noqa: F811
+    ui_settings.save()
+    dialog = SettingsDialog(ui_settings)
+    qtbot.addWidget(dialog)
+    dialog.server_port.setValue(9123)
+    dialog.theme.setCurrentText("dark")
+    dialog.connection_url.clear()
+    qtbot.keyClicks(dialog.connection_url, url)
+    dialog.accept()
+    saved = json.loads(ui_settings.path.read_text())
+    if ok:
+        assert dialog.result() == QDialog.DialogCode.Accepted and dialog.error.text() == ""
+        assert saved["server_port"] == 9123 and saved["theme"] == "dark"
+        assert saved["connection_url"] == "http://127.0.0.1:9/v1"
+    else:
+        assert dialog.result() != QDialog.DialogCode.Accepted and "connection_url" in dialog.error.text()
+        assert saved.get("server_port") == 0 and ui_settings.server_port == 0  # nothing half-applied
+
+
+def test_second_instance_raises_the_first(qtbot, tmp_path):
+    key = instance_key(str(tmp_path))
+    first = SingleInstance(key)
+    assert first.acquire()
+    try:
+        with qtbot.waitSignal(first.activated, timeout=3000):
+            assert not SingleInstance(key).acquire()
+    finally:
+        first.release()
+
+
+def test_crash_reporter_logs_and_shows_a_dialog(qtbot, caplog, tmp_path):
+    reporter = CrashReporter(tmp_path / "ember.log")
+    try:
+        raise RuntimeError("kaboom")
+    except RuntimeError as e:
+        with caplog.at_level(logging.CRITICAL, logger="ember"):
+            reporter(type(e), e, e.__traceback__)
+    assert "uncaught error" in caplog.text and "kaboom" in caplog.text
+    assert len(reporter.dialogs) == 1 and reporter.dialogs[0].isVisible()
+    assert "kaboom" in reporter.dialogs[0].text()
+    reporter.dialogs[0].close()
+

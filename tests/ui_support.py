@@ -1,0 +1,90 @@
+"""Helpers for the GUI tests: real engine processes, settings in a tmp dir, event-loop gap meters.
+
+Import the fixtures into a test module with `from ui_support import ...`.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QObject, QTimer
+
+from app.settings import Settings
+from app.supervisor import EngineSupervisor
+
+ENGINE_READY_TIMEOUT_S = 180.0
+SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+
+
+def make_settings(root: Path, **overrides) -> Settings:
+    """Settings rooted in `root` (no file, no env), with a free port so tests never collide."""
+    s = Settings(data_dir=root / "data", server_port=0, **overrides)
+    s.ensure_dirs()
+    return s
+
+
+def start_engine(settings: Settings, model_path: Path, **kwargs) -> EngineSupervisor:
+    sup = EngineSupervisor(settings, model_path=model_path, port=0, **kwargs)
+    sup.start()
+    if not sup.wait_ready(ENGINE_READY_TIMEOUT_S):
+        tail = sup.log_path.read_text(errors="replace")[-3000:] if sup.log_path.exists() else ""
+        sup.stop()
+        pytest.fail(f"engine did not become ready ({sup.state}: {sup.message})\n{tail}")
+    return sup
+
+
+@pytest.fixture
+def ui_settings(tmp_path) -> Settings:
+    return make_settings(tmp_path / "ember")
+
+
+@pytest.fixture
+def tiny_gguf(tiny_model_factory) -> Path:
+    return tiny_model_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory, tiny_model_factory):
+    """One engine process on the tiny model for the tests of a module that do not kill it."""
+    settings = make_settings(tmp_path_factory.mktemp("shared-engine"))
+    sup = start_engine(settings, tiny_model_factory())
+    yield sup
+    sup.stop()
+
+
+@pytest.fixture
+def own_engine(ui_settings, tiny_gguf):
+    """An engine process for one test (which may kill or stop it)."""
+    sup = start_engine(ui_settings, tiny_gguf, backoff=(0.2, 1.0))
+    yield sup
+    sup.stop()
+
+
+class GapMeter(QObject):
+    """A QTimer ticking every `interval_ms` on the GUI thread; `max_gap_ms` is the longest wait seen.
+
+    If anything blocks the GUI thread, the timer cannot fire and the gap grows.
+    """
+
+    def __init__(self, interval_ms: int = 20) -> None:
+        super().__init__()
+        self.ticks: list[float] = []
+        self.timer = QTimer(self)
+        self.timer.setInterval(interval_ms)
+        self.timer.timeout.connect(self._on_tick)
+
+    def start(self) -> None:
+        self.ticks = [time.perf_counter()]
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def _on_tick(self) -> None:
+        self.ticks.append(time.perf_counter())
+
+    @property
+    def max_gap_ms(self) -> float:
+        gaps = [b - a for a, b in zip(self.ticks, self.ticks[1:])]
+        return 1000 * max(gaps) if gaps else float("inf")
