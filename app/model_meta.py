@@ -41,7 +41,9 @@ def read_meta(path: Path) -> ModelMeta:
 # --- GGUF -------------------------------------------------------------------------------------
 
 def read_gguf_meta(path: Path) -> ModelMeta:
-    import gguf  # heavy-ish import (numpy); only when a file is actually read
+    import gguf  # constants only (file types, block sizes)
+
+    from app.gguf_header import GGUFHeaderError, read_gguf_header
 
     path = Path(path)
     with open(path, "rb") as f:
@@ -49,31 +51,21 @@ def read_gguf_meta(path: Path) -> ModelMeta:
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # gguf raises ValueError, struct/numpy errors, IndexError... on bad headers
-        raise ModelFileError(f"{path}: corrupt or truncated GGUF: {type(e).__name__}: {e}") from e
-
-    def field(key: str):
-        fld = reader.get_field(key)
-        if fld is None:
-            return None
-        try:
-            return fld.contents()
-        except Exception as e:
-            raise ModelFileError(f"{path}: unreadable metadata key {key!r}: {e}") from e
+        header = read_gguf_header(path)
+    except GGUFHeaderError as e:
+        raise ModelFileError(f"{path}: corrupt or truncated GGUF: {e}") from e
+    field = header.fields.get
 
     arch = field("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFileError(f"{path}: GGUF metadata has no general.architecture")
-    if not reader.tensors:
+    if not header.tensors:
         raise ModelFileError(f"{path}: GGUF file holds no tensors")
-
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)  # data_offset is absolute in the file
-        if end > size:
-            raise ModelFileError(
-                f"{path}: truncated: tensor {t.name!r} ends at byte {end} but the file has {size} bytes")
+    for t in header.tensors:
+        end = t.offset + t.n_bytes
+        if end > header.file_size:
+            raise ModelFileError(f"{path}: truncated: tensor {t.name!r} ends at byte {end} "
+                                 f"but the file has {header.file_size} bytes")
 
     n_heads = _scalar_max(field(f"{arch}.attention.head_count"))
     n_kv = _scalar_max(field(f"{arch}.attention.head_count_kv")) or n_heads
@@ -81,17 +73,15 @@ def read_gguf_meta(path: Path) -> ModelMeta:
     head_dim = _scalar_max(field(f"{arch}.attention.key_length"))
     if head_dim is None and emb and n_heads:
         head_dim = emb // n_heads
-    ctx = _scalar_max(field(f"{arch}.context_length"))
-    layers = _scalar_max(field(f"{arch}.block_count"))
     name = field("general.name")
     return ModelMeta(
         format="gguf",
         name=name if isinstance(name, str) and name else None,
         architecture=arch,
-        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
-        context_length=ctx,
-        quantization=_gguf_quantization(field("general.file_type"), reader.tensors, gguf),
-        num_layers=layers,
+        parameter_count=sum(t.n_elements for t in header.tensors),
+        context_length=_scalar_max(field(f"{arch}.context_length")),
+        quantization=_gguf_quantization(field("general.file_type"), header.tensors, gguf),
+        num_layers=_scalar_max(field(f"{arch}.block_count")),
         num_kv_heads=n_kv,
         head_dim=head_dim,
     )
@@ -118,10 +108,10 @@ def _gguf_quantization(file_type, tensors, gguf) -> str:
     by_type: dict[str, int] = {}
     for t in tensors:
         if len(t.shape) >= 2:  # 1-d norms/biases are always f32 and say nothing
-            by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+            by_type[t.ggml_type] = by_type.get(t.ggml_type, 0) + t.n_bytes
     if not by_type:
-        by_type = {t.tensor_type.name: 1 for t in tensors}
-    return max(by_type, key=by_type.get)
+        by_type = {t.ggml_type: 1 for t in tensors}
+    return gguf.GGMLQuantizationType(max(by_type, key=by_type.get)).name
 
 
 # --- GPTQ / AWQ directories ------------------------------------------------------------------

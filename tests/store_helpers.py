@@ -82,6 +82,17 @@ def gptq_dir_params(in_f: int = 64, out_f: int = 32) -> int:
     return in_f * out_f + 10 * in_f  # unpacked qweight + embeddings (zeros/scales excluded)
 
 
+def bundled_model_or_skip() -> Path:
+    """The bundled SmolLM2 file; the test is skipped where the package is not installed."""
+    import pytest
+    from engine.loaders.default_model import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

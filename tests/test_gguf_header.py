@@ -1,0 +1,79 @@
+"""The fast GGUF header reader against gguf.GGUFReader (the oracle), and against corrupt headers."""
+from __future__ import annotations
+
+import random
+
+import gguf
+import numpy as np
+import pytest
+
+from app.gguf_header import GGUFHeaderError, read_gguf_header
+from app.model_meta import ModelFileError, read_gguf_meta
+from store_helpers import bundled_model_or_skip, write_tiny_gguf
+
+
+def _compare_with_gguf_reader(path):
+    ours = read_gguf_header(path)
+    ref = gguf.GGUFReader(path)
+    assert ours.data_offset == ref.data_offset
+    assert [(t.name, t.offset, t.n_elements, t.n_bytes, t.ggml_type) for t in ours.tensors] == [
+        (t.name, int(t.data_offset), int(t.n_elements), int(t.n_bytes), int(t.tensor_type)) for t in ref.tensors]
+    for key, fld in ref.fields.items():
+        if key.startswith("GGUF.") or key.startswith("tokenizer.ggml."):
+            continue
+        value = fld.contents()
+        if isinstance(value, list) and len(value) > 4096:
+            assert ours.fields[key] is None
+        else:
+            got = ours.fields[key]
+            assert got == (pytest.approx(value) if isinstance(value, float) else value), (key, got, value)
+    return ours
+
+
+def test_matches_gguf_reader_on_written_files(tmp_path):
+    path = write_tiny_gguf(tmp_path / "a.gguf", pad_mb=0.1)
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "qwen2")
+    w.add_block_count(1)
+    w.add_head_count_kv([2, 4, 2])  # per-layer arrays exist (e.g. OpenELM)
+    w.add_rope_freq_base(1e6)
+    w.add_array("test.strings", ["a", "bé", ""])
+    w.add_array("test.big", list(range(5000)))
+    w.add_token_list([f"t{i}" for i in range(300)])
+    w.add_tensor("q8.weight", gguf.quants.quantize(np.ones((4, 64), np.float32), gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("f16.weight", np.ones((3, 5), np.float16))
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        step()
+    _compare_with_gguf_reader(path)
+    h = _compare_with_gguf_reader(tmp_path / "b.gguf")
+    assert h.fields["qwen2.attention.head_count_kv"] == [2, 4, 2]
+    assert h.tensors[0].n_bytes == 4 * 64 // 32 * 34  # Q8_0: 32 weights in 34 bytes
+
+
+@pytest.mark.slow
+def test_matches_gguf_reader_on_the_bundled_model():
+    _compare_with_gguf_reader(bundled_model_or_skip())
+
+
+def test_corrupt_headers_raise_clear_errors(tmp_path):
+    good = write_tiny_gguf(tmp_path / "a.gguf").read_bytes()
+    rng = random.Random(0)
+    bad = tmp_path / "bad.gguf"
+    for cut in range(4, 700, 7):  # every truncation of the header
+        bad.write_bytes(good[:cut])
+        with pytest.raises(ModelFileError):
+            read_gguf_meta(bad)
+    for _ in range(300):  # random byte flips: an error or a result, never another exception
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(4, 700)] = rng.randrange(256)
+        bad.write_bytes(bytes(data))
+        try:
+            read_gguf_meta(bad)
+        except ModelFileError:
+            pass
+    data = bytearray(good)
+    data[8:16] = (2**60).to_bytes(8, "little")  # absurd tensor count: refused before any allocation
+    bad.write_bytes(bytes(data))
+    with pytest.raises(GGUFHeaderError, match="implausible"):
+        read_gguf_header(bad)
