@@ -84,12 +84,11 @@ class EmberApp:
 
 
 def _advisor():
-    """entry -> FitAdvice from app.fit, or None when the fit module is not available."""
-    try:
-        from app.fit import fit_advice
-    except ImportError:
-        return None
-    return lambda entry: fit_advice(entry.size_bytes, entry)
+    """entry -> FitAdvice for this machine (RAM from psutil; no torch import on the GUI's path)."""
+    from app.fit import fit_advice, probe_machine
+
+    machine = probe_machine(use_torch=False)
+    return lambda entry: fit_advice(entry.size_bytes, entry, machine)
 
 
 def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QHeaderView, QLabel, QLineEdit, QPushButton, QTableWidget,
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 COLUMNS = ("Model", "Parameters", "Quantization", "Size", "License", "This machine", "")
@@ -23,7 +23,9 @@ def human_size(n: int | None) -> str:
 def fit_badge(advice: Any) -> QLabel:
     """A green "fits" or red "too big" label; the reason is the tooltip."""
     if advice is None:
-        label = QLabel("unknown")
+        label = QLabel("size unknown")
+        label.setProperty("badge", "unknown")
+        label.setToolTip("The catalog does not list this model's size; the download tells")
     else:
         fits = bool(getattr(advice, "fits", False))
         text = "fits" if fits else "too big"
@@ -35,6 +37,15 @@ def fit_badge(advice: Any) -> QLabel:
         label.setToolTip(getattr(advice, "reason", "") or "")
     label.setAlignment(Qt.AlignCenter)
     return label
+
+
+def _centered(widget: QWidget) -> QWidget:
+    """A cell holder that keeps a badge pill-sized instead of stretched over the cell."""
+    holder = QWidget()
+    row = QHBoxLayout(holder)
+    row.setContentsMargins(4, 2, 4, 2)
+    row.addWidget(widget, 0, Qt.AlignCenter)
+    return holder
 
 
 class CatalogTable(QWidget):
@@ -59,8 +70,8 @@ class CatalogTable(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.search)
         layout.addWidget(self.table)
-        self.search.textChanged.connect(self.refresh)
         self.installed_ids: set[str] = set()
+        self.search.textChanged.connect(self.refresh)
         self.refresh()
 
     def entries(self) -> list[Any]:
@@ -68,8 +79,14 @@ class CatalogTable(QWidget):
         return list(self.catalog.search(query)) if hasattr(self.catalog, "search") else list(self.catalog)
 
     def set_installed(self, ids: set[str]) -> None:
+        """Update the Download/Installed buttons in place."""
         self.installed_ids = set(ids)
-        self.refresh()
+        for row in range(self.table.rowCount()):
+            model_id = self.table.item(row, 0).data(Qt.UserRole)
+            button = self.table.cellWidget(row, 6)
+            installed = model_id in self.installed_ids
+            button.setText("Installed" if installed else "Download")
+            button.setEnabled(not installed)
 
     def refresh(self) -> None:
         entries = self.entries()
@@ -83,7 +100,7 @@ class CatalogTable(QWidget):
             self.table.setItem(row, 2, QTableWidgetItem(f"{e.quantization} ({e.format})"))
             self.table.setItem(row, 3, QTableWidgetItem(human_size(e.size_bytes)))
             self.table.setItem(row, 4, QTableWidgetItem(e.license))
-            self.table.setCellWidget(row, 5, fit_badge(self._safe_advice(e)))
+            self.table.setCellWidget(row, 5, _centered(fit_badge(self._safe_advice(e) if e.size_bytes else None)))
             installed = e.id in self.installed_ids
             button = QPushButton("Installed" if installed else "Download")
             button.setEnabled(not installed)

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLineEdit, QListWidget, QListWidgetItem,
                                QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
 from ui.chat_view import DEFAULT_TITLE, field
+
+ITEM_HEIGHT = 30
 
 
 class ChatListPanel(QWidget):
@@ -54,6 +56,7 @@ class ChatListPanel(QWidget):
         for chat in self.chat_store.list_chats(search=self.search.text().strip() or None):
             item = QListWidgetItem(field(chat, "title", "") or DEFAULT_TITLE)
             item.setData(Qt.UserRole, field(chat, "id"))
+            item.setSizeHint(QSize(0, ITEM_HEIGHT))
             self.list.addItem(item)
             if field(chat, "id") == current:
                 self.list.setCurrentItem(item)

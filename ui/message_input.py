@@ -16,8 +16,7 @@ class MessageInput(QPlainTextEdit):
         self.setObjectName("messageInput")
         self.setPlaceholderText("Message Ember…  (Enter to send, Shift+Enter for a new line)")
         self.setTabChangesFocus(True)
-        self.setMaximumHeight(120)
-        self.setMinimumHeight(56)
+        self.setFixedHeight(72)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         is_enter = event.key() in (Qt.Key_Return, Qt.Key_Enter)

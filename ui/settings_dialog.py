@@ -45,6 +45,7 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
+        self.setMinimumWidth(520)
         self.settings = settings
         s = settings
         self.data_dir = PathEdit(s.data_dir, self)

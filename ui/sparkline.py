@@ -14,7 +14,7 @@ class Sparkline(QWidget):
     def __init__(self, capacity: int = 60, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.values: deque[float] = deque(maxlen=capacity)
-        self.setMinimumSize(QSize(90, 18))
+        self.setFixedSize(QSize(120, 18))
         self.setToolTip("Engine throughput, tokens per second (all chats together)")
 
     def add(self, value: float) -> None:
@@ -49,4 +49,4 @@ class Sparkline(QWidget):
         painter.setPen(QPen(accent, 1.5))
         painter.drawPath(line)
         painter.setPen(self.palette().text().color())
-        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignRight | Qt.AlignTop, f"{top:.0f}")
+        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignLeft | Qt.AlignVCenter, f"{top:.0f}")

@@ -31,7 +31,7 @@ def to_markdown(messages: list[TranscriptMessage]) -> str:
             body = (body + " ▍") if body else "_…thinking_"
         if _open_fence(body):  # an unfinished code block must not swallow what follows
             body += "\n```"
-        parts.append(f"##### {title}\n\n{body}")
+        parts.append(f"#### {title}\n\n{body}")
         if m.status == "stopped":
             parts.append("_(stopped)_")
         elif m.status == "error":
