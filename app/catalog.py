@@ -17,6 +17,11 @@ from app.store import validate_model_id
 DEFAULT_HUB = "https://huggingface.co"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 FORMATS = ("gguf", "gptq", "awq")
+# average bits per weight of each quantization (llama.cpp's quantize table; GPTQ/AWQ int4 with
+# group 128: 4 bits + an f16 scale and a 4-bit zero per 128 weights) — for size *estimates* only
+BITS_PER_WEIGHT = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "Q4_K_S": 4.58,
+                   "Q4_K_M": 4.85, "Q5_K_M": 5.69, "Q6_K": 6.56, "F16": 16.0, "BF16": 16.0,
+                   "GPTQ-INT4-G128": 4.16, "AWQ-INT4-G128": 4.16}
 
 
 class CatalogError(ValueError):
@@ -69,6 +74,15 @@ class CatalogEntry:
         sizes = [f.size_bytes for f in self.files]
         return None if any(s is None for s in sizes) else sum(sizes)
 
+    @property
+    def estimated_size_bytes(self) -> int | None:
+        """size_bytes when known, else parameters × bits per weight / 8 (a rough figure for fit advice)."""
+        if self.size_bytes is not None:
+            return self.size_bytes
+        bpw = BITS_PER_WEIGHT.get(self.quantization)
+        n = parse_parameters(self.parameters)
+        return int(n * bpw / 8) if bpw and n else None
+
     def file_url(self, name: str) -> str:
         return hub_file_url(self.hub_base_url, self.repo, self.revision, name)
 
@@ -88,6 +102,12 @@ class CatalogEntry:
             raise CatalogError(f"catalog entry {d.get('id')!r}: {e}") from e
         _check_entry(entry)
         return entry
+
+
+def parse_parameters(text: str) -> float | None:
+    """"1.5B" -> 1.5e9, "135M" -> 1.35e8."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMB])\s*", text or "", re.I)
+    return float(m.group(1)) * {"K": 1e3, "M": 1e6, "B": 1e9}[m.group(2).upper()] if m else None
 
 
 def hub_file_url(base: str, repo: str, revision: str, name: str) -> str:

@@ -76,6 +76,9 @@ def fit_advice(size_bytes: int, meta, machine: MachineInfo | None = None, *, kv_
     """Advice for a model of `size_bytes` whose `meta` has num_layers, num_kv_heads, head_dim and
     context_length (a ModelManifest, CatalogEntry, ModelConfig or dict)."""
     machine = machine or probe_machine()
+    estimated = ""
+    if not size_bytes:  # a catalog entry whose file size is not known: its parameters × bits estimate
+        size_bytes, estimated = _attr(meta, "estimated_size_bytes"), " (estimated size)"
     if not size_bytes or size_bytes <= 0:
         return FitAdvice(False, 0, 0, "model size unknown")
     ctx_max = _attr(meta, "context_length") or 4096
@@ -96,10 +99,10 @@ def fit_advice(size_bytes: int, meta, machine: MachineInfo | None = None, *, kv_
             slots = max(1, min(max_slots, kv_budget // (per_tok * min(chat_context, ctx))))
             reason = (f"fits on {device}: {_gib(fixed)} for weights, {_gib(kv_budget)} left for the KV cache "
                       f"({per_tok // 1024} KiB/token) → {ctx} tokens, {slots} chats of {min(chat_context, ctx)}")
-            return FitAdvice(True, ctx, slots, reason, device, per_tok, fixed + ctx * per_tok)
+            return FitAdvice(True, ctx, slots, reason + estimated, device, per_tok, fixed + ctx * per_tok)
         need = fixed + min_context * per_tok
         return FitAdvice(False, 0, 0, f"needs {_gib(need)} with a {min_context}-token context; "
-                                      f"{_gib(budget)} usable on {device}", device, per_tok, need)
+                                      f"{_gib(budget)} usable on {device}{estimated}", device, per_tok, need)
 
     if machine.vram_free > 0:
         gpu = plan("cuda", machine.vram_free)

@@ -62,3 +62,17 @@ def test_probe_machine_reads_this_machine():
     assert (info.vram_total, info.vram_free) == (0, 0)
     full = probe_machine()  # with torch when importable; on a GPU machine VRAM shows up
     assert full.vram_free <= full.vram_total
+
+
+def test_catalog_entries_without_a_known_size_use_an_estimate():
+    from app.catalog import Catalog
+
+    cat = Catalog.load()
+    qwen7 = cat.get("qwen2.5-7b-instruct-q4_k_m")  # size not known here: 7e9 × 4.85 bits / 8
+    assert qwen7.size_bytes is None and qwen7.estimated_size_bytes == int(7e9 * 4.85 / 8)
+    small = fit_advice(None, qwen7, MachineInfo(8 * GIB, 2 * GIB))
+    assert not small.fits and "estimated size" in small.reason
+    big = fit_advice(None, qwen7, MachineInfo(32 * GIB, 16 * GIB))
+    assert big.fits and big.max_context == 32768
+    smol = cat.get("smollm2-135m-instruct-q4_1")  # known size wins over the estimate
+    assert smol.estimated_size_bytes == smol.size_bytes == 98_362_432
