@@ -1,0 +1,28 @@
+"""RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, computed in float32 whatever the weight dtype."""
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Plain norm, or (pre-norm residual stream) add then norm: returns (normed, new residual).
+
+        The residual stream stays float32 (the caller passes a float32 `residual`), so bf16
+        weights round each sub-block's output once instead of the running sum every layer.
+        """
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        residual = residual + x.float()
+        return rms_norm(residual, self.weight, self.eps), residual

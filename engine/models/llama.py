@@ -1,0 +1,136 @@
+"""The Llama-family decoder (llama, smollm, mistral, qwen2): pre-norm, GQA attention, SwiGLU.
+
+    h = embed(ids)
+    for each layer:  h = h + o_proj(attn(rope(q), rope(k), v))   on rms_norm(h)
+                     h = h + down(silu(gate(x)) * up(x))          on x = rms_norm(h)
+    hidden = rms_norm(h);  logits = hidden @ lm_head^T  (lm_head = embed when tied)
+
+q/k/v and gate/up are fused into one Linear each (one GEMM instead of three/two). The residual
+stream is kept in float32 whatever the weight dtype. Attention goes through PagedAttention, so
+the KV pool layout and batching live in engine/layers/attention.py, not here.
+
+Weights are passed in by name (see `WEIGHT_NAMES`), already dequantized, un-permuted and fused by
+the loader; the model never sees a file format.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.layers.activation import silu_and_mul
+from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.linear import make_linear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding, apply_rope
+from engine.models.config import ModelConfig
+
+Take = Callable[[str], torch.Tensor | None]  # weight name -> tensor (None if absent)
+
+# Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias.
+WEIGHT_NAMES = (
+    "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs",
+    "layers.{i}.input_layernorm.weight", "layers.{i}.post_attention_layernorm.weight",
+    "layers.{i}.qkv_proj.weight", "layers.{i}.qkv_proj.bias", "layers.{i}.o_proj.weight",
+    "layers.{i}.gate_up_proj.weight", "layers.{i}.down_proj.weight",
+)
+
+
+def _norm(config: ModelConfig, weight: torch.Tensor) -> RMSNorm:
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    norm.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return norm
+
+
+class LlamaAttention(torch.nn.Module):
+    def __init__(self, config: ModelConfig, prefix: str, take: Take) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = make_linear(take(prefix + "qkv_proj.weight"), take(prefix + "qkv_proj.bias"))
+        self.o_proj = make_linear(take(prefix + "o_proj.weight"))
+        self.attn = PagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
+        o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), kv_cache, meta)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, prefix: str, take: Take) -> None:
+        super().__init__()
+        self.gate_up_proj = make_linear(take(prefix + "gate_up_proj.weight"))
+        self.down_proj = make_linear(take(prefix + "down_proj.weight"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    def __init__(self, config: ModelConfig, i: int, take: Take) -> None:
+        super().__init__()
+        p = f"layers.{i}."
+        self.input_layernorm = _norm(config, take(p + "input_layernorm.weight"))
+        self.self_attn = LlamaAttention(config, p, take)
+        self.post_attention_layernorm = _norm(config, take(p + "post_attention_layernorm.weight"))
+        self.mlp = LlamaMLP(p, take)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        # residual carries the float32 stream; `hidden` is the last sub-block's output to add.
+        if residual is None:
+            residual = hidden.float()
+            x = self.input_layernorm(residual)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(x, cos, sin, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    """forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, d] (float32)."""
+
+    def __init__(self, config: ModelConfig, take: Take) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = torch.nn.Parameter(take("embed_tokens.weight"), requires_grad=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
+                                      take("rope_freqs") if config.rope_freq_factors else None)
+        self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
+        self.norm = _norm(config, take("norm.weight"))
+        if config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens  # the same Parameter: one copy in memory
+        else:
+            self.lm_head = torch.nn.Parameter(take("lm_head.weight"), requires_grad=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"{len(kv_caches)} KV caches for {len(self.layers)} layers")
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary(positions)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, d] -> float32 logits [N, vocab] (matmul in the weight dtype)."""
+        return F.linear(hidden.to(self.lm_head.dtype), self.lm_head).float()

@@ -1,0 +1,73 @@
+"""read_model_config / load_model on tiny files and on the bundled SmolLM2 file."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from engine.loaders.gguf_loader import load_model, read_model_config, unpermute_rows
+from engine.models.config import ModelConfig, RopeScaling
+
+
+def test_config_from_metadata(tiny_model_factory):
+    cfg = read_model_config(tiny_model_factory(arch="qwen2", hidden=96, n_heads=6, n_kv_heads=2, ffn=160,
+                                               n_layers=3, ctx=256, rope_theta=5e4, tied=True))
+    assert cfg == ModelConfig(arch="qwen2", vocab_size=cfg.vocab_size, hidden_size=96, intermediate_size=160,
+                              num_layers=3, num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=cfg.rms_norm_eps,
+                              rope_theta=5e4, rope_scaling=None, context_length=256, tie_word_embeddings=True,
+                              attention_bias=True)
+    assert abs(cfg.rms_norm_eps - 1e-5) < 1e-9 and cfg.vocab_size > 256
+
+
+def test_config_ignores_file_name(tiny_model_factory, tmp_path):
+    src = tiny_model_factory(arch="llama")
+    liar = tmp_path / "Qwen2-7B-Instruct-Q4_K_M.gguf"
+    shutil.copy(src, liar)
+    assert read_model_config(liar) == read_model_config(src)
+    assert read_model_config(liar).arch == "llama" and not read_model_config(liar).attention_bias
+
+
+def test_linear_rope_scaling_read(tiny_model_factory):
+    cfg = read_model_config(tiny_model_factory(rope_scaling=("linear", 2.0)))
+    assert cfg.rope_scaling == RopeScaling("linear", 2.0, 512)
+
+
+def test_unpermute_inverts_the_converters_permute():
+    """convert_hf_to_gguf.py LlamaModel.permute, verbatim, then ours: identity on weights and biases."""
+    def permute(w, n_head):
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    rng = np.random.default_rng(0)
+    for n_head, hd in [(4, 16), (3, 64), (1, 8)]:
+        w = rng.standard_normal((n_head * hd, 24)).astype(np.float32)
+        b = rng.standard_normal(n_head * hd).astype(np.float32)
+        assert np.array_equal(unpermute_rows(torch.from_numpy(permute(w, n_head)), n_head).numpy(), w)
+        assert np.array_equal(unpermute_rows(torch.from_numpy(permute(b, n_head)), n_head).numpy(), b)
+
+
+def test_fused_weights_and_tied_head(tiny_model_factory):
+    model = load_model(tiny_model_factory(arch="qwen2", tied=True), torch.bfloat16)
+    cfg = model.config
+    layer = model.layers[0]
+    assert layer.self_attn.qkv_proj.weight.shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+    assert layer.self_attn.qkv_proj.bias.shape == (cfg.q_size + 2 * cfg.kv_size,)
+    assert layer.mlp.gate_up_proj.weight.shape == (2 * cfg.intermediate_size, cfg.hidden_size)
+    assert model.lm_head is model.embed_tokens and model.dtype == torch.bfloat16
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_bundled_model_config_and_load_time(bundled_model_path):
+    cfg = read_model_config(bundled_model_path)
+    assert (cfg.arch, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
+            cfg.hidden_size, cfg.tie_word_embeddings, cfg.rope_theta) == \
+        ("llama", 30, 9, 3, 64, 49152, 576, True, 100000.0)
+    t0 = time.perf_counter()
+    model = load_model(bundled_model_path, torch.bfloat16)
+    elapsed = time.perf_counter() - t0
+    print(f"bundled model load (bf16): {elapsed:.2f} s")
+    assert elapsed < 10
+    assert sum(p.numel() for p in model.parameters()) > 130e6
