@@ -47,26 +47,26 @@ def test_worker_reports_errors_and_quit_stops_between_items(qtbot):
         worker.start()
     assert isinstance(blocker.args[0], ValueError)
 
-    gate, closed = threading.Event(), threading.Event()
+    closed = threading.Event()
 
     def endless():
         try:
             i = 0
             while True:
-                gate.wait(5)
                 yield i
                 i += 1
         finally:
             closed.set()  # the generator is closed on the worker thread after quit()
 
     worker = GeneratorWorker(endless)
-    returned = []
+    returned, seen = [], []
     worker.returned.connect(returned.append)
+    worker.yielded.connect(seen.append)
+    worker.yielded.connect(worker.quit)  # quit as soon as the first item arrives
     with qtbot.waitSignal(worker.finished, timeout=5000):
         worker.start()
-        worker.quit()
-        gate.set()
     assert closed.wait(2) and returned == []
+    assert seen and seen == list(range(len(seen)))
 
 
 def test_message_input_enter_sends_shift_enter_breaks_line(qtbot):
