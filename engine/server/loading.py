@@ -1,0 +1,31 @@
+"""From a ModelSpec to a running LLMEngine: backend and device choice, then the runner.
+
+The decision itself (what the machine has, what the model needs) lives in engine/backends
+(`decide` → `config_for` → `create_runner`); this is the engine thread's factory around it,
+and it runs on the engine thread. A model that does not fit raises BackendError with a
+message that says what would; /health then shows it.
+"""
+from __future__ import annotations
+
+import logging
+
+from engine.config import EngineConfig
+from engine.server.engine_thread import EngineFactory, LoadedModel, ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw) -> EngineFactory:
+    """`config_kw` are EngineConfig fields (dtype, max_model_len, num_kv_blocks, num_threads, ...)."""
+
+    def factory(spec: ModelSpec) -> LoadedModel:
+        from engine.backends import config_for, create_runner, decide
+        from engine.llm_engine import LLMEngine
+
+        config = EngineConfig(model_path=spec.path, **{k: v for k, v in config_kw.items() if v is not None})
+        decision = decide(config, backend=backend, device=device)
+        config = config_for(config, decision)
+        engine = LLMEngine(config, runner=create_runner(config, decision))
+        return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
+
+    return factory

@@ -1,0 +1,204 @@
+"""OpenAI request shapes (chat completions, completions), validated by pydantic.
+
+Transcribed from OpenAI's API reference the way llama-cpp-python's `types.py` does: shared
+`Field`s for the sampler knobs, bounds on every number so that a bad value is a 400 and never
+a crash or a huge allocation. Unknown fields are ignored (clients send extras such as
+`parallel_tool_calls`); fields we cannot honour (n > 1, logit_bias, tools) are refused.
+Responses are plain dicts built in `responses.py`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+INT32_MAX = 2**31 - 1
+MAX_STOP_STRINGS = 16
+MAX_PROMPTS = 64
+
+_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+model_field = Field(None, max_length=256, description="Model id; the loaded model when omitted.")
+temperature_field = Field(1.0, ge=0.0, le=2.0, description="0 means greedy decoding.")
+top_p_field = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: keep the smallest set of tokens with this mass.")
+top_k_field = Field(0, ge=-1, le=INT32_MAX, description="Keep the k likeliest tokens; 0 or -1 is off.")
+min_p_field = Field(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p times the top probability.")
+frequency_penalty_field = Field(0.0, ge=-2.0, le=2.0)
+presence_penalty_field = Field(0.0, ge=-2.0, le=2.0)
+repetition_penalty_field = Field(1.0, gt=0.0, le=10.0, description="CTRL-style; 1 is off.")
+seed_field = Field(None, ge=-(2**63), le=2**63 - 1, description="Same seed, same text.")
+max_tokens_field = Field(None, ge=0, le=INT32_MAX)
+truncate_field = Field(
+    None, ge=-1, le=INT32_MAX,
+    description="Keep only the last k prompt tokens; -1 keeps as many as fit the context. "
+                "Without it a prompt longer than the context is a 400 context_length_exceeded.")
+
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    model_config = _config
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """The fields chat and completions share."""
+    model_config = _config
+
+    model: str | None = model_field
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: StopString | list[StopString] | None = None
+    max_tokens: int | None = max_tokens_field
+    temperature: float = temperature_field
+    top_p: float = top_p_field
+    top_k: int = top_k_field
+    min_p: float = min_p_field
+    frequency_penalty: float = frequency_penalty_field
+    presence_penalty: float = presence_penalty_field
+    repetition_penalty: float = repetition_penalty_field
+    seed: int | None = seed_field
+    n: int = Field(1, description="Only 1 is supported.")
+    user: str | None = Field(None, max_length=256)
+    logit_bias: dict[str, float] | None = None
+    truncate_prompt_tokens: int | None = truncate_field
+    # extensions (vLLM names): benchmarks need fixed-length replies; background jobs a priority
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
+    priority: int = Field(0, ge=0, le=10, description="Lower runs first; the app's chats use 0.")
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(BaseModel):
+    model_config = _config
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _config
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)
+
+    def as_template_dict(self) -> dict:
+        """What a chat template sees: role and plain-text content ("developer" is OpenAI's new
+        name for the system role)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        role = "system" if self.role == "developer" else self.role
+        d = {"role": role, "content": content or ""}
+        if self.name:
+            d["name"] = self.name
+        return d
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=4096)
+    max_completion_tokens: int | None = max_tokens_field
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v):
+        if v:
+            raise ValueError("tool calling is not supported")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v):
+        if v and v.get("type", "text") != "text":
+            raise ValueError("only response_format type 'text' is supported")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """None: no logprobs; k: the chosen token's logprob plus the top k."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: (Annotated[str, StringConstraints(max_length=8 << 20)]
+             | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | TokenIds
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one(cls, v):
+        if v not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return v
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts: one string or one token list each."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]
+        return list(p)
+
+
+class LoadModelRequest(BaseModel):
+    model_config = _config
+    model: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+    wait: bool = Field(True, description="Answer once the model is loaded (or failed).")
