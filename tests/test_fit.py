@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import psutil
+import pytest
 
 from app.fit import GIB, MIB, FitAdvice, MachineInfo, fit_advice, kv_bytes_per_token, probe_machine
 
@@ -60,8 +61,18 @@ def test_probe_machine_reads_this_machine():
     info = probe_machine(use_torch=False)
     assert info.ram_total == psutil.virtual_memory().total and 0 < info.ram_available <= info.ram_total
     assert (info.vram_total, info.vram_free) == (0, 0)
-    full = probe_machine()  # with torch when importable; on a GPU machine VRAM shows up
+
+
+@pytest.mark.slow  # imports torch (seconds on a busy 2-core machine)
+def test_probe_machine_with_torch_sees_the_gpu_if_any():
+    torch = pytest.importorskip("torch")
+    full = probe_machine()
     assert full.vram_free <= full.vram_total
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info(0)
+        assert full.vram_total == total and full.gpu_name == torch.cuda.get_device_name(0)
+    else:
+        assert (full.vram_total, full.gpu_name) == (0, None)
 
 
 def test_catalog_entries_without_a_known_size_use_an_estimate():
