@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -71,7 +72,17 @@ def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: 
             return _receive(r, url, part, offset, expected_size, on_bytes, should_stop,
                             check_space, opener, chunk_size)
     except httpx.HTTPError as e:  # connect/read timeouts, dropped connections, truncated bodies
+        if _is_certificate_error(e):  # retrying will not make an untrusted server trusted
+            raise DownloadError(f"TLS certificate verification failed for {url}: {e}") from e
         raise RetryableError(f"{type(e).__name__}: {e or 'connection failed'} ({url})") from e
+
+
+def _is_certificate_error(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes, should_stop,

@@ -191,20 +191,30 @@ class DownloadManager:
                 log.exception("download event callback failed")
 
     def _save(self) -> None:
+        """Write the unfinished jobs; jobs another process added to the file are carried over."""
         keep = [vars(j) | {"rate_bps": 0.0} for j in self._jobs.values() if j.state not in ("done", "cancelled")]
+        foreign = [j for j in self._read_queue() if j.get("job_id") not in self._jobs]
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.state_dir / QUEUE_FILE, {"version": 1, "jobs": keep})
+        write_json_atomic(self.state_dir / QUEUE_FILE, {"version": 1, "jobs": keep + foreign})
 
-    def _load(self) -> None:
+    def _read_queue(self) -> list[dict]:
         p = self.state_dir / QUEUE_FILE
-        if not p.is_file():
-            return
         try:
-            raw = json.loads(p.read_text("utf-8"))["jobs"]
-            jobs = [DownloadJob(**j) for j in raw]
+            jobs = json.loads(p.read_text("utf-8"))["jobs"]
+            return [j for j in jobs if isinstance(j, dict)]
+        except FileNotFoundError:
+            return []
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("ignoring unreadable download queue %s: %s", p, e)
-            return
+            return []
+
+    def _load(self) -> None:
+        jobs = []
+        for raw in self._read_queue():
+            try:
+                jobs.append(DownloadJob(**raw))
+            except TypeError as e:
+                log.warning("ignoring a download job in an unknown shape: %s", e)
         for job in jobs:
             if job.state in ("running", "verifying"):
                 job.state = "queued"  # the process that ran it is gone; the .part files remain
@@ -224,7 +234,14 @@ class DownloadManager:
 
     # --- worker ----------------------------------------------------------------------------
     def _run(self, job: DownloadJob) -> None:
+        lock = None
         try:
+            lock = _ProcessLock(self.state_dir / f"{job.model_id}.lock")
+            if not lock.acquire():
+                raise DownloadError(f"{job.model_id} is being downloaded by another Ember process")
+            if self.store.get(job.model_id) is not None:  # another process finished it meanwhile
+                self._set(job, "done")
+                return
             self._set(job, "running")
             self._transfer(job)
             self._set(job, "verifying")
@@ -245,6 +262,8 @@ class DownloadManager:
             log.exception("download %s crashed", job.job_id)
             self._set(job, "failed", error=f"{type(e).__name__}: {e}")
         finally:
+            if lock is not None:
+                lock.release()
             with self._lock:
                 self._threads.pop(job.job_id, None)
                 self._stop.pop(job.job_id, None)
@@ -406,6 +425,34 @@ class DownloadManager:
 
 def _file_record(name: str, size_bytes: int | None, sha256: str | None) -> dict:
     return {"name": name, "size_bytes": size_bytes, "sha256": sha256, "hub_sha256": None, "done": False}
+
+
+class _ProcessLock:
+    """An exclusive lock file (flock), so two processes never write the same .part; the OS
+    releases it when a process dies, even by SIGKILL. Where flock is missing, always granted."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd = path, None
+
+    def acquire(self) -> bool:
+        try:
+            import fcntl
+        except ImportError:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            os.close(self.fd)
+            self.fd = None
+            return False
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
 
 
 class _RateMeter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -118,12 +119,13 @@ class FakeHub:
     files: dict[str, bytes] = field(default_factory=dict)  # url path -> bytes
     faults: dict[str, Fault] = field(default_factory=dict)
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
+    tls: tuple[Path, Path] | None = None  # (certfile, keyfile): serve https
     server: ThreadingHTTPServer | None = None
 
     @property
     def base_url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def add(self, repo: str, name: str, data: bytes, fault: Fault | None = None) -> str:
         path = f"/{repo}/resolve/main/{name}"
@@ -212,9 +214,27 @@ class FakeHub:
                 pass  # clients we hang up on (faults, cancelled jobs) are expected here
 
         self.server = Server(("127.0.0.1", 0), Handler)
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*map(str, self.tls))
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+def self_signed_cert(tmp: Path) -> tuple[Path, Path] | None:
+    """A self-signed certificate for 127.0.0.1 made with the openssl CLI; None when it is missing."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        return None
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key

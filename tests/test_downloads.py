@@ -14,7 +14,7 @@ import pytest
 from app.catalog import CatalogEntry, CatalogFile
 from app.downloads import DownloadManager, RetryPolicy
 from app.store import ModelStore, sha256_file
-from store_helpers import FakeHub, Fault, sha256, write_gptq_dir, write_tiny_gguf
+from store_helpers import FakeHub, Fault, self_signed_cert, sha256, write_gptq_dir, write_tiny_gguf
 
 REPO = "test/tiny-GGUF"
 FAST = RetryPolicy(attempts=4, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=1.0)
@@ -296,3 +296,29 @@ def _wait_for(cond, timeout=20.0):
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_tls_verification_is_always_on(store, tmp_path, payloads):
+    tls = self_signed_cert(tmp_path)
+    if tls is None:
+        pytest.skip("no openssl CLI to make a certificate")
+    with FakeHub(tls=tls) as hub:
+        path = hub.add(REPO, "a.gguf", payloads[0])
+        dm = manager(store, hub, tmp_path)
+        final = dm.wait(dm.start(entry("tiny-a", "a.gguf", payloads[0])), timeout=30)
+        assert final.state == "failed" and "certificate verification failed" in final.error
+        assert hub.ranges(path) == []  # no request got through the handshake; and no retries
+        assert_nothing_left(store, "tiny-a")
+
+
+def test_two_processes_never_download_the_same_model_at_once(hub, store, tmp_path, payloads):
+    path = hub.add(REPO, "a.gguf", payloads[0], Fault(chunk_delay_s=0.01))
+    first = manager(store, hub, tmp_path)
+    job = first.start(entry("tiny-a", "a.gguf", payloads[0]))
+    _wait_for(lambda: first.jobs()[0].bytes_done > 0)
+    other = DownloadManager(store, tmp_path / "state", hub.base_url, retry=FAST, autostart=False)
+    assert [e.job_id for e in other.jobs()] == [job]  # it sees the persisted job...
+    clash = other.wait(other.start(entry("tiny-a", "a.gguf", payloads[0])), timeout=10)
+    assert clash.state == "failed" and "another Ember process" in clash.error  # ...but cannot run it
+    assert first.wait(job, timeout=30).state == "done" and store.verify("tiny-a")
+    assert len(hub.ranges(path)) == 1
