@@ -161,8 +161,9 @@ class BlockManager:
         seq.num_hashed_blocks = num_full
 
     # ---- allocation ----------------------------------------------------------------------
-    def _num_needed(self, seq: Sequence, num_new_tokens: int, cached: list[int]) -> int:
-        """Free blocks that covering num_computed + cached + n tokens would consume."""
+    def num_needed_blocks(self, seq: Sequence, num_new_tokens: int, cached: list[int]) -> int:
+        """Free blocks it takes to cover seq's cache hits plus n new tokens after them: new
+        blocks, revived cached blocks and copies of shared blocks about to be written."""
         table = seq.block_table
         start = seq.num_computed_tokens + len(cached) * self.block_size
         end = start + num_new_tokens
@@ -178,7 +179,7 @@ class BlockManager:
         (default: the rest of its tokens)."""
         cached = self.match_prefix(seq) if cached is None else cached
         n = seq.num_tokens - len(cached) * self.block_size if num_new_tokens is None else num_new_tokens
-        return self._num_needed(seq, n, cached) <= self.num_free_blocks
+        return self.num_needed_blocks(seq, n, cached) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int | None = None,
                  cached: list[int] | None = None) -> None:
@@ -188,7 +189,7 @@ class BlockManager:
         cached = self.match_prefix(seq) if cached is None else cached
         num_cached = len(cached) * self.block_size
         n = seq.num_tokens - num_cached if num_new_tokens is None else num_new_tokens
-        if self._num_needed(seq, n, cached) > self.num_free_blocks:
+        if self.num_needed_blocks(seq, n, cached) > self.num_free_blocks:
             raise RuntimeError("not enough free KV blocks; check can_allocate first")
         for block_id in cached:
             self._touch(block_id)
@@ -200,14 +201,14 @@ class BlockManager:
         self.append_slots(seq, n)
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
-        return self._num_needed(seq, num_new_tokens, []) <= self.num_free_blocks
+        return self.num_needed_blocks(seq, num_new_tokens, []) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> list[tuple[int, int]]:
         """Make seq's table cover num_computed_tokens + n tokens. A shared block about to be
         written is copied first; returns the (src, dst) block copies the runner must make."""
         B, table = self.block_size, seq.block_table
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
-        if self._num_needed(seq, num_new_tokens, []) > self.num_free_blocks:
+        if self.num_needed_blocks(seq, num_new_tokens, []) > self.num_free_blocks:
             raise RuntimeError("not enough free KV blocks; check can_append first")
         copies = []
         for i in range(start // B, min(len(table), self.num_blocks_for(end))):

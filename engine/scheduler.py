@@ -15,6 +15,7 @@ interactive chat never queues behind background jobs.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -152,18 +153,17 @@ class Scheduler:
                 budget -= n
 
         # 2. Waiting sequences in order; a head that does not fit blocks the rest (no
-        #    overtaking) unless running work of strictly lower priority can make room. After
-        #    a preemption for lack of blocks nothing new is admitted this step (as in vLLM).
-        short_of_blocks = bool(out.preempted)
-        while self.waiting and budget > 0 and not short_of_blocks:
+        #    overtaking) unless running work of strictly lower priority can make room.
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq in out.preempted:
-                break  # made room for a more urgent one just now: not back in the same step
+                break  # preempted in this very step: it resumes in a later one
             cached = bm.match_prefix(seq)
             n = min(seq.num_tokens - len(cached) * bm.block_size, self.max_prefill_chunk, budget)
-            if len(self.running) >= self.max_num_seqs or not bm.can_allocate(seq, n, cached):
+            has_room = bm.can_allocate(seq, n, cached)
+            if len(self.running) >= self.max_num_seqs or not has_room:
                 lower = [s for s in self.running if s.priority > seq.priority]
-                if not lower:
+                if not lower or not (has_room or self._room_without(lower, seq, n, cached)):
                     break
                 preempt(max(lower, key=_by_key))  # it waits behind seq: lower priority
                 continue
@@ -174,6 +174,9 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
 
+        if out.preempted and out.block_copies:  # drop copies into blocks a victim gave back
+            live = {b for s in scheduled for b in s.block_table}
+            out.block_copies = [(src, dst) for src, dst in out.block_copies if dst in live]
         seqs = sorted(scheduled, key=lambda s: scheduled[s] != 1)  # stable: decodes first
         out.seqs = seqs
         out.num_new_tokens = [scheduled[s] for s in seqs]
@@ -181,6 +184,14 @@ class Scheduler:
         out.is_sampled = [s.num_computed_tokens + n == s.num_tokens
                           for s, n in zip(seqs, out.num_new_tokens)]
         return out
+
+    def _room_without(self, victims: list[Sequence], seq: Sequence, n: int, cached: list[int]) -> bool:
+        """Whether seq would fit once all victims gave their blocks back (so that a priority
+        preemption is never in vain)."""
+        bm = self.block_manager
+        refs = Counter(b for v in victims for b in v.block_table)
+        freed = sum(1 for b, c in refs.items() if bm.blocks[b].ref_count == c)
+        return bm.num_needed_blocks(seq, n, cached) <= bm.num_free_blocks + freed
 
     def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> None:
         """After the forward: the scheduled tokens are computed; append one sampled token to each
