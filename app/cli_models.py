@@ -7,7 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from app.settings import Settings, add_settings_args, settings_from_args
+
+if TYPE_CHECKING:
+    from app.store import ModelStore
 
 SETTINGS_FIELDS = ["data_dir", "models_dir", "hub_base_url", "max_parallel_downloads"]
 
@@ -45,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("models", nargs="*", help="ids (default: all)")
 
 
-def _setup(args) -> tuple[Settings, "ModelStore"]:  # noqa: F821
+def _setup(args) -> tuple[Settings, ModelStore]:
     from app.store import ModelStore
 
     settings = settings_from_args(args)

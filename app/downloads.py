@@ -15,7 +15,6 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,46 +22,11 @@ import httpx
 
 from app.catalog import CatalogEntry, hub_file_url
 from app.download_fetch import DownloadError, RetryableError, Stopped, fetch_to_part
-from app.store import ModelFileError, ModelStore, fsync_dir, sha256_file, write_json_atomic
+from app.download_jobs import (ACTIVE, STATES, DownloadEvent, DownloadJob, ProcessLock, RateMeter, RetryPolicy,
+                               file_record, mib, read_queue, write_queue)
+from app.store import ModelFileError, ModelStore, fsync_dir, sha256_file
 
 log = logging.getLogger(__name__)
-
-STATES = ("queued", "running", "paused", "verifying", "done", "failed", "cancelled")
-ACTIVE = ("queued", "running", "verifying")
-QUEUE_FILE = "downloads.json"
-
-
-@dataclass(frozen=True)
-class DownloadEvent:
-    job_id: str
-    state: str
-    bytes_done: int
-    bytes_total: int | None
-    rate_bps: float
-    eta_s: float | None
-    error: str | None
-    model_id: str = ""
-
-
-@dataclass
-class RetryPolicy:
-    attempts: int = 6  # attempts in a row without progress before giving up
-    backoff_s: float = 1.0  # first wait; doubles each time
-    backoff_max_s: float = 30.0
-    read_timeout_s: float = 30.0  # a server silent this long counts as a dropped connection
-
-
-@dataclass
-class DownloadJob:
-    job_id: str
-    model_id: str
-    entry: dict  # CatalogEntry.to_dict(): the job survives a catalog change
-    state: str = "queued"
-    files: list[dict] = field(default_factory=list)  # name, size_bytes, sha256, done
-    error: str | None = None
-    bytes_done: int = 0
-    bytes_total: int | None = None
-    rate_bps: float = 0.0
 
 
 class DownloadManager:
@@ -108,7 +72,7 @@ class DownloadManager:
                         self._set(job, "queued", error=None)
                     self._pump()
                     return job.job_id
-            files = [_file_record(f.name, f.size_bytes, f.sha256) for f in entry.files]
+            files = [file_record(f.name, f.size_bytes, f.sha256) for f in entry.files]
             job = DownloadJob(uuid.uuid4().hex[:12], entry.id, entry.to_dict(), files=files,
                               bytes_total=entry.size_bytes)
             self._jobs[job.job_id] = job
@@ -193,24 +157,12 @@ class DownloadManager:
     def _save(self) -> None:
         """Write the unfinished jobs; jobs another process added to the file are carried over."""
         keep = [vars(j) | {"rate_bps": 0.0} for j in self._jobs.values() if j.state not in ("done", "cancelled")]
-        foreign = [j for j in self._read_queue() if j.get("job_id") not in self._jobs]
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.state_dir / QUEUE_FILE, {"version": 1, "jobs": keep + foreign})
-
-    def _read_queue(self) -> list[dict]:
-        p = self.state_dir / QUEUE_FILE
-        try:
-            jobs = json.loads(p.read_text("utf-8"))["jobs"]
-            return [j for j in jobs if isinstance(j, dict)]
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("ignoring unreadable download queue %s: %s", p, e)
-            return []
+        foreign = [j for j in read_queue(self.state_dir) if j.get("job_id") not in self._jobs]
+        write_queue(self.state_dir, keep + foreign)
 
     def _load(self) -> None:
         jobs = []
-        for raw in self._read_queue():
+        for raw in read_queue(self.state_dir):
             try:
                 jobs.append(DownloadJob(**raw))
             except TypeError as e:
@@ -236,7 +188,7 @@ class DownloadManager:
     def _run(self, job: DownloadJob) -> None:
         lock = None
         try:
-            lock = _ProcessLock(self.state_dir / f"{job.model_id}.lock")
+            lock = ProcessLock(self.state_dir / f"{job.model_id}.lock")
             if not lock.acquire():
                 raise DownloadError(f"{job.model_id} is being downloaded by another Ember process")
             if self.store.get(job.model_id) is not None:  # another process finished it meanwhile
@@ -287,8 +239,8 @@ class DownloadManager:
         d.mkdir(parents=True, exist_ok=True)
         free = self._disk_usage(d).free
         if need + self._reserve > free:
-            raise DownloadError(f"not enough disk space for {job.model_id}: needs {_mib(need)} more "
-                                f"(+{_mib(self._reserve)} reserve), {_mib(free)} free in {d}")
+            raise DownloadError(f"not enough disk space for {job.model_id}: needs {mib(need)} more "
+                                f"(+{mib(self._reserve)} reserve), {mib(free)} free in {d}")
 
     def _on_disk(self, job: DownloadJob, f: dict) -> int:
         t = self._target(job, f)
@@ -317,7 +269,7 @@ class DownloadManager:
         part.parent.mkdir(parents=True, exist_ok=True)
         url = hub_file_url(self.hub_base_url, job.entry["repo"], job.entry.get("revision", "main"), f["name"])
         others = sum(self._on_disk(job, g) for g in job.files if g is not f)
-        meter = _RateMeter()
+        meter = RateMeter()
         last_emit = [0.0]
 
         def on_bytes(n: int) -> None:
@@ -373,7 +325,7 @@ class DownloadManager:
             if not isinstance(s, str) or "/" in s or "\\" in s or not s.endswith(".safetensors"):
                 raise DownloadError(f"{index_file['name']}: unsafe shard name {s!r}")
         with self._lock:
-            job.files.extend(_file_record(s, None, None) for s in shards if s not in known)
+            job.files.extend(file_record(s, None, None) for s in shards if s not in known)
             job.bytes_total = None
 
     def _finish(self, job: DownloadJob) -> None:
@@ -421,64 +373,6 @@ class DownloadManager:
         d = self.store.model_dir(job.model_id)
         if not (d / "manifest.json").exists():
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _file_record(name: str, size_bytes: int | None, sha256: str | None) -> dict:
-    return {"name": name, "size_bytes": size_bytes, "sha256": sha256, "hub_sha256": None, "done": False}
-
-
-class _ProcessLock:
-    """An exclusive lock file (flock), so two processes never write the same .part; the OS
-    releases it when a process dies, even by SIGKILL. Where flock is missing, always granted."""
-
-    def __init__(self, path: Path):
-        self.path, self.fd = path, None
-
-    def acquire(self) -> bool:
-        try:
-            import fcntl
-        except ImportError:
-            return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            os.close(self.fd)
-            self.fd = None
-            return False
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = None
-
-
-class _RateMeter:
-    """Bytes per second, smoothed (exponential moving average over ~2 s)."""
-
-    def __init__(self):
-        self.t0 = time.monotonic()
-        self.n0 = None
-        self.rate = 0.0
-
-    def update(self, n: int) -> float:
-        now = time.monotonic()
-        if self.n0 is None or n < self.n0:
-            self.t0, self.n0 = now, n
-            return self.rate
-        dt = now - self.t0
-        if dt >= 0.1:
-            inst = (n - self.n0) / dt
-            alpha = min(1.0, dt / 2.0)
-            self.rate = inst if self.rate == 0 else (1 - alpha) * self.rate + alpha * inst
-            self.t0, self.n0 = now, n
-        return self.rate
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 __all__ = ["DownloadManager", "DownloadEvent", "DownloadError", "RetryPolicy", "DownloadJob", "STATES"]
