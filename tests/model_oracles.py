@@ -1,0 +1,114 @@
+"""Ways to get next-token logits for a token list: our model (one sequence, its own small KV pool),
+llama.cpp through llama-cpp-python (the oracle), and a float64 dense reference written straight
+from the GGUF tensors (interleaved RoPE for llama files, so it does not share our un-permute)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+from engine.layers.attention import AttentionMetadata
+
+BLOCK = 16
+
+
+def kv_pool(model, num_tokens: int, dtype=torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cfg = model.config
+    nb = -(-num_tokens // BLOCK)
+    shape = (nb, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+
+
+def prefill_meta(start: int, end: int, num_blocks: int) -> AttentionMetadata:
+    """One sequence whose tokens [start, end) are computed now over a [0, end) context; the
+    sequence owns blocks 0..num_blocks-1 in order."""
+    return AttentionMetadata(
+        slot_mapping=torch.arange(start, end, dtype=torch.long), query_start_loc=[0, end - start],
+        seq_lens=[end], block_tables=torch.arange(num_blocks, dtype=torch.long)[None, :], num_decodes=0)
+
+
+@torch.inference_mode()
+def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tensor:
+    """float32 [T, V]: teacher-forced logits of one sequence, prefilled in chunks of `chunk`."""
+    T = len(tokens)
+    caches = kv_pool(model, T, model.dtype)
+    nb = caches[0][0].shape[0]
+    ids = torch.tensor(tokens, dtype=torch.long)
+    out = []
+    step = chunk or T
+    for s in range(0, T, step):
+        e = min(T, s + step)
+        hidden = model(ids[s:e], torch.arange(s, e), caches, prefill_meta(s, e, nb))
+        out.append(model.compute_logits(hidden))
+    return torch.cat(out)
+
+
+def llama_cpp_model(path, n_ctx: int, f32_kv: bool = True):
+    """llama.cpp with every position's logits kept; F32 KV cache so tiny-model checks are tight."""
+    import llama_cpp
+
+    kw = dict(type_k=0, type_v=0, flash_attn=False) if f32_kv else {}
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+                           logits_all=True, n_threads=2, verbose=False, **kw)
+
+
+def llama_cpp_logits(llm, tokens: list[int]) -> np.ndarray:
+    """float32 [T, V]: llama.cpp's logits for each position of a fresh sequence."""
+    llm.reset()
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+
+
+def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool) -> torch.Tensor:
+    """x [T, H, d] float64. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+d/2) = NEOX."""
+    d = x.shape[-1]
+    theta = pos[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    c, s = theta.cos()[:, None, :], theta.sin()[:, None, :]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+
+
+@torch.inference_mode()
+def reference_logits(path, tokens: list[int]) -> torch.Tensor:
+    """float64 [T, V] from a plain dense transformer over gguf-py-dequantized tensors."""
+    r = GGUFReader(str(path))
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
+    arch = f["general.architecture"]
+
+    def t(name):
+        for x in r.tensors:
+            if x.name == name:
+                shape = tuple(int(n) for n in reversed(x.shape.tolist()))
+                return torch.from_numpy(np.array(gguf_dequantize(x.data, x.tensor_type)).reshape(shape)).double()
+        return None
+
+    H, KV = f[f"{arch}.attention.head_count"], f[f"{arch}.attention.head_count_kv"]
+    eps, base = f[f"{arch}.attention.layer_norm_rms_epsilon"], f.get(f"{arch}.rope.freq_base", 10000.0)
+    norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+    ids = torch.tensor(tokens)
+    T = len(tokens)
+    pos = torch.arange(T)
+    x = t("token_embd.weight")[ids]
+    for i in range(f[f"{arch}.block_count"]):
+        p = f"blk.{i}."
+        h = norm(x, t(p + "attn_norm.weight"))
+        q, k, v = (h @ t(p + n + ".weight").T for n in ("attn_q", "attn_k", "attn_v"))
+        if t(p + "attn_q.bias") is not None:
+            q, k, v = q + t(p + "attn_q.bias"), k + t(p + "attn_k.bias"), v + t(p + "attn_v.bias")
+        d = q.shape[-1] // H
+        q = _rope_ref(q.view(T, H, d), pos, base, arch == "llama")
+        k = _rope_ref(k.view(T, KV, d), pos, base, arch == "llama")
+        k, v = k.repeat_interleave(H // KV, dim=1), v.view(T, KV, d).repeat_interleave(H // KV, dim=1)
+        att = torch.einsum("thd,shd->hts", q, k) / d ** 0.5
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        x = x + torch.einsum("hts,shd->thd", att, v).reshape(T, H * d) @ t(p + "attn_output.weight").T
+        h = norm(x, t(p + "ffn_norm.weight"))
+        x = x + (F.silu(h @ t(p + "ffn_gate.weight").T) * (h @ t(p + "ffn_up.weight").T)) @ t(p + "ffn_down.weight").T
+    x = norm(x, t("output_norm.weight"))
+    head = t("output.weight")
+    return x @ (head if head is not None else t("token_embd.weight")).T
