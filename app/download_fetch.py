@@ -53,12 +53,13 @@ def hub_sha256(response: httpx.Response) -> str | None:
 
 def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: int | None,
                   on_bytes: Callable[[int], None], should_stop: Callable[[], bool],
-                  check_space: Callable[[int], None], opener=open,
-                  chunk_size: int = 1 << 16) -> FetchResult:
+                  check_space: Callable[[int], None], on_total: Callable[[int], None] = lambda n: None,
+                  opener=open, chunk_size: int = 1 << 16) -> FetchResult:
     """Append the rest of `url` to `part`; returns once the file is complete on disk (fsynced).
 
     `on_bytes(n)` gets the number of bytes of this file on disk so far (it can drop to 0 when
-    the server ignores Range); `check_space(n)` raises when n more bytes will not fit.
+    the server ignores Range); `check_space(n)` raises when n more bytes will not fit; `on_total(n)`
+    learns the file's size from the response headers.
     """
     offset = part.stat().st_size if part.exists() else 0
     if expected_size is not None and offset > expected_size:
@@ -70,7 +71,7 @@ def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: 
     try:
         with client.stream("GET", url, headers=headers) as r:
             return _receive(r, url, part, offset, expected_size, on_bytes, should_stop,
-                            check_space, opener, chunk_size)
+                            check_space, on_total, opener, chunk_size)
     except httpx.HTTPError as e:  # connect/read timeouts, dropped connections, truncated bodies
         if _is_certificate_error(e):  # retrying will not make an untrusted server trusted
             raise DownloadError(f"TLS certificate verification failed for {url}: {e}") from e
@@ -86,7 +87,7 @@ def _is_certificate_error(e: BaseException) -> bool:
 
 
 def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes, should_stop,
-             check_space, opener, chunk_size) -> FetchResult:
+             check_space, on_total, opener, chunk_size) -> FetchResult:
     status = r.status_code
     if status == 416 and offset:
         m = _UNSATISFIED_RE.fullmatch(r.headers.get("content-range", ""))
@@ -114,9 +115,10 @@ def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes
     else:
         raise DownloadError(f"unexpected HTTP {status} {r.reason_phrase}: {url}")
     if expected_size is not None and total is not None and total != expected_size:
-        raise DownloadError(f"{url}: the server's file has {total} bytes, the catalog says {expected_size}")
+        raise DownloadError(f"{url}: the server's file has {total} bytes, expected {expected_size}")
     if total is not None:
         check_space(total - offset)
+        on_total(total)
 
     mode = "ab" if offset else "wb"
     received = offset

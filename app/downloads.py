@@ -280,6 +280,13 @@ class DownloadManager:
                 last_emit[0] = now
                 self._emit(job)
 
+        def on_total(n: int) -> None:
+            with self._lock:
+                if f["size_bytes"] is None:
+                    f["size_bytes"] = n
+                    if all(g["size_bytes"] is not None for g in job.files):
+                        job.bytes_total = sum(g["size_bytes"] for g in job.files)
+
         failures = 0
         while True:
             if self._stopping(job):
@@ -288,7 +295,8 @@ class DownloadManager:
             try:
                 result = fetch_to_part(client, url, part, expected_size=f["size_bytes"], on_bytes=on_bytes,
                                        should_stop=lambda: self._stopping(job),
-                                       check_space=lambda n: self._check_space(job, n), opener=self._opener)
+                                       check_space=lambda n: self._check_space(job, n), on_total=on_total,
+                                       opener=self._opener)
                 self._emit(job)  # the last byte count, which throttling may have skipped
                 break
             except RetryableError as e:

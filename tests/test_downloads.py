@@ -133,10 +133,14 @@ def test_hub_etag_checks_files_the_catalog_has_no_hash_for(hub, store, tmp_path,
 
 
 def test_no_hash_anywhere_records_the_computed_one(hub, store, tmp_path, payloads):
-    hub.add(REPO, "a.gguf", payloads[0])
+    hub.add(REPO, "a.gguf", payloads[0], Fault(chunk_delay_s=0.005))
     dm = manager(store, hub, tmp_path)
+    rec = Recorder()
+    dm.subscribe(rec)
     assert dm.wait(dm.start(entry("tiny-a", "a.gguf", payloads[0], sha=None, size=None)), timeout=30).state == "done"
     assert store.get("tiny-a").sha256 == sha256(payloads[0])
+    running = [e for e in rec.events if e.state == "running" and 0 < e.bytes_done < len(payloads[0])]
+    assert running and all(e.bytes_total == len(payloads[0]) for e in running)  # learned from Content-Length
 
 
 def test_verified_bytes_that_are_not_a_model_are_never_registered(hub, store, tmp_path):
