@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -177,10 +178,12 @@ def cmd_pull(args) -> int:
         return 0
     dm = DownloadManager(store, settings.data_dir / "downloads", settings.hub_base_url,
                          settings.max_parallel_downloads, autostart=False)
+    if not getattr(args, "verbose", False):
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would break the bar
     if not args.no_progress:
         dm.subscribe(ProgressBar())
-    job = dm.start(entry)
     print(f"pulling {entry.id} from {entry.url}", file=sys.stderr)
+    job = dm.start(entry)
     try:
         final = dm.wait(job)
     except KeyboardInterrupt:
