@@ -144,3 +144,15 @@ def test_bundled_default_registered_in_place(store):
     store.delete(DEFAULT_MODEL_ID)
     assert default_model_path().exists()  # never deletes the bundled file
     assert store.ensure_default() is None  # the user removed it: stays removed
+
+
+def test_the_engines_read_only_view_reads_what_the_store_writes(store, tmp_path):
+    """The engine reads `<root>/<id>/manifest.json` without importing app: same layout, same answers."""
+    engine_view = pytest.importorskip("engine.server.model_store")
+    g = store.import_path(write_tiny_gguf(tmp_path / "a.gguf", name="Shared"))
+    q = store.import_path(write_gptq_dir(tmp_path / "q"), model_id="shared-gptq")
+    view = engine_view.ModelStore(store.root)
+    specs = {s.id: s for s in view.list()}
+    assert specs.keys() == {g.id, "shared-gptq"}
+    assert (specs[g.id].path, specs[g.id].format, specs[g.id].context_length) == (g.path, "gguf", 512)
+    assert (view.get("shared-gptq").path, view.get("shared-gptq").format) == (q.path, "gptq")
