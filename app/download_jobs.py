@@ -36,6 +36,8 @@ class RetryPolicy:
     backoff_s: float = 1.0  # first wait; doubles each time
     backoff_max_s: float = 30.0
     read_timeout_s: float = 30.0  # a server silent this long counts as a dropped connection
+    max_total: int = 100  # attempts per file in all, progress or not: a server that drops every
+    #                       connection after a few bytes still ends in a clear failure
 
 
 @dataclass

@@ -287,10 +287,11 @@ class DownloadManager:
                     if all(g["size_bytes"] is not None for g in job.files):
                         job.bytes_total = sum(g["size_bytes"] for g in job.files)
 
-        failures = 0
+        failures = total = 0
         while True:
             if self._stopping(job):
                 raise Stopped()
+            total += 1
             before = part.stat().st_size if part.exists() else 0
             try:
                 result = fetch_to_part(client, url, part, expected_size=f["size_bytes"], on_bytes=on_bytes,
@@ -302,8 +303,9 @@ class DownloadManager:
             except RetryableError as e:
                 after = part.stat().st_size if part.exists() else 0
                 failures = 1 if after > before else failures + 1  # progress resets the count
-                if failures >= self.retry.attempts:
-                    raise DownloadError(f"{f['name']}: {e} (gave up after {failures} attempts)") from e
+                if failures >= self.retry.attempts or total >= self.retry.max_total:
+                    n = failures if failures >= self.retry.attempts else total
+                    raise DownloadError(f"{f['name']}: {e} (gave up after {n} attempts)") from e
                 wait = min(self.retry.backoff_s * 2 ** (failures - 1), self.retry.backoff_max_s)
                 log.info("%s: %s; retrying in %.1fs", f["name"], e, wait)
                 with self._lock:

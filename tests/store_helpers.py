@@ -107,6 +107,7 @@ class Fault:
     drop_times: int = 1
     truncate_at: int | None = None  # close cleanly after this many body bytes (Content-Length says more)
     truncate_times: int = 1
+    max_body: int | None = None  # every response closes cleanly after this many body bytes
     no_range: bool = False  # ignore Range, always 200 from byte 0
     stall_s: float = 0.0  # sleep this long before the body...
     stall_times: int = 1
@@ -185,6 +186,8 @@ class FakeHub:
                 elif fault.truncate_at is not None and fault.truncate_times > 0 and start < fault.truncate_at:
                     fault.truncate_times -= 1
                     limit, mode = fault.truncate_at - start, "close"
+                elif fault.max_body is not None and fault.max_body < len(body):
+                    limit, mode = fault.max_body, "close"
                 try:
                     for i in range(0, limit, 1 << 16):
                         self.wfile.write(body[i:min(i + (1 << 16), limit)])

@@ -326,3 +326,12 @@ def test_two_processes_never_download_the_same_model_at_once(hub, store, tmp_pat
     assert clash.state == "failed" and "another Ember process" in clash.error  # ...but cannot run it
     assert first.wait(job, timeout=30).state == "done" and store.verify("tiny-a")
     assert len(hub.ranges(path)) == 1
+
+
+def test_a_server_that_always_drops_still_ends(hub, store, tmp_path, payloads):
+    # every response stops after 100 KB: each attempt makes progress, so only the total cap ends it
+    path = hub.add(REPO, "a.gguf", payloads[0], Fault(max_body=100_000))
+    dm = manager(store, hub, tmp_path, retry=RetryPolicy(attempts=3, backoff_s=0.0, max_total=5))
+    final = dm.wait(dm.start(entry("tiny-a", "a.gguf", payloads[0])), timeout=30)
+    assert final.state == "failed" and "gave up after 5 attempts" in final.error
+    assert len(hub.ranges(path)) == 5 and store.get("tiny-a") is None
