@@ -52,6 +52,7 @@ def hub_sha256(response: httpx.Response) -> str | None:
 
 
 def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: int | None,
+                  expected_sha256: str | None = None,
                   on_bytes: Callable[[int], None], should_stop: Callable[[], bool],
                   check_space: Callable[[int], None], on_total: Callable[[int], None] = lambda n: None,
                   opener=open, chunk_size: int = 1 << 16) -> FetchResult:
@@ -70,6 +71,10 @@ def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: 
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     try:
         with client.stream("GET", url, headers=headers) as r:
+            published = hub_sha256(r)
+            if expected_sha256 and published and published != expected_sha256:
+                raise DownloadError(f"{url}: the hub publishes sha256 {published}, but {expected_sha256} is "
+                                    "expected; refusing the file")
             return _receive(r, url, part, offset, expected_size, on_bytes, should_stop,
                             check_space, on_total, opener, chunk_size)
     except httpx.HTTPError as e:  # connect/read timeouts, dropped connections, truncated bodies

@@ -294,7 +294,8 @@ class DownloadManager:
             total += 1
             before = part.stat().st_size if part.exists() else 0
             try:
-                result = fetch_to_part(client, url, part, expected_size=f["size_bytes"], on_bytes=on_bytes,
+                result = fetch_to_part(client, url, part, expected_size=f["size_bytes"],
+                                       expected_sha256=f["sha256"], on_bytes=on_bytes,
                                        should_stop=lambda: self._stopping(job),
                                        check_space=lambda n: self._check_space(job, n), on_total=on_total,
                                        opener=self._opener)

@@ -335,3 +335,14 @@ def test_a_server_that_always_drops_still_ends(hub, store, tmp_path, payloads):
     final = dm.wait(dm.start(entry("tiny-a", "a.gguf", payloads[0])), timeout=30)
     assert final.state == "failed" and "gave up after 5 attempts" in final.error
     assert len(hub.ranges(path)) == 5 and store.get("tiny-a") is None
+
+
+def test_catalog_hash_disagreeing_with_the_hub_is_refused_before_the_body(hub, store, tmp_path, payloads):
+    hub.add(REPO, "a.gguf", payloads[0], Fault(etag_sha256=sha256(payloads[1])))
+    rec = Recorder()
+    dm = manager(store, hub, tmp_path)
+    dm.subscribe(rec)
+    final = dm.wait(dm.start(entry("tiny-a", "a.gguf", payloads[0])), timeout=30)
+    assert final.state == "failed" and "the hub publishes sha256" in final.error
+    assert max(e.bytes_done for e in rec.events) == 0  # refused on the headers
+    assert_nothing_left(store, "tiny-a")
