@@ -221,7 +221,7 @@ class EngineClient:
                                     response.status_code) from None
 
     def health(self) -> dict:
-        """{"status": "loading"|"ready"|"error", ...}, normalised across servers; raises when unreachable."""
+        """{"status": "loading"|"ready"|"error"|"unloaded", ...}, normalised across servers; raises when unreachable."""
         try:
             response = self._http.get("/health")
         except httpx.HTTPError as e:
@@ -233,7 +233,7 @@ class EngineClient:
         if response.status_code == 404:  # Ollama and others: no /health; a model list means ready
             self.models()
             return {"status": "ready"}
-        if isinstance(body, dict) and body.get("status") in ("loading", "ready", "error"):
+        if isinstance(body, dict) and body.get("status") in ("loading", "ready", "error", "unloaded"):
             return body  # Ember's engine
         if response.status_code == 503:  # llama.cpp's server while loading
             message = _error_message(body) or "loading"

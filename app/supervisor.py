@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 STATES = ("stopped", "starting", "ready", "crashed", "error")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MAX_LOG_BYTES = 5 << 20
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class EngineSupervisor:
@@ -168,8 +169,9 @@ class EngineSupervisor:
                 if rc is not None:
                     return f"the engine exited with code {rc}"
                 if client is None:
-                    self.port = self._read_ready_file(proc.pid)
-                    if self.port is not None:
+                    port = self._read_ready_file(proc.pid)
+                    if port is not None:
+                        self.port = port  # kept from the last child until then: base_url stays usable
                         client = EngineClient(self.base_url, api_key=self.api_key, timeout=2.0)
                     elif time.monotonic() - t0 > self.startup_timeout:
                         return f"the engine did not start listening within {self.startup_timeout:.0f} s"
@@ -181,9 +183,9 @@ class EngineSupervisor:
                 except EngineClientError as e:
                     health = {"status": "unreachable", "message": str(e)}
                 status, message = health.get("status"), str(health.get("message") or "")
-                if status == "ready":
+                if status in ("ready", "unloaded"):  # unloaded: serving, no model (after /v1/engine/unload)
                     ever_ready = True
-                    self._set("ready", f"serving {health.get('model') or ''} at {self.base_url}".replace("  ", " "))
+                    self._set("ready", f"serving {health.get('model') or 'no model'} at {self.base_url}")
                 elif status == "loading":
                     self._set("starting", message or "loading the model")
                     if not ever_ready and time.monotonic() - t0 > self.load_timeout:
@@ -204,9 +206,16 @@ class EngineSupervisor:
         self._ready_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "engine", "serve", *self._model_args(),
                "--models-dir", str(self.settings.models_dir), "--host", self.settings.server_host,
-               "--port", str(port), "--api-key", self.api_key, "--ready-file", str(self._ready_file),
-               "--backend", self.settings.backend, "--device", self.settings.device, *self.extra_args]
+               "--port", str(port), "--ready-file", str(self._ready_file),
+               "--backend", self.settings.backend, "--device", self.settings.device,
+               "--kv-memory-fraction", str(self.settings.kv_memory_fraction)]
+        if self.settings.server_host not in LOOPBACK:
+            cmd.append("--allow-remote")  # set explicitly in the settings, and a key is always set
+        if self.settings.threads:
+            cmd += ["--threads", str(self.settings.threads)]
+        cmd += self.extra_args
         env = dict(os.environ)
+        env["EMBER_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         logf = self._open_log()
@@ -215,7 +224,7 @@ class EngineSupervisor:
                 if self._stop.is_set():
                     return None
                 logf.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: "
-                           f"{' '.join(a if a != self.api_key else '***' for a in cmd)}\n".encode())
+                           f"{' '.join(cmd)}\n".encode())
                 logf.flush()
                 self._log_offset = logf.tell()
                 self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
@@ -296,6 +305,8 @@ class EngineSupervisor:
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        if os.name == "posix":  # like the server: TIME_WAIT leftovers of a killed engine do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

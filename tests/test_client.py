@@ -1,0 +1,168 @@
+"""EngineClient against a real engine process on a tiny generated model (real HTTP on 127.0.0.1).
+
+The official `openai` client is the oracle for what the stream says; the engine's own status
+shows that closing a stream aborts its sequence.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.client import ChatDelta, EngineClient, EngineClientError, _sse_events
+from engine_process import EngineProcess, write_manifest
+
+PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_factory, tmp_path_factory):
+    # a small fixed KV pool: sizing it from free RAM would allocate a GiB for a tiny model
+    proc = EngineProcess(tiny_model_factory(), tmp_path_factory.mktemp("engine"), extra=("--num-kv-blocks", "256"))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def client(engine):
+    with EngineClient(engine.base_url, api_key=engine.api_key) as c:
+        yield c
+
+
+def wait_idle(client: EngineClient, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = client.status()
+        if status["num_running"] == 0 and status["num_waiting"] == 0:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine still busy: {status}")
+        time.sleep(0.05)
+
+
+def test_health_status_and_models(client, engine):
+    health = client.health()
+    assert health["status"] == "ready" and health["backend"] == "torch"
+    status = client.status()
+    assert status["status"] == "ready" and status["kv"]["blocks_total"] > 0
+    ids = [m["id"] for m in client.models()]
+    assert status["model"] in ids
+    # base URLs with /v1 (as users paste them for vLLM or Ollama) work the same
+    with EngineClient(engine.base_url + "/v1/", api_key=engine.api_key) as c2:
+        assert [m["id"] for m in c2.models()] == ids
+
+
+def test_stream_matches_the_official_openai_client(client, engine):
+    openai = pytest.importorskip("openai")
+    params = dict(temperature=0, max_tokens=24, seed=1)
+    stream = client.chat_stream(PROMPT, **params)
+    deltas = list(stream)
+    assert deltas and all(isinstance(d, ChatDelta) for d in deltas)
+    text = "".join(d.text for d in deltas)
+    assert text == stream.text and text
+    final = deltas[-1]
+    assert final.usage is not None and final.usage.completion_tokens == 24
+    assert final.usage.prompt_tokens > 5 and final.usage.total_tokens == final.usage.prompt_tokens + 24
+    assert stream.finish_reason == "length"
+    assert final.ttft is not None and 0 < final.ttft < 30
+    assert final.tok_s is not None and final.tok_s > 0
+    # the same request through the official client gives the same text, token for token (greedy)
+    oa = openai.OpenAI(base_url=engine.base_url + "/v1", api_key=engine.api_key)
+    chunks = oa.chat.completions.create(model=stream.model, messages=PROMPT, stream=True, **params)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    # and the non-streaming call agrees too
+    whole = client.chat(PROMPT, **params)
+    assert whole.text == text and whole.finish_reason == "length" and whole.usage.completion_tokens == 24
+
+
+def test_close_aborts_the_sequence_on_the_server(client):
+    before = wait_idle(client)
+    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
+    got = [next(stream) for _ in range(3)]
+    assert all(d.text for d in got)
+    assert client.status()["num_running"] == 1
+    stream.close()
+    assert list(stream) == []  # closed: iteration ends
+    after = wait_idle(client, timeout=5)
+    assert after["kv"]["blocks_used"] <= before["kv"]["blocks_used"] + 1  # its blocks went back
+
+
+def test_cancel_from_another_thread_ends_a_blocked_read(client):
+    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
+    next(stream)
+    seen: list[ChatDelta] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        for d in stream:
+            seen.append(d)
+        done.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.2)
+    stream.cancel()
+    assert done.wait(5), "the consumer did not stop after cancel()"
+    t.join(5)
+    assert len(seen) < 399
+    wait_idle(client, timeout=5)
+
+
+def test_errors_carry_the_server_message(client, engine):
+    with EngineClient(engine.base_url, api_key="wrong-key-xxxxxxxx") as bad:
+        with pytest.raises(EngineClientError) as e:
+            bad.models()
+        assert e.value.status_code == 401 and e.value.message
+        with pytest.raises(EngineClientError) as e:
+            bad.chat_stream(PROMPT)
+        assert e.value.status_code == 401
+    with pytest.raises(EngineClientError) as e:
+        client.chat_stream(PROMPT, temperature=-3)
+    assert e.value.status_code == 400 and "temperature" in e.value.message
+    with pytest.raises(EngineClientError) as e:
+        client.load_model("no-such-model")
+    assert e.value.status_code == 404 and "no-such-model" in e.value.message and e.value.code == "model_not_found"
+
+
+def test_unreachable_server_is_a_clear_error():
+    import socket
+
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with EngineClient(f"http://127.0.0.1:{port}") as c:
+        with pytest.raises(EngineClientError, match="cannot reach"):
+            c.health()
+        with pytest.raises(EngineClientError, match="cannot reach"):
+            c.chat_stream(PROMPT)
+    with pytest.raises(ValueError):
+        EngineClient("localhost:8765")
+
+
+@pytest.mark.slow
+def test_load_and_unload_by_id(client, engine, tiny_model_factory):
+    other = tiny_model_factory(seed=7, hidden=32, n_heads=2, n_kv_heads=1)
+    write_manifest(engine.models_dir, "tiny-other", other)
+    original = client.status()["model"]
+    try:
+        assert client.load_model("tiny-other")["status"] == "ready"
+        assert client.status()["model"] == "tiny-other"
+        reply = client.chat(PROMPT, max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens == 4
+        assert client.unload_model()["status"] == "unloaded"
+        with pytest.raises(EngineClientError):
+            client.chat(PROMPT, max_tokens=4)
+    finally:
+        write_manifest(engine.models_dir, "tiny-main", engine.model)
+        client.load_model("tiny-main")
+    assert client.health()["status"] == "ready" and original
+
+
+def test_sse_parsing_follows_the_spec():
+    lines = [": keep-alive comment", "event: message", "data: {\"a\":", "data: 1}", "", "",
+             "data:[DONE]", "", "data: tail-without-blank"]
+    assert list(_sse_events(iter(lines))) == ['{"a":\n1}', "[DONE]", "tail-without-blank"]
