@@ -6,9 +6,10 @@ Pipeline per row (HF/vLLM order):
 llama.cpp's default chain applies temperature after top-k/top-p/min-p instead; both are
 common, and this one makes top-p act on the distribution that is actually sampled.
 
-Cost on a CPU decides the shape: a full sort of a 49k-151k vocab costs tens of ms, so top-k and
-top-p work on `topk` candidates (top-p widens its window until it provably holds the cut), and
-the race draws noise only for the kept candidates.
+Cost on a CPU decides the shape: a full sort of a 49k-151k vocab costs tens of ms and noise for
+every token about a millisecond, so the batch works on one `topk` window per row (see
+`sample_rows`) and draws noise only inside it. `truncate` + `race` is the same thing for one
+row, written plainly; it is the fallback and the reference.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from engine.sampling_params import SamplingParams
 
 REPETITION_WINDOW = 64  # llama.cpp's penalty_last_n default
-_TOP_P_WINDOW = 256  # first candidate window for top-p without top-k; doubled until it holds
+_TOP_P_WINDOW = 256  # window for top-p without top-k (truncate() widens it 4x until it holds)
 _RACE_HEAD = 1024  # window of rows without top-k/top-p; the race has two stages (sample_rows)
 
 
@@ -84,7 +85,7 @@ def truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float
     i.e. l_i ≥ l_max + log(min_p); renormalizing does not move that line, so it commutes with
     the others.
     Without top-k, top-p needs the sorted head only up to the crossing: take topk(M) and check
-    that its mass (relative to the whole vocab's logsumexp) reaches top_p; if not, double M.
+    that its mass (relative to the whole vocab's logsumexp) reaches top_p; if not, widen 4x.
     """
     V = logits.shape[0]
     vals, ids = logits, None
@@ -101,7 +102,7 @@ def truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float
                 head, head_ids = torch.topk(logits, m)
                 if m == V or torch.exp(head - lse).sum().item() >= top_p:
                     break
-                m = min(4 * m, V)
+                m = min(4 * m, V)  # the cut lies further out: widen
         probs = torch.exp(head - lse)
         keep = (torch.cumsum(probs, 0) - probs) < top_p
         keep[0] = True
