@@ -49,7 +49,8 @@ class EngineSupervisor:
         self.max_restarts, self.restart_window, self.backoff, self.grace = max_restarts, restart_window, backoff, grace
         self.extra_args = list(extra_args)
         self.log_path = settings.logs_dir / "engine.log"
-        self._preferred_port = settings.server_port if port is None else port
+        self._port = port  # None: settings.server_port, read at each start
+        self._orig_path, self._path_model = self.model_path, None  # the file given, and the id the engine gave it
         self._ready_file = settings.data_dir / "run" / f"engine-{os.getpid()}-{id(self):x}.json"
         self._state, self.message = "stopped", ""
         self.port: int | None = None
@@ -185,6 +186,7 @@ class EngineSupervisor:
                 status, message = health.get("status"), str(health.get("message") or "")
                 if status in ("ready", "unloaded"):  # unloaded: serving, no model (after /v1/engine/unload)
                     ever_ready = True
+                    self._track_model(health.get("model"))
                     self._set("ready", f"serving {health.get('model') or 'no model'} at {self.base_url}")
                 elif status == "loading":
                     self._set("starting", message or "loading the model")
@@ -215,6 +217,7 @@ class EngineSupervisor:
             cmd += ["--threads", str(self.settings.threads)]
         cmd += self.extra_args
         env = dict(os.environ)
+        self.api_key = self.settings.api_key  # a key changed in the settings takes effect at (re)start
         env["EMBER_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -234,12 +237,24 @@ class EngineSupervisor:
         log.info("engine started (pid %d, port %s), log: %s", self._proc.pid, port or "auto", self.log_path)
         return self._proc
 
+    def _track_model(self, model: str | None) -> None:
+        """A model switched through the API is the one a restarted engine loads."""
+        if not model:
+            return
+        if self._path_model is None and self._orig_path is not None:
+            self._path_model = model  # the id the engine gave the file it was started with
+        if model == self._path_model:
+            self.model_id, self.model_path = None, self._orig_path
+        elif model != self.model_id:
+            log.info("engine switched to model %s; a restart will load it", model)
+            self.model_id, self.model_path = model, None
+
     def _model_args(self) -> list[str]:
         return ["--model", str(self.model_path)] if self.model_path else ["--model-id", str(self.model_id)]
 
     def _pick_port(self) -> int:
         """The configured (or last used) port when it is free, else 0: the engine picks one and reports it."""
-        port = self.port or self._preferred_port
+        port = self.port or (self.settings.server_port if self._port is None else self._port)
         if port and not _port_free(self.settings.server_host, port):
             log.warning("port %d is in use; the engine will pick a free port", port)
             return 0

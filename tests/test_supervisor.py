@@ -17,6 +17,7 @@ import pytest
 from app.client import EngineClient, EngineClientError
 from app.settings import Settings
 from app.supervisor import EngineSupervisor
+from engine_process import write_manifest
 
 PROMPT = [{"role": "user", "content": "Tell me a story."}]
 SMALL_KV = ("--num-kv-blocks", "256")  # sizing the pool from free RAM would allocate a GiB for a tiny model
@@ -34,13 +35,16 @@ def settings() -> Settings:
 class Recorder:
     def __init__(self, sup: EngineSupervisor) -> None:
         self.states: list[str] = []
+        self.messages: list[str] = []
         self.threads: set[str] = set()
         self._lock = threading.Lock()
+        self._sup = sup
         sup.on_state_change(self)
 
     def __call__(self, state: str) -> None:
         with self._lock:
             self.states.append(state)
+            self.messages.append(self._sup.message)
             self.threads.add(threading.current_thread().name)
 
     def wait_for(self, seq: list[str], timeout: float) -> None:
@@ -66,6 +70,7 @@ def no_children_left(timeout: float = 5.0) -> bool:
 
 @pytest.mark.slow
 def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
+    write_manifest(settings.models_dir, "tiny-other", tiny_model_factory(seed=3, hidden=32, n_heads=2, n_kv_heads=1))
     sup = EngineSupervisor(settings, model_path=tiny_model_factory(), backoff=(0.2, 1.0), extra_args=SMALL_KV)
     rec = Recorder(sup)
     try:
@@ -77,6 +82,7 @@ def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
         assert url.startswith("http://127.0.0.1:") and pid is not None
         with EngineClient(url, api_key=sup.api_key) as client:
             assert client.chat(PROMPT, max_tokens=4, temperature=0).usage.completion_tokens == 4
+            client.load_model("tiny-other")  # switched through the API: a restart must keep it
 
             # the engine dies mid-reply
             stream = client.chat_stream(PROMPT, max_tokens=400, ignore_eos=True)
@@ -86,11 +92,13 @@ def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
                 for _ in stream:
                     pass
             rec.wait_for(["ready", "crashed", "starting", "ready"], 120)
-            assert "exited with code" in "\n".join([sup.message]) or sup.state == "ready"
+            crashed = rec.messages[rec.states.index("crashed")]
+            assert "exited with code -9" in crashed and "restarting in" in crashed
             assert sup.restarts == 1 and sup.pid not in (None, pid)
             assert sup.base_url == url  # same port again: other programs keep working
             reply = client.chat(PROMPT, max_tokens=4, temperature=0)  # the same client works again
             assert reply.usage.completion_tokens == 4
+            assert client.status()["model"] == "tiny-other"
         assert sup.log_path.exists() and b"starting:" in sup.log_path.read_bytes()
         assert sup.api_key.encode() not in sup.log_path.read_bytes()  # the key never reaches the log
     finally:
