@@ -11,7 +11,7 @@ import sys
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", help="path of a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="activation/weight dtype of the torch engine")
     p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")

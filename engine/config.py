@@ -7,7 +7,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model_path: str
-    dtype: str = "float32"  # "float32" | "bfloat16" | "float16": activations, dense weights and KV
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16": dense weights and KV
     device: str = "cpu"  # "cpu" | "cuda" | "mps"
     block_size: int = 16  # tokens per KV block; 16 suits CPUs (vLLM's default too)
     max_num_seqs: int = 64  # sequences in one step
@@ -15,15 +15,15 @@ class EngineConfig:
     max_prefill_chunk: int = 256  # a prompt is prefilled in chunks of at most this many tokens
     max_model_len: int | None = None  # None: the model's own context length, capped at 4096
     kv_memory_fraction: float = 0.25  # of memory free after the weights are loaded
-    kv_cache_max_bytes: int = 4 << 30  # cap on the KV pool
+    kv_cache_max_bytes: int = 1 << 30  # cap on the KV pool (zeroed up front: keep it modest)
     num_kv_blocks: int | None = None  # fixed pool size (tests, benchmarks); overrides the two above
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_prefill_chunk < 1:

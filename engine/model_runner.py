@@ -22,6 +22,26 @@ log = logging.getLogger(__name__)
 MAX_DEFAULT_CONTEXT = 4096
 
 
+def cpu_has_fast_bf16() -> bool:
+    """bf16 GEMMs are fast only with AVX512-BF16 or AMX; elsewhere oneDNN falls back to a
+    reference path (measured on an AVX2 EPYC: 16×576×960 takes 11 ms in bf16, 2 ms in fp32)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu" and cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                        itemsize: int) -> int:
     """K and V, every layer: 2 · L · B · n_kv · hd · itemsize."""
@@ -53,7 +73,7 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = getattr(torch, config.dtype)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = model if model is not None else load_model(config.model_path, self.dtype, self.device)
         self.model.eval()
         mc = self.model_config = self.model.config

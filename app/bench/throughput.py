@@ -93,7 +93,7 @@ def register(bench_sub) -> None:
     p = bench_sub.add_parser("throughput", help="aggregate tok/s of N concurrent chats vs llama.cpp")
     p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
     p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--llamacpp-max", type=int, default=8,
