@@ -161,17 +161,18 @@ class BlockManager:
         seq.num_hashed_blocks = num_full
 
     # ---- allocation ----------------------------------------------------------------------
-    def num_needed_blocks(self, seq: Sequence, num_new_tokens: int, cached: list[int]) -> int:
+    def num_needed_blocks(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> int:
         """Free blocks it takes to cover seq's cache hits plus n new tokens after them: new
         blocks, revived cached blocks and copies of shared blocks about to be written."""
-        table = seq.block_table
-        start = seq.num_computed_tokens + len(cached) * self.block_size
-        end = start + num_new_tokens
-        num_new = max(0, self.num_blocks_for(end) - len(table) - len(cached))
-        revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
-        shared = sum(1 for i in range(start // self.block_size, min(len(table), self.num_blocks_for(end)))
-                     if self.blocks[table[i]].ref_count > 1)  # copy-on-write
-        return num_new + revived + shared
+        B, table, blocks = self.block_size, seq.block_table, self.blocks
+        start = seq.num_computed_tokens + len(cached) * B
+        end_blocks = (start + num_new_tokens + B - 1) // B
+        needed = max(0, end_blocks - len(table) - len(cached))
+        for b in cached:
+            needed += blocks[b].ref_count == 0  # revived from the free list
+        for i in range(start // B, min(len(table), end_blocks)):
+            needed += blocks[table[i]].ref_count > 1  # copy-on-write
+        return needed
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int | None = None,
                      cached: list[int] | None = None) -> bool:
@@ -201,24 +202,33 @@ class BlockManager:
         self.append_slots(seq, n)
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
-        return self.num_needed_blocks(seq, num_new_tokens, []) <= self.num_free_blocks
+        start, table = seq.num_computed_tokens, seq.block_table
+        first = start // self.block_size
+        if (start % self.block_size and (start + num_new_tokens - 1) // self.block_size == first
+                and first < len(table) and self.blocks[table[first]].ref_count == 1):
+            return True  # fast path: the tokens go into the sequence's own last block
+        return self.num_needed_blocks(seq, num_new_tokens) <= len(self.free_block_ids)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> list[tuple[int, int]]:
         """Make seq's table cover num_computed_tokens + n tokens. A shared block about to be
         written is copied first; returns the (src, dst) block copies the runner must make."""
         B, table = self.block_size, seq.block_table
-        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
-        if self.num_needed_blocks(seq, num_new_tokens, []) > self.num_free_blocks:
+        start = seq.num_computed_tokens
+        end_blocks = (start + num_new_tokens + B - 1) // B
+        first = start // B
+        if start % B and end_blocks == first + 1 <= len(table) and self.blocks[table[first]].ref_count == 1:
+            return []  # fast path: the tokens go into the sequence's own last block
+        if self.num_needed_blocks(seq, num_new_tokens) > len(self.free_block_ids):
             raise RuntimeError("not enough free KV blocks; check can_append first")
         copies = []
-        for i in range(start // B, min(len(table), self.num_blocks_for(end))):
+        for i in range(start // B, min(len(table), end_blocks)):
             src = table[i]
             if self.blocks[src].ref_count > 1:  # shared with a fork: copy before writing
                 dst = self._take_free_block()
                 self._release(src)
                 table[i] = dst
                 copies.append((src, dst))
-        while len(table) < self.num_blocks_for(end):
+        while len(table) < end_blocks:
             table.append(self._take_free_block())
         return copies
 

@@ -132,23 +132,26 @@ class Scheduler:
             out.preempted.append(victim)
 
         # 1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order.
-        self.running.sort(key=_by_key)
-        for seq in sorted(self.running, key=lambda s: s.is_prefill):
-            if seq.status != SequenceStatus.RUNNING:
+        running, chunk = SequenceStatus.RUNNING, self.max_prefill_chunk
+        pool_tokens = bm.num_blocks * bm.block_size
+        for seq in sorted(self.running, key=_decodes_first):
+            if seq.status is not running:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed_tokens, self.max_prefill_chunk, budget)
+            n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, budget)
             if n <= 0:
                 continue
-            if bm.num_blocks_for(seq.num_computed_tokens + n) > bm.num_blocks:
+            if seq.num_computed_tokens + n > pool_tokens:
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
                 out.finished.append(seq)
                 continue
             while not bm.can_append(seq, n):
                 preempt(max(self.running, key=_by_key))  # the least urgent; may be seq itself
-                if seq.status != SequenceStatus.RUNNING:
+                if seq.status is not running:
                     break
             else:
-                out.block_copies += bm.append_slots(seq, n)
+                copies = bm.append_slots(seq, n)
+                if copies:
+                    out.block_copies += copies
                 scheduled[seq] = n
                 budget -= n
 
@@ -177,12 +180,12 @@ class Scheduler:
         if out.preempted and out.block_copies:  # drop copies into blocks a victim gave back
             live = {b for s in scheduled for b in s.block_table}
             out.block_copies = [(src, dst) for src, dst in out.block_copies if dst in live]
-        seqs = sorted(scheduled, key=lambda s: scheduled[s] != 1)  # stable: decodes first
-        out.seqs = seqs
-        out.num_new_tokens = [scheduled[s] for s in seqs]
-        out.num_decodes = sum(1 for n in out.num_new_tokens if n == 1)
-        out.is_sampled = [s.num_computed_tokens + n == s.num_tokens
-                          for s, n in zip(seqs, out.num_new_tokens)]
+        decodes = [s for s, n in scheduled.items() if n == 1]
+        out.seqs = decodes + [s for s, n in scheduled.items() if n != 1]
+        out.num_new_tokens = [scheduled[s] for s in out.seqs]
+        out.num_decodes = len(decodes)
+        out.is_sampled = [s.num_computed_tokens + n == len(s.token_ids)
+                          for s, n in zip(out.seqs, out.num_new_tokens)]
         return out
 
     def _room_without(self, victims: list[Sequence], seq: Sequence, n: int, cached: list[int]) -> bool:
@@ -197,15 +200,21 @@ class Scheduler:
         """After the forward: the scheduled tokens are computed; append one sampled token to each
         sampled sequence (in out.seqs order) and offer newly full blocks to the prefix cache."""
         tokens = iter(sampled_token_ids)
+        bm, B, running = self.block_manager, self.block_manager.block_size, SequenceStatus.RUNNING
         for seq, n, is_sampled in zip(out.seqs, out.num_new_tokens, out.is_sampled):
             token = next(tokens) if is_sampled else None
-            if seq.status != SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # aborted or finished since schedule()
             seq.num_computed_tokens += n
-            self.block_manager.hash_blocks(seq)
+            if seq.num_computed_tokens // B > seq.num_hashed_blocks:
+                bm.hash_blocks(seq)
             if token is not None:
-                seq.append_token(token)
+                seq.token_ids.append(token)
 
 
 def _by_key(seq: Sequence) -> tuple[int, float, int]:
-    return seq.sort_key
+    return seq.priority, seq.arrival_time, seq.seq_id
+
+
+def _decodes_first(seq: Sequence) -> tuple[bool, int, float, int]:
+    return len(seq.token_ids) - seq.num_computed_tokens > 1, seq.priority, seq.arrival_time, seq.seq_id
