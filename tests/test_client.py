@@ -166,3 +166,59 @@ def test_sse_parsing_follows_the_spec():
     lines = [": keep-alive comment", "event: message", "data: {\"a\":", "data: 1}", "", "",
              "data:[DONE]", "", "data: tail-without-blank"]
     assert list(_sse_events(iter(lines))) == ['{"a":\n1}', "[DONE]", "tail-without-blank"]
+
+
+# ---- a third-party OpenAI-compatible server: llama-cpp-python's own, on the same tiny model ----
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(tiny_model_factory, tmp_path_factory):
+    pytest.importorskip("sse_starlette")
+    pytest.importorskip("starlette_context")
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path_factory.mktemp("llama-cpp-server") / "log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(tiny_model_factory()),
+                             "--host", "127.0.0.1", "--port", str(port), "--api_key", "remote-key", "--n_ctx", "512"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"  # as a user pastes it
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "llama_cpp.server exited"
+            try:
+                if httpx.get(url + "/models", headers={"Authorization": "Bearer remote-key"}).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "llama_cpp.server did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_remote_openai_compatible_server(llama_cpp_server):
+    with EngineClient(llama_cpp_server, api_key="remote-key") as c:
+        assert c.health()["status"] == "ready"  # no /health there: the model list answers instead
+        models = c.models()
+        status = c.status()  # no /v1/engine/status either: a summary
+        assert status["remote"] is True and status["model"] == models[0]["id"]
+        stream = c.chat_stream(PROMPT, max_tokens=8, temperature=0)  # no model given: the first listed
+        deltas = list(stream)
+        assert stream.text and stream.finish_reason == "length" and stream.model == models[0]["id"]
+        assert deltas[-1].ttft is not None and (stream.usage is not None or stream.tok_s is not None)
+        whole = c.chat(PROMPT, max_tokens=8, temperature=0)
+        assert whole.text == stream.text and whole.usage.completion_tokens == 8
+    with EngineClient(llama_cpp_server, api_key="wrong") as bad:
+        with pytest.raises(EngineClientError) as e:
+            bad.models()
+        assert e.value.status_code == 401
