@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.client import ChatDelta, EngineClient, EngineClientError, _sse_events
+from app.client import ChatDelta, EngineClient, EngineClientError, sse_events
 from engine_process import EngineProcess, write_manifest
 
 PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]
@@ -165,7 +165,7 @@ def test_load_and_unload_by_id(client, engine, tiny_model_factory):
 def test_sse_parsing_follows_the_spec():
     lines = [": keep-alive comment", "event: message", "data: {\"a\":", "data: 1}", "", "",
              "data:[DONE]", "", "data: tail-without-blank"]
-    assert list(_sse_events(iter(lines))) == ['{"a":\n1}', "[DONE]", "tail-without-blank"]
+    assert list(sse_events(iter(lines))) == ['{"a":\n1}', "[DONE]", "tail-without-blank"]
 
 
 # ---- a third-party OpenAI-compatible server: llama-cpp-python's own, on the same tiny model ----
