@@ -132,7 +132,8 @@ def _check_entry(e: CatalogEntry) -> None:
             raise CatalogError(f"{e.id}: unsafe file name {f.name!r}")
 
 
-def _check_base_url(url: str) -> str:
+def check_hub_url(url: str) -> str:
+    """An http(s) base URL without its trailing slash; CatalogError otherwise."""
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.netloc:
         raise CatalogError(f"hub_base_url must be an http(s) URL, got {url!r}")
@@ -153,7 +154,7 @@ class Catalog:
 
     @classmethod
     def load(cls, path: Path | None = None, hub_base_url: str = DEFAULT_HUB) -> "Catalog":
-        base = _check_base_url(hub_base_url)
+        base = check_hub_url(hub_base_url)
         if path is None:
             text = importlib.resources.files("resources").joinpath("catalog.json").read_text("utf-8")
         else:
@@ -167,7 +168,7 @@ class Catalog:
         return cls([CatalogEntry.from_dict(d, base) for d in doc["models"]])
 
     def with_hub(self, hub_base_url: str) -> "Catalog":
-        base = _check_base_url(hub_base_url)
+        base = check_hub_url(hub_base_url)
         return Catalog([replace(e, hub_base_url=base) for e in self.entries])
 
     def __iter__(self):

@@ -71,6 +71,8 @@ def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: 
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     try:
         with client.stream("GET", url, headers=headers) as r:
+            if url.startswith("https:") and r.url.scheme != "https":
+                raise DownloadError(f"{url} redirected to {r.url.scheme}://{r.url.host}: refusing to leave TLS")
             published = hub_sha256(r)
             if expected_sha256 and published and published != expected_sha256:
                 raise DownloadError(f"{url}: the hub publishes sha256 {published}, but {expected_sha256} is "

@@ -20,7 +20,7 @@ from typing import Callable
 
 import httpx
 
-from app.catalog import CatalogEntry, hub_file_url
+from app.catalog import CatalogEntry, check_hub_url, hub_file_url
 from app.download_fetch import DownloadError, RetryableError, Stopped, fetch_to_part
 from app.download_jobs import (ACTIVE, STATES, DownloadEvent, DownloadJob, ProcessLock, RateMeter, RetryPolicy,
                                file_record, mib, read_queue, write_queue)
@@ -37,7 +37,7 @@ class DownloadManager:
                  reserve_bytes: int = 64 << 20, autostart: bool = True, progress_interval_s: float = 0.2):
         self.store = store
         self.state_dir = Path(state_dir)
-        self.hub_base_url = hub_base_url.rstrip("/")
+        self.hub_base_url = check_hub_url(hub_base_url)
         self.max_parallel = max(1, int(max_parallel))
         self.retry = retry or RetryPolicy()
         self._disk_usage = disk_usage

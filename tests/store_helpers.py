@@ -113,6 +113,7 @@ class Fault:
     stall_times: int = 1
     chunk_delay_s: float = 0.0  # sleep between 64 KiB chunks (a slow but steady server)
     etag_sha256: str | None = None  # send X-Linked-Etag with this value
+    redirect_to: str | None = None  # answer 302 with this Location
 
 
 @dataclass
@@ -151,6 +152,12 @@ class FakeHub:
                 hub.requests.append((self.path, self.headers.get("Range")))
                 fault = hub.faults.get(self.path, Fault())
                 data = hub.files.get(self.path)
+                if fault.redirect_to:
+                    self.send_response(302)
+                    self.send_header("Location", fault.redirect_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if fault.status is not None and fault.status_times > 0:
                     fault.status_times -= 1
                     return self._plain(fault.status)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import errno
 import json
+import ssl
 import threading
 import time
 
+import httpx
 import pytest
 
 from app.catalog import CatalogEntry, CatalogFile
@@ -346,3 +348,22 @@ def test_catalog_hash_disagreeing_with_the_hub_is_refused_before_the_body(hub, s
     assert final.state == "failed" and "the hub publishes sha256" in final.error
     assert max(e.bytes_done for e in rec.events) == 0  # refused on the headers
     assert_nothing_left(store, "tiny-a")
+
+
+def test_https_with_a_trusted_certificate_works_and_a_downgrade_redirect_is_refused(hub, tmp_path, payloads):
+    from app.download_fetch import DownloadError, fetch_to_part
+
+    tls = self_signed_cert(tmp_path)
+    if tls is None:
+        pytest.skip("no openssl CLI to make a certificate")
+    plain = hub.base_url + hub.add(REPO, "a.gguf", payloads[0])
+    with FakeHub(tls=tls) as secure, httpx.Client(verify=ssl.create_default_context(cafile=str(tls[0])), follow_redirects=True) as client:
+        ok = secure.base_url + secure.add(REPO, "a.gguf", payloads[0])
+        down = secure.base_url + secure.add(REPO, "down.gguf", b"", Fault(redirect_to=plain))
+        kw = dict(expected_size=None, on_bytes=lambda n: None, should_stop=lambda: False,
+                  check_space=lambda n: None)
+        fetch_to_part(client, ok, tmp_path / "ok.part", **kw)  # the client trusts the test CA: works
+        assert (tmp_path / "ok.part").read_bytes() == payloads[0]
+        with pytest.raises(DownloadError, match="refusing to leave TLS"):
+            fetch_to_part(client, down, tmp_path / "down.part", **kw)
+        assert not (tmp_path / "down.part").exists()
