@@ -14,6 +14,15 @@ from engine.layers.sampler import REPETITION_WINDOW, Sampler, apply_penalties, t
 from engine.sampling_params import SamplingParams as SP
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These tensors are tiny: extra intra-op threads only add sync cost on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def run(logits, params, gens=None, hists=None, nprompt=None, sampler=None):
     n = logits.shape[0]
     return (sampler or Sampler(seed=0))(
@@ -164,18 +173,18 @@ def test_samples_follow_truncated_renormalized_softmax():
 
 @pytest.mark.parametrize("min_p", [0.0, 0.05])
 def test_two_stage_race_over_a_large_vocab_is_exact(min_p):
-    # 3000 tokens, no top-k/top-p: the race picks window (top 1024) or tail, then races inside.
+    # 1500 tokens, no top-k/top-p: the race picks window (top 1024) or tail, then races inside.
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(3000, generator=g) * 0.5
-    logits[:3] = torch.tensor([2.0, 1.8, 1.5])
-    n = 10000
+    logits = torch.randn(1500, generator=g) * 0.5
+    logits[:3] = torch.tensor([2.5, 2.2, 2.0])
+    n = 6000
     freq = frequencies(logits, SP(temperature=1.0, min_p=min_p), n=n, seed=1)
     keep = torch.tensor(sorted(reference_keep(logits, 0, 1.0, min_p)))
-    probs = torch.zeros(3000, dtype=torch.float64)
+    probs = torch.zeros(1500, dtype=torch.float64)
     probs[keep] = torch.softmax(logits.double()[keep], 0)
-    tail = torch.ones(3000, dtype=torch.bool)
+    tail = torch.ones(1500, dtype=torch.bool)
     tail[torch.topk(logits, 1024).indices] = False
-    assert float(probs[tail].sum()) > 0.05  # the tail stage really runs
+    assert float(probs[tail].sum()) > 0.02  # the tail stage really runs
     assert_close_to(freq[:3], probs[:3], n)
     assert_close_to(freq[tail].sum(0, keepdim=True), probs[tail].sum(0, keepdim=True), n)
     assert float(freq[probs == 0].sum()) == 0.0
