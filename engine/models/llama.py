@@ -103,7 +103,8 @@ class LlamaForCausalLM(torch.nn.Module):
         self.config = config
         self.embed_tokens = torch.nn.Parameter(take("embed_tokens.weight"), requires_grad=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
-                                      take("rope_freqs") if config.rope_freq_factors else None)
+                                      take("rope_freqs") if config.rope_freq_factors else None
+                                      ).to(self.embed_tokens.device)
         self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
         self.norm = _norm(config, take("norm.weight"))
         if config.tie_word_embeddings:
