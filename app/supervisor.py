@@ -84,7 +84,8 @@ class EngineSupervisor:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def on_state_change(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """`callback(state)` on every change (from the watcher thread); returns an unsubscribe function."""
+        """`callback(state)` when the state or its message changes (mostly from the watcher thread);
+        read `.message` for the detail. Returns an unsubscribe function."""
         self._callbacks.append(callback)
         return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
 
@@ -305,11 +306,11 @@ class EngineSupervisor:
 
     def _set(self, state: str, message: str) -> None:
         with self._cond:
-            changed = state != self._state
+            changed = (state, message) != (self._state, self.message)  # "loading X" -> "serving X" counts too
             self._state, self.message = state, message
             self._cond.notify_all()
         if changed:
-            log.info("engine %s%s", state, f": {message.splitlines()[0]}" if message else "")
+            log.info("engine %s%s", state, f": {message.splitlines()[0]}" if message.strip() else "")
             for callback in list(self._callbacks):
                 try:
                     callback(state)
