@@ -1,0 +1,58 @@
+"""Backends: choose (backend, device) for a model on this machine, then build the runner for it.
+
+    decision = decide(config, backend="auto", device="auto")   # logs the choice; BackendError if no fit
+    config = config_for(config, decision)                       # device, context, prefix caching
+    engine = LLMEngine(config, runner=create_runner(config, decision))
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from engine.backends.device import (BackendDecision, BackendError, MachineInfo, ModelFootprint,
+                                    choose_backend, model_footprint, probe_machine)
+from engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+MAX_DEFAULT_CONTEXT = 4096  # the runners' default: the model's own context, capped
+
+__all__ = ["BackendDecision", "BackendError", "MachineInfo", "ModelFootprint", "choose_backend",
+           "config_for", "create_runner", "decide", "model_footprint", "probe_machine"]
+
+
+def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
+           machine: MachineInfo | None = None) -> BackendDecision:
+    """Probe the machine (unless given) and the model file, choose, and log the decision."""
+    fp = model_footprint(config.model_path)
+    ctx = config.max_model_len or min(fp.context_length, MAX_DEFAULT_CONTEXT)
+    decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
+                              context_length=ctx, dtype=config.dtype)
+    log.info("backend: %s on %s — %s", decision.backend, decision.device, decision.reason)
+    return decision
+
+
+def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
+    """The EngineConfig the decision implies: its device and context; llama.cpp's KV cells are
+    not addressed by block tables, so prefix caching is off there (logits come back on the CPU)."""
+    changes: dict = {"max_model_len": decision.context_length}
+    if decision.backend == "llama.cpp":
+        changes |= {"device": "cpu", "enable_prefix_caching": False}
+    else:
+        changes["device"] = decision.device
+    return dataclasses.replace(config, **changes)
+
+
+def create_runner(config: EngineConfig, decision: BackendDecision):
+    """Build the runner for `decision`: a LlamaCppRunner or the torch ModelRunner."""
+    if decision.backend == "llama.cpp":
+        if config.enable_prefix_caching:
+            raise BackendError("the llama.cpp runner needs enable_prefix_caching=False "
+                               "(use config_for(config, decision))")
+        from engine.backends.llamacpp_runner import LlamaCppRunner
+        # On a GPU (a CUDA/Metal build of llama.cpp) offload every layer; on the CPU none.
+        return LlamaCppRunner(config, n_gpu_layers=0 if decision.device == "cpu" else -1)
+    if decision.backend == "torch":
+        from engine.model_runner import ModelRunner
+        return ModelRunner(config)
+    raise BackendError(f"unknown backend {decision.backend!r}")
