@@ -131,7 +131,7 @@ class ChatView(QWidget):
             return
         chat = self.chat_store.get_chat(self.chat_id)
         settings = dict(field(chat, "settings", None) or {})
-        model = field(chat, "model", None) or self.engine.current_model
+        model = field(chat, "model", None)  # None: whatever the server has loaded
         self._stream = ReplyStream(client, history, model=model, **_sampling(settings))
         self._worker = GeneratorWorker(self._stream.run)
         self._worker.yielded.connect(self._on_delta)
