@@ -1,7 +1,7 @@
 """BlockManager: no leaks, no double frees, exact counts, prefix cache, copy-on-write.
 
-The stateful test keeps a stand-in KV pool: slot (block, offset) holds the prefix tuple the
-token at that position was computed from (its K/V depend on exactly that). After any random
+The stateful test keeps a stand-in KV pool: slot (block, offset) holds the token at that
+position and a chained hash of the prefix it was computed from (its K/V depend on exactly that). After any random
 mix of allocate / append / fork / free / preempt, every computed position of every live
 sequence must read back its own prefix through its block table — so a wrong cache hit, a
 missing copy-on-write or a block handed to two owners shows up as a wrong read.
@@ -18,6 +18,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import engine.block_manager as bm_module
 from engine.block_manager import NO_HASH, BlockManager
 from engine.sequence import Sequence
+
+
+def prefix_keys(tokens) -> list[int]:
+    """keys[p] names tokens[:p+1] (a chained hash: the K/V of position p depend on all of them)."""
+    keys, h = [], 0
+    for t in tokens:
+        h = hash((h, t))
+        keys.append(h)
+    return keys
 
 
 def _seq(tokens, seq_id=None) -> Sequence:
@@ -205,8 +214,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def _write(self, seq: Sequence, n: int) -> None:
         """Run n tokens: the runner makes the copies, then writes each new position's K/V."""
+        keys = prefix_keys(seq.token_ids)
         for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
-            self.pool[(seq.block_table[p // self.B], p % self.B)] = tuple(seq.token_ids[:p + 1])
+            self.pool[(seq.block_table[p // self.B], p % self.B)] = (seq.token_ids[p], keys[p])
         seq.num_computed_tokens += n
         self.bm.hash_blocks(seq)
 
@@ -302,20 +312,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def every_computed_position_reads_its_own_prefix(self):
         for seq in self.live:
             assert len(seq.block_table) >= self.bm.num_blocks_for(seq.num_computed_tokens)
+            keys = prefix_keys(seq.token_ids)
             for p in range(seq.num_computed_tokens):
-                assert self.pool.get((seq.block_table[p // self.B], p % self.B)) == tuple(seq.token_ids[:p + 1])
+                assert self.pool.get((seq.block_table[p // self.B], p % self.B)) == (seq.token_ids[p], keys[p])
 
     @invariant()
     def hashed_blocks_hold_computed_full_prefixes(self):
         for block in self.bm.blocks:
             if block.hash != NO_HASH:
                 assert len(block.token_ids) == self.B
-                prefix = self.pool.get((block.block_id, self.B - 1))
-                assert prefix is not None and prefix[-self.B:] == block.token_ids
+                written = tuple(self.pool.get((block.block_id, off), (None,))[0] for off in range(self.B))
+                assert written == block.token_ids
 
 
 BlockManagerMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
+    max_examples=80, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 
@@ -338,3 +349,40 @@ def test_a_shared_prefix_hits_exactly_its_full_blocks(prefix, tail, block_size):
     assert second.block_table[:expected] == first.block_table[:expected]
     assert len(set(second.block_table[expected:]) & set(first.block_table)) == 0
     bm.check()
+
+
+@settings(max_examples=80, deadline=None)
+@given(prompt=st.lists(st.integers(0, 9), min_size=1, max_size=20), block_size=st.sampled_from([1, 2, 4, 8]),
+       order=st.lists(st.booleans(), min_size=1, max_size=24), data=st.data())
+def test_forks_diverge_without_touching_each_others_kv(prompt, block_size, order, data):
+    """Parent and child decode different tokens in any interleaving; each reads back only its own."""
+    bm = BlockManager(64, block_size)
+    pool = {}
+
+    def run(seq, n):
+        for src, dst in bm.append_slots(seq, n):
+            for off in range(block_size):
+                if (src, off) in pool:
+                    pool[(dst, off)] = pool[(src, off)]
+        keys = prefix_keys(seq.token_ids)
+        for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
+            pool[(seq.block_table[p // block_size], p % block_size)] = keys[p]
+        seq.num_computed_tokens += n
+        bm.hash_blocks(seq)
+
+    parent = _seq(prompt)
+    bm.allocate(parent, 0)
+    run(parent, len(prompt))
+    child = parent.fork()
+    bm.fork(parent, child)
+    for to_parent in order:
+        seq = parent if to_parent else child
+        seq.append_token(data.draw(st.integers(10, 19)) if to_parent else data.draw(st.integers(20, 29)))
+        run(seq, 1)
+    for seq in (parent, child):
+        keys = prefix_keys(seq.token_ids)
+        assert [pool[(seq.block_table[p // block_size], p % block_size)] for p in range(seq.num_tokens)] == keys
+    bm.check()
+    bm.free(parent)
+    bm.free(child)
+    assert bm.num_free_blocks == 64
