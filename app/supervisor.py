@@ -36,7 +36,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 class EngineSupervisor:
     def __init__(self, settings: Settings, model_id: str | None = None, model_path: str | Path | None = None, *,
-                 port: int | None = None, startup_timeout: float = 60.0, load_timeout: float = 900.0,
+                 port: int | None = None, startup_timeout: float = 300.0, load_timeout: float = 900.0,
                  max_restarts: int = 5, restart_window: float = 120.0, backoff: tuple[float, float] = (0.5, 8.0),
                  grace: float = 5.0, extra_args: Sequence[str] = ()) -> None:
         if model_id and model_path:
