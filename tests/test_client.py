@@ -153,7 +153,18 @@ def test_load_and_unload_by_id(client, engine, tiny_model_factory):
         assert client.status()["model"] == "tiny-other"
         reply = client.chat(PROMPT, max_tokens=4, temperature=0)
         assert reply.usage.completion_tokens == 4
-        assert client.unload_model()["status"] == "unloaded"
+        # unloading under a running stream: the stream's error event becomes an EngineClientError
+        stream = client.chat_stream(PROMPT, max_tokens=400, ignore_eos=True, temperature=0.8)
+        next(stream)
+        unloaded: list[dict] = []
+        t = threading.Thread(target=lambda: unloaded.append(client.unload_model()))
+        t.start()
+        with pytest.raises(EngineClientError) as e:
+            for _ in stream:
+                pass
+        assert "unloaded" in e.value.message and e.value.code == "model_not_loaded"
+        t.join(30)
+        assert unloaded[0]["status"] == "unloaded"
         with pytest.raises(EngineClientError):
             client.chat(PROMPT, max_tokens=4)
     finally:
