@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from engine.layers.sampler import REPETITION_WINDOW, Sampler, apply_penalties, truncate
+from engine.layers.sampler import _RACE_HEAD, REPETITION_WINDOW, Sampler, apply_penalties, truncate
 from engine.sampling_params import SamplingParams as SP
 
 
@@ -173,17 +173,18 @@ def test_samples_follow_truncated_renormalized_softmax():
 
 @pytest.mark.parametrize("min_p", [0.0, 0.05])
 def test_two_stage_race_over_a_large_vocab_is_exact(min_p):
-    # 1500 tokens, no top-k/top-p: the race picks window (top 1024) or tail, then races inside.
+    # No top-k/top-p: the race picks the window (top _RACE_HEAD) or the tail, then races inside.
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(1500, generator=g) * 0.5
-    logits[:3] = torch.tensor([2.5, 2.2, 2.0])
+    V = 800
+    logits = torch.randn(V, generator=g) * 0.5
+    logits[:3] = torch.tensor([1.5, 1.3, 1.2])
     n = 6000
     freq = frequencies(logits, SP(temperature=1.0, min_p=min_p), n=n, seed=1)
     keep = torch.tensor(sorted(reference_keep(logits, 0, 1.0, min_p)))
-    probs = torch.zeros(1500, dtype=torch.float64)
+    probs = torch.zeros(V, dtype=torch.float64)
     probs[keep] = torch.softmax(logits.double()[keep], 0)
-    tail = torch.ones(1500, dtype=torch.bool)
-    tail[torch.topk(logits, 1024).indices] = False
+    tail = torch.ones(V, dtype=torch.bool)
+    tail[torch.topk(logits, _RACE_HEAD).indices] = False
     assert float(probs[tail].sum()) > 0.02  # the tail stage really runs
     assert_close_to(freq[:3], probs[:3], n)
     assert_close_to(freq[tail].sum(0, keepdim=True), probs[tail].sum(0, keepdim=True), n)

@@ -22,7 +22,7 @@ from engine.sampling_params import SamplingParams
 
 REPETITION_WINDOW = 64  # llama.cpp's penalty_last_n default
 _TOP_P_WINDOW = 256  # window for top-p without top-k (truncate() widens it 4x until it holds)
-_RACE_HEAD = 1024  # window of rows without top-k/top-p; the race has two stages (sample_rows)
+_RACE_HEAD = 256  # window of rows without top-k/top-p; the race has two stages (sample_rows)
 
 
 @dataclass(slots=True)
@@ -139,7 +139,7 @@ def sample_rows(x: torch.Tensor, params: list[SamplingParams],
     """One draw per row of tempered, penalized logits x [n, V]; `truncate` + `race`, batched.
 
     Each row gets a sorted window of W candidates from one batched topk: W = top_k, or 256 for
-    top-p alone (proved wide enough below, else that row falls back to `truncate`), or 1024 for
+    top-p alone (proved wide enough below, else that row falls back to `truncate`), or 256 for
     rows with no top-k/top-p. The masks are `truncate`'s definitions on the window. A row draws
     noise only for its own W candidates, so its tokens do not depend on its batch neighbours.
     Rows without top-k/top-p keep tokens outside the window, so their race has two stages
