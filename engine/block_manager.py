@@ -195,7 +195,9 @@ class BlockManager:
         for block_id in cached:
             self._touch(block_id)
         seq.block_table = list(cached)
-        seq.num_computed_tokens = seq.num_cached_tokens = num_cached
+        seq.num_computed_tokens = num_cached
+        if not seq.num_preemptions:  # usage reports the prompt's hits, not a recompute's
+            seq.num_cached_tokens = num_cached
         seq.num_hashed_blocks = len(cached)
         self.num_query_tokens += seq.num_tokens
         self.num_hit_tokens += num_cached

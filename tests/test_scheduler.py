@@ -202,12 +202,13 @@ def test_preemption_takes_the_newest_and_it_resumes_first():
     assert victims == [c]  # newest running; d never got in
     assert sched.waiting[0] is c and sched.waiting[1] is d  # at the front, ahead of later arrivals
     assert c.num_computed_tokens == 0 and c.block_table == [] and c.num_output_tokens > 0
+    assert c.num_cached_tokens == 0  # the prompt's own hits; a recompute's hits are not usage
     while c.status != SequenceStatus.RUNNING:
         out = step(sched, model)
         if d.status == SequenceStatus.RUNNING:  # c resumes first (maybe in the same step)
             assert c.status == SequenceStatus.RUNNING and out.seqs.index(c) < out.seqs.index(d)
     run(sched, model, {})
-    assert sched.num_preemptions >= 1
+    assert sched.num_preemptions >= 1 and c.num_cached_tokens == 0 and c.num_preemptions == 1
     assert [s.output_token_ids for s in (a, b, c, d)] == [alone(s.prompt_token_ids, s.max_tokens) for s in (a, b, c, d)]
 
 
@@ -240,6 +241,12 @@ def test_interactive_chat_goes_ahead_of_queued_background_jobs():
     assert sched.waiting == [chat, jobs[2]]  # ordered by (priority, arrival)
     out = step(sched, model)
     assert chat in out.seqs and out.preempted == [jobs[1]]  # the seq limit made room by priority
+    victim = jobs[1]
+    while victim.status != SequenceStatus.RUNNING:
+        known = victim.num_tokens
+        out = step(sched, model)
+    # Its freed blocks kept their hashes, so the recompute starts after its full blocks.
+    assert out.num_new_tokens[out.seqs.index(victim)] == known - (known - 1) // 4 * 4
     run(sched, model, {})
     assert chat.output_token_ids == alone(chat.prompt_token_ids, 3)
     assert all(j.output_token_ids == alone(j.prompt_token_ids, 30) for j in jobs)
