@@ -98,3 +98,21 @@ def test_64_streaming_clients_with_disconnects(server):
     r = httpx.post(server.base_url + "/v1/completions", headers=server.headers,
                    json={"prompt": "hello", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200
+
+
+def test_non_streaming_client_hanging_up_is_aborted(server):
+    """A non-streaming request whose client leaves is aborted too, not generated to the end."""
+    before = _aborts(server)
+    body = {"prompt": "The fox", "max_tokens": 500, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/completions", headers=server.headers, json=body, timeout=0.3)
+    deadline = time.monotonic() + 10
+    while _aborts(server) == before or _status(server)["num_running"]:
+        assert time.monotonic() < deadline, _status(server)
+        time.sleep(0.05)
+    assert _status(server)["kv"]["blocks_used"] == 0
+
+
+def _aborts(server) -> float:
+    text = httpx.get(server.base_url + "/metrics", headers=server.headers).text
+    return next(float(x.split()[-1]) for x in text.splitlines() if x.startswith("ember_request_aborts_total"))

@@ -1,0 +1,133 @@
+"""`ember bench server`: aggregate tok/s and time to first token over HTTP at 1, 4 and 16
+concurrent streaming clients, the torch runner and the llama.cpp runner side by side in one run.
+
+Each backend gets its own `python -m engine serve --backend X` process (the real server, SSE and
+all); every client streams one chat completion of exactly `--max-tokens` tokens (`ignore_eos`),
+so the backends do the same work. TTFT is measured at the client, from sending the request to
+the first content chunk.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("server", help="HTTP server: tok/s and TTFT at 1/4/16 clients, torch vs llama.cpp")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--model", help="a .gguf file (default: the bundled model)")
+    g.add_argument("--model-id", help="a model id from the store")
+    p.add_argument("--models-dir", default=None)
+    p.add_argument("--backends", default="torch,llama.cpp", help="comma-separated")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--json", dest="json_out", default=None, help="also write the results here")
+    p.set_defaults(func=run)
+
+
+async def _one(http, i: int, max_tokens: int) -> dict:
+    body = {"messages": [{"role": "user", "content": f"Write a long story about a fox (#{i})."}],
+            "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft, last, usage = None, None, None
+    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"]["message"])
+            if event.get("usage"):
+                usage = event["usage"]
+            if event["choices"] and event["choices"][0]["delta"].get("content"):
+                last = time.perf_counter()
+                ttft = ttft if ttft is not None else last - t0
+    n = usage["completion_tokens"] if usage else 0
+    decode_s = (last - t0 - ttft) if (ttft is not None and last) else 0.0
+    return {"ttft": ttft or 0.0, "tokens": n, "stream_tok_s": (n - 1) / decode_s if decode_s > 0 else 0.0}
+
+
+async def _round(base_url: str, headers: dict, clients: int, max_tokens: int) -> dict:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(600),
+                                 limits=httpx.Limits(max_connections=clients + 2)) as http:
+        t0 = time.perf_counter()
+        rs = await asyncio.gather(*[_one(http, i, max_tokens) for i in range(clients)])
+        wall = time.perf_counter() - t0
+    ttfts = sorted(r["ttft"] for r in rs)
+    tokens = sum(r["tokens"] for r in rs)
+    return {"clients": clients, "tokens": tokens, "wall_s": round(wall, 3),
+            "agg_tok_s": round(tokens / wall, 1), "ttft_p50_s": round(statistics.median(ttfts), 3),
+            "ttft_max_s": round(ttfts[-1], 3),
+            "stream_tok_s": round(statistics.mean(r["stream_tok_s"] for r in rs), 1)}
+
+
+def bench_backend(backend: str, model_args: list[str], conc: list[int], max_tokens: int, extra: list[str],
+                  log_path: Path) -> dict:
+    from engine.server.launch import EngineProcess
+
+    key = secrets.token_urlsafe(16)
+    proc = EngineProcess([*model_args, "--backend", backend, *extra], api_key=key, log_path=log_path)
+    t0 = time.perf_counter()
+    with proc.start(timeout=600):
+        health = proc.health()
+        load_s = time.perf_counter() - t0
+        asyncio.run(_round(proc.base_url, proc.headers, 1, 8))  # warm-up
+        rounds = []
+        for c in conc:
+            r = asyncio.run(_round(proc.base_url, proc.headers, c, max_tokens))
+            print(f"  {backend:9s} {c:3d} clients: {r['agg_tok_s']:7.1f} tok/s in all, "
+                  f"TTFT p50 {r['ttft_p50_s'] * 1000:6.0f} ms (max {r['ttft_max_s'] * 1000:6.0f}), "
+                  f"{r['stream_tok_s']:6.1f} tok/s per stream", flush=True)
+            rounds.append(r)
+    return {"backend": backend, "device": health.get("device"), "model": health.get("model"),
+            "startup_s": round(load_s, 1), "rounds": rounds}
+
+
+def run(args) -> int:
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    if args.model:
+        model_args = ["--model", args.model]
+    elif args.model_id:
+        model_args = ["--model-id", args.model_id] + (["--models-dir", args.models_dir] if args.models_dir else [])
+    else:
+        from engine.loaders.default_model import default_model_path
+        model_args = ["--model", str(default_model_path())]
+    conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    extra = ["--dtype", args.dtype, "--max-num-seqs", str(max(conc + [16]))]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    log_path = Path(f"bench-server-{int(time.time())}.log")
+    print(f"ember bench server: {' '.join(model_args)}; {args.max_tokens} tokens per client; "
+          f"engine logs in {log_path}", flush=True)
+    results = []
+    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+        try:
+            results.append(bench_backend(backend, model_args, conc, args.max_tokens, extra, log_path))
+        except (RuntimeError, TimeoutError) as e:
+            print(f"  {backend}: failed: {e}", file=sys.stderr)
+            results.append({"backend": backend, "error": str(e)})
+    _table(results)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _table(results: list[dict]) -> None:
+    print("\nbackend    device clients  agg tok/s  TTFT p50 ms  TTFT max ms  tok/s/stream")
+    for res in results:
+        for r in res.get("rounds", []):
+            print(f"{res['backend']:10s} {res['device'] or '-':6s} {r['clients']:7d} {r['agg_tok_s']:10.1f} "
+                  f"{r['ttft_p50_s'] * 1000:12.0f} {r['ttft_max_s'] * 1000:12.0f} {r['stream_tok_s']:13.1f}")
