@@ -78,6 +78,22 @@ def test_prefix_hit_reuses_blocks_and_never_the_whole_prompt():
     bm.check()
 
 
+def test_prompt_scoring_sequences_compute_every_position_but_share_their_blocks():
+    from engine.sampling_params import SamplingParams
+
+    bm = BlockManager(16, 4)
+    a = _seq(range(9))
+    bm.allocate(a)
+    a.num_computed_tokens = 9
+    bm.hash_blocks(a)
+    scoring = Sequence(list(range(9)), SamplingParams(prompt_logprobs=0))
+    bm.allocate(scoring)
+    assert scoring.num_computed_tokens == 0 and len(scoring.block_table) == 3
+    later = _seq(range(9))
+    bm.allocate(later)
+    assert later.num_cached_tokens == 8
+
+
 def test_freed_blocks_keep_hash_and_revive():
     bm = BlockManager(8, 4)
     a = _seq(range(9))
