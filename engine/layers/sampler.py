@@ -237,8 +237,16 @@ class Sampler:
             return SamplerOutput([], [])
         if not (len(params) == len(generators) == len(histories) == len(num_prompt) == n):
             raise ValueError("one SamplingParams, generator, history and prompt length per row")
-        logits = apply_penalties(logits.float().clone(), params, histories, num_prompt)
-        tokens = torch.argmax(logits, dim=-1).tolist()  # greedy rows keep these
+        logits = logits.float()
+        if any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+               for p in params):  # penalties write into a copy, never the caller's logits
+            logits = apply_penalties(logits.clone(), params, histories, num_prompt)
+        tokens: list[int] = [0] * n
+        greedy = [r for r, p in enumerate(params) if p.is_greedy]
+        if greedy:
+            picked = logits if len(greedy) == n else logits.index_select(0, torch.tensor(greedy, device=logits.device))
+            for r, t in zip(greedy, picked.argmax(dim=-1).tolist()):
+                tokens[r] = t
         rows = [r for r, p in enumerate(params) if not p.is_greedy]
         if rows:
             gens = [generators[r] for r in rows]
@@ -246,7 +254,7 @@ class Sampler:
                 default = self._default_generator(logits.device)
                 gens = [default if g is None else g for g in gens]
             temps = torch.tensor([[params[r].temperature] for r in rows], device=logits.device)
-            x = logits if len(rows) == n else logits.index_select(0, torch.tensor(rows))
+            x = logits if len(rows) == n else logits.index_select(0, torch.tensor(rows, device=logits.device))
             drawn = sample_rows(x / temps, [params[r] for r in rows], gens)
             for r, t in zip(rows, drawn):
                 tokens[r] = t
