@@ -202,6 +202,10 @@ def sample_rows(x: torch.Tensor, params: list[SamplingParams],
     return [c if t is None else t for c, t in zip(choice, tokens)]
 
 
+def _take_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    return x if len(rows) == x.shape[0] else x.index_select(0, torch.tensor(rows, device=x.device))
+
+
 def token_logprobs(logp: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
     """From a row of log-softmax [V]: the token's logprob and the top `num_top` (id, logprob)."""
     top: list[tuple[int, float]] = []
@@ -244,7 +248,7 @@ class Sampler:
         tokens: list[int] = [0] * n
         greedy = [r for r, p in enumerate(params) if p.is_greedy]
         if greedy:
-            picked = logits if len(greedy) == n else logits.index_select(0, torch.tensor(greedy, device=logits.device))
+            picked = _take_rows(logits, greedy)
             for r, t in zip(greedy, picked.argmax(dim=-1).tolist()):
                 tokens[r] = t
         rows = [r for r, p in enumerate(params) if not p.is_greedy]
@@ -254,7 +258,7 @@ class Sampler:
                 default = self._default_generator(logits.device)
                 gens = [default if g is None else g for g in gens]
             temps = torch.tensor([[params[r].temperature] for r in rows], device=logits.device)
-            x = logits if len(rows) == n else logits.index_select(0, torch.tensor(rows, device=logits.device))
+            x = _take_rows(logits, rows)
             drawn = sample_rows(x / temps, [params[r] for r in rows], gens)
             for r, t in zip(rows, drawn):
                 tokens[r] = t
