@@ -14,6 +14,7 @@ the real Scheduler and BlockManager; the "model" just replays each chat's script
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -102,7 +103,7 @@ def measure_waste(chats: list[Chat], block_size: int, max_context: int) -> tuple
         peak = max(peak, (used * block_size, res))
         steps += 1
     assert bm.num_used_blocks == 0, "blocks leaked"
-    return (1 - resident / allocated, 1 - peak[1] / peak[0] if peak[0] else 0.0, steps,
+    return (1 - resident / allocated if allocated else 0.0, 1 - peak[1] / peak[0] if peak[0] else 0.0, steps,
             bm.prefix_hit_rate)
 
 
@@ -172,10 +173,28 @@ def format_report(chats: list[Chat], reports: list[KVReport], max_context: int, 
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive(text)
+
+
+def _block_sizes(text: str) -> list[int]:
+    return [_positive(b) for b in text.split(",")]
+
+
 def run(args) -> int:
-    sizes = [int(b) for b in str(args.block_size).split(",")]
-    if any(b < 1 for b in sizes) or args.chats < 1 or args.max_context < 2 or args.budget_contexts < 1:
-        raise SystemExit("ember bench kv: --chats, --block-size and --budget-contexts must be positive")
+    sizes = args.block_size
+    if args.max_context < 2 or args.system_tokens >= args.max_context:
+        raise SystemExit("ember bench kv: --max-context must be at least 2 and exceed --system-tokens")
     chats = sample_workload(args.chats, args.seed, args.max_context, args.system_tokens)
     reports = [run_kv(args.chats, args.seed, b, args.max_context, args.budget_contexts,
                       args.max_tokens, args.system_tokens) for b in sizes]
@@ -188,15 +207,16 @@ def run(args) -> int:
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("kv", help="KV-cache memory: slots wasted, chats that fit vs contiguous caches")
-    p.add_argument("--chats", type=int, default=64)
+    p.add_argument("--chats", type=_positive, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", default="16", help="tokens per block; a list like 8,16,32 compares")
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--budget-contexts", type=int, default=4,
+    p.add_argument("--block-size", type=_block_sizes, default=[16],
+                   help="tokens per block; a list like 8,16,32 compares")
+    p.add_argument("--max-context", type=_positive, default=4096)
+    p.add_argument("--budget-contexts", type=_positive, default=4,
                    help="the fixed KV budget, in max-context caches")
-    p.add_argument("--max-tokens", type=int, default=1024,
+    p.add_argument("--max-tokens", type=_positive, default=1024,
                    help="reply reservation of the prompt+max_tokens baseline")
-    p.add_argument("--system-tokens", type=int, default=0,
+    p.add_argument("--system-tokens", type=_non_negative, default=0,
                    help="a system prompt shared by every chat (exercises the prefix cache)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
