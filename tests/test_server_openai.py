@@ -216,3 +216,20 @@ def test_bundled_model_echo_scores_match_llama_cpp(bundled_server, bundled_model
     assert len(lps) == len(want)
     # Q4_1 weights: llama.cpp quantizes activations to q8 for its dot products, we do not
     assert np.abs(lps - want).mean() < 0.1 and np.abs(lps.sum() - want.sum()) / abs(want.sum()) < 0.05
+
+
+@pytest.mark.slow
+def test_llama_cpp_backend_serves_the_same_greedy_text(server, client, tiny_path, tmp_path):
+    """The same API over the llama.cpp runner: /health shows the backend, greedy text matches torch."""
+    lcpp = start_engine(tiny_path, tmp_path, backend="llama.cpp")
+    try:
+        assert lcpp.health()["backend"] == "llama.cpp"
+        other = openai.OpenAI(base_url=lcpp.base_url + "/v1", api_key=lcpp.api_key, max_retries=0, timeout=60)
+        kw = dict(messages=MSGS, max_tokens=16, temperature=0)
+        want = client.chat.completions.create(model=_model(server), **kw).choices[0].message.content
+        got = other.chat.completions.create(model=_model(lcpp), **kw)
+        assert got.choices[0].message.content == want
+        s = list(other.chat.completions.create(model=_model(lcpp), stream=True, **kw))
+        assert "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices) == want
+    finally:
+        lcpp.stop()
