@@ -103,6 +103,28 @@ def test_published_template_shapes_match_an_hf_style_renderer(template):
     assert ours.strip()
 
 
+JINJA_FEATURES = [  # the guards must not change what ordinary templates do
+    "{% for m in messages %}{{ loop.index }}/{{ loop.length }}/{{ loop.revindex }}"
+    "{{ loop.cycle('x', 'y') }}{{ loop.previtem.content if loop.previtem }}"
+    "{{ loop.nextitem.role if loop.nextitem }}{% endfor %}",
+    "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"
+    "{% for m in messages|reverse %}{{ m.content }}{% endfor %}{% for x in [] %}x{% else %}none{% endfor %}",
+    "{% set ns = namespace(found=false) %}{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.found }}"
+    "{{ messages|selectattr('role', 'equalto', 'user')|map(attribute='content')|join(',') }}",
+    "{% macro tag(m) %}[{{ m.role|upper }}]{% endmacro %}{% for m in messages %}{{ tag(m) }}{% endfor %}"
+    "{{ '%s|%05.1f' % ('q', 3.14159) }}{{ 'Hello'[1:3] }}{{ ' x '.strip() }}{{ 'a b'.split() }}",
+    "{% for m in messages recursive %}{{ m.role }}{% if m.sub %}({{ loop(m.sub) }}){% endif %}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize("template", JINJA_FEATURES)
+def test_loops_macros_and_filters_render_as_in_plain_jinja(template):
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c", "sub": [{"role": "tool", "content": "d"}]}]
+    assert ChatTemplate(template).render(msgs) == hf_style(template, msgs)
+
+
 def test_raise_exception_becomes_template_error_with_its_message():
     t = ChatTemplate(MISTRAL_LIKE, "<s>", "</s>")
     ok = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
