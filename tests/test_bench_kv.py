@@ -41,3 +41,12 @@ def test_cli_prints_json(capsys):
     assert main(["bench", "kv", "--chats", "8", "--block-size", "8,16", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["block_size"] for r in rows] == [8, 16]
+
+
+def test_multiturn_chats_resume_from_the_prefix_cache():
+    from app.bench.kv import measure_multiturn
+
+    assert measure_multiturn(4, 1, 0, 16, 1 << 16, 4096)[0] == 0.0  # first turns share nothing
+    rate, prompt_tokens, preemptions = measure_multiturn(4, 3, 0, 16, 1 << 16, 4096)
+    assert preemptions == 0 and prompt_tokens > 0
+    assert rate > 0.5  # later turns re-read their whole history from the cache

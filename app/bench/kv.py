@@ -11,6 +11,8 @@ the real Scheduler and BlockManager; the "model" just replays each chat's script
 - fit: chats of the workload, in order, whose final length (prompt + reply) fits a fixed
   KV budget at once, against one contiguous max-context cache per chat (what a runtime
   without paging must reserve, since the reply's length is unknown in advance).
+- multi-turn: chats that go on, each prompt being the whole history, in the same budget:
+  the share of prompt tokens the prefix cache serves instead of recomputing.
 """
 from __future__ import annotations
 
@@ -66,6 +68,11 @@ class KVReport:
     fit_contiguous: int
     fit_reserve_max_tokens: int
     max_tokens_reserved: int
+    turns: int = 0
+    turn_chats: int = 0
+    multiturn_hit_rate: float = 0.0  # prompt tokens served by the prefix cache
+    multiturn_prompt_tokens: int = 0
+    multiturn_preemptions: int = 0
 
     @property
     def fit_ratio(self) -> float:
@@ -122,8 +129,54 @@ def count_fit(chats: list[Chat], budget_tokens: int, block_size: int) -> int:
     return fit
 
 
+def measure_multiturn(num_chats: int, turns: int, seed: int, block_size: int, pool_tokens: int,
+                      max_context: int, vocab: int = 32000) -> tuple[float, int, int]:
+    """Chats that go on: each finished turn is followed by the user's next message, whose
+    prompt is the whole history. In a pool of pool_tokens (LRU eviction), returns the share
+    of prompt tokens served by the prefix cache, the prompt tokens, and the preemptions."""
+    rng = random.Random(seed)
+    bm = BlockManager(pool_tokens // block_size, block_size)
+    config = EngineConfig(model_path="-", block_size=block_size, max_num_seqs=num_chats,
+                          max_num_batched_tokens=2048, max_prefill_chunk=512, max_model_len=max_context)
+    sched = Scheduler(config, bm)
+    history: dict[int, list[int]] = {i: [] for i in range(num_chats)}
+    owner: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (chat, scripted reply)
+    done = dict.fromkeys(history, 0)
+    submitted = cached = 0
+
+    def draw(mean: float) -> int:
+        return max(1, round(rng.lognormvariate(math.log(mean) - SIGMA ** 2 / 2, SIGMA)))
+
+    def submit(chat: int) -> None:
+        nonlocal submitted
+        prompt = history[chat] + [rng.randrange(vocab) for _ in range(draw(PROMPT_MEAN))]
+        if len(prompt) >= max_context or len(prompt) > pool_tokens // 2:
+            return  # the chat is full: the user starts a new one
+        reply = [rng.randrange(vocab) for _ in range(min(draw(REPLY_MEAN), max_context - len(prompt)))]
+        seq = Sequence(prompt, SamplingParams(max_tokens=len(reply)), seq_id=len(owner))
+        owner[seq.seq_id] = (chat, reply)
+        submitted += len(prompt)
+        sched.add(seq)
+
+    for chat in history:
+        submit(chat)
+    while sched.has_unfinished():
+        out = sched.schedule()
+        sched.postprocess(out, [owner[s.seq_id][1][s.num_output_tokens] for s in out.sampled_seqs()])
+        for s in out.sampled_seqs():
+            chat, reply = owner[s.seq_id]
+            if s.num_output_tokens >= len(reply):
+                cached += s.num_cached_tokens  # hits at admission (not a recompute's)
+                sched.finish(s)
+                history[chat] = list(s.token_ids)
+                done[chat] += 1
+                if done[chat] < turns:
+                    submit(chat)
+    return cached / submitted, submitted, sched.num_preemptions
+
+
 def run_kv(num_chats=64, seed=0, block_size=16, max_context=4096, budget_contexts=4,
-           max_tokens=1024, system_tokens=0) -> KVReport:
+           max_tokens=1024, system_tokens=0, turns=4, turn_chats=16) -> KVReport:
     chats = sample_workload(num_chats, seed, max_context, system_tokens)
     waste, peak_waste, steps, hit_rate = measure_waste(chats, block_size, max_context)
     budget = budget_contexts * max_context
@@ -135,8 +188,10 @@ def run_kv(num_chats=64, seed=0, block_size=16, max_context=4096, budget_context
             break
         used += need
         reserve += 1
+    mt = measure_multiturn(turn_chats, turns, seed, block_size, budget, max_context) if turns else (0.0, 0, 0)
     return KVReport(block_size, waste, peak_waste, steps, hit_rate, budget,
-                    count_fit(chats, budget, block_size), budget // max_context, reserve, max_tokens)
+                    count_fit(chats, budget, block_size), budget // max_context, reserve, max_tokens,
+                    turns, turn_chats, *mt)
 
 
 def format_report(chats: list[Chat], reports: list[KVReport], max_context: int, seed: int) -> str:
@@ -170,6 +225,13 @@ def format_report(chats: list[Chat], reports: list[KVReport], max_context: int, 
         f"'contig. p+max_tok' reserves prompt + {r.max_tokens_reserved} tokens per chat.",
         "goals: wasted slots <= 4% (time-averaged), ratio >= 3x.",
     ]
+    if r.turns:
+        lines.append("")
+        for x in reports:
+            lines.append(
+                f"multi-turn, block {x.block_size}: {x.turn_chats} chats x {x.turns} turns in the same budget: "
+                f"{x.multiturn_hit_rate:.1%} of {x.multiturn_prompt_tokens} prompt tokens served by the "
+                f"prefix cache, {x.multiturn_preemptions} preemptions")
     return "\n".join(lines)
 
 
@@ -197,7 +259,7 @@ def run(args) -> int:
         raise SystemExit("ember bench kv: --max-context must be at least 2 and exceed --system-tokens")
     chats = sample_workload(args.chats, args.seed, args.max_context, args.system_tokens)
     reports = [run_kv(args.chats, args.seed, b, args.max_context, args.budget_contexts,
-                      args.max_tokens, args.system_tokens) for b in sizes]
+                      args.max_tokens, args.system_tokens, args.turns, args.turn_chats) for b in sizes]
     if args.json:
         print(json.dumps([asdict(r) | {"fit_ratio": r.fit_ratio} for r in reports], indent=2))
     else:
@@ -218,5 +280,8 @@ def register(bench_sub) -> None:
                    help="reply reservation of the prompt+max_tokens baseline")
     p.add_argument("--system-tokens", type=_non_negative, default=0,
                    help="a system prompt shared by every chat (exercises the prefix cache)")
+    p.add_argument("--turns", type=_non_negative, default=4,
+                   help="multi-turn part: turns per chat, each prompt = the whole history (0: skip)")
+    p.add_argument("--turn-chats", type=_positive, default=16, help="multi-turn part: concurrent chats")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
