@@ -23,9 +23,11 @@ class IncrementalDetokenizer:
     `Tokenizer.decode` returns. `flush()` ends the stream: dangling bytes become U+FFFD.
     """
 
-    def __init__(self, tokenizer: _PieceSource, skip_special: bool = False) -> None:
+    def __init__(self, tokenizer: _PieceSource, skip_special: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._special = not skip_special  # render control tokens (<|im_end|>) as their text
+        # Control tokens (<|im_start|>, <|im_end|>) are not text: llama.cpp's server and vLLM
+        # leave them out of completions by default; skip_special=False shows them.
+        self._special = not skip_special
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.token_ids: list[int] = []
         self.text = ""  # everything emitted so far

@@ -144,7 +144,7 @@ def stream(tok, ids, **kw):
 @pytest.mark.parametrize("i", range(len(TEXTS)))
 def test_stream_never_emits_half_a_character_and_adds_up_to_decode(tok, i):
     ids = tok.encode(TEXTS[i])
-    deltas, tail, d = stream(tok, ids)
+    deltas, tail, d = stream(tok, ids, skip_special=False)
     assert "".join(deltas) + tail == tok.decode(ids) == d.text
     assert tail == "" and not any("\ufffd" in x for x in deltas)  # nothing was cut mid-character
 
@@ -174,10 +174,12 @@ def test_invalid_byte_in_the_middle_is_replaced_like_decode(tok):
     assert "".join(deltas) + tail == tok.decode(ids) == "ab\ufffdcd"
 
 
-def test_skip_special_in_stream(tok):
+def test_stream_leaves_control_tokens_out_by_default_like_llama_cpp_server(tok):
     ids = tok.encode("<|im_start|>assistant\nHi!<|im_end|>")
-    deltas, tail, _ = stream(tok, ids, skip_special=True)
+    deltas, tail, _ = stream(tok, ids)
     assert "".join(deltas) + tail == "assistant\nHi!" == tok.decode(ids, skip_special=True)
+    deltas, tail, _ = stream(tok, ids, skip_special=False)
+    assert "".join(deltas) + tail == "<|im_start|>assistant\nHi!<|im_end|>"
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
