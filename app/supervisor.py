@@ -1,5 +1,8 @@
 """EngineSupervisor: runs `python -m engine serve` as a child process and keeps it alive.
 
+The child is started through app/engine_child.py, which adds one thing: it exits when this
+process dies, so a killed app never leaves an engine holding its port and memory.
+
 A watcher thread starts the child, learns its port from the ready file, follows `/health`
 (loading -> ready), restarts the child when it dies (backoff 0.5 s doubling to 8 s; more than
 `max_restarts` deaths within `restart_window` seconds is a crash loop and ends in state "error"),
@@ -207,8 +210,9 @@ class EngineSupervisor:
         port = self._pick_port()
         self._ready_file.parent.mkdir(parents=True, exist_ok=True)
         self._ready_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "engine", "serve", *self._model_args(),
-               "--models-dir", str(self.settings.models_dir), "--host", self.settings.server_host,
+        # `python -m engine serve`, wrapped so that the engine ends when this process dies (app/engine_child.py)
+        cmd = [sys.executable, "-m", "app.engine_child", "--parent-pid", str(os.getpid()), "serve",
+               *self._model_args(), "--models-dir", str(self.settings.models_dir), "--host", self.settings.server_host,
                "--port", str(port), "--ready-file", str(self._ready_file),
                "--backend", self.settings.backend, "--device", self.settings.device,
                "--kv-memory-fraction", str(self.settings.kv_memory_fraction)]
