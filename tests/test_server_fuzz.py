@@ -21,6 +21,9 @@ BUDGET_S = {GenerationMode.POSITIVE: 15, GenerationMode.NEGATIVE: 10}  # per com
 # tested on purpose in test_load_unload; the fuzzer still hits load with random ids.
 SKIP = {("POST", "/v1/engine/unload")}
 
+# every test here drives a real engine process (tens of seconds to start on 2 busy cores)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_factory, tmp_path_factory):
@@ -37,7 +40,6 @@ def _check(case, r) -> None:
         assert {"message", "type", "param", "code"} <= set(err) and err["message"], r.text
 
 
-@pytest.mark.slow
 def test_fuzz_openapi_no_5xx(server):
     doc = httpx.get(server.base_url + "/openapi.json", headers=server.headers, timeout=10).json()
     schema = schemathesis.openapi.from_dict(doc)
@@ -77,7 +79,6 @@ def test_fuzz_openapi_no_5xx(server):
     assert s["status"] == "ready" and s["num_running"] == 0 and s["num_requests"] == 0
 
 
-@pytest.mark.slow
 def test_load_unload(server):
     h = server.headers
     r = httpx.post(server.base_url + "/v1/engine/load", headers=h, json={"model": "../../etc/passwd"})

@@ -16,6 +16,9 @@ from server_util import start_engine, tiny_model
 N_CLIENTS = 64
 N_DISCONNECT = N_CLIENTS // 4
 
+# every test here drives a real engine process (tens of seconds to start on 2 busy cores)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_factory, tmp_path_factory):
@@ -69,7 +72,6 @@ def _status(server) -> dict:
     return httpx.get(server.base_url + "/v1/engine/status", headers=server.headers, timeout=10).json()
 
 
-@pytest.mark.slow
 def test_64_streaming_clients_with_disconnects(server):
     t0 = time.monotonic()
     results = asyncio.run(_run(server))

@@ -14,6 +14,9 @@ import openai
 import pytest
 from server_util import TINY_CTX, start_engine, tiny_model
 
+# every test here drives a real engine process (tens of seconds to start on 2 busy cores)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tiny_path(tiny_model_factory):
@@ -182,7 +185,6 @@ def bundled_server(bundled_model_path, tmp_path_factory):
     proc.stop()
 
 
-@pytest.mark.slow
 def test_bundled_model_chat_and_completion(bundled_server):
     client = openai.OpenAI(base_url=bundled_server.base_url + "/v1", api_key=bundled_server.api_key,
                            max_retries=0, timeout=120)
@@ -200,7 +202,6 @@ def test_bundled_model_chat_and_completion(bundled_server):
     assert e.value.body["code"] == "context_length_exceeded"
 
 
-@pytest.mark.slow
 def test_bundled_model_echo_scores_match_llama_cpp(bundled_server, bundled_model_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     client = openai.OpenAI(base_url=bundled_server.base_url + "/v1", api_key=bundled_server.api_key, max_retries=0)
@@ -218,7 +219,6 @@ def test_bundled_model_echo_scores_match_llama_cpp(bundled_server, bundled_model
     assert np.abs(lps - want).mean() < 0.1 and np.abs(lps.sum() - want.sum()) / abs(want.sum()) < 0.05
 
 
-@pytest.mark.slow
 def test_llama_cpp_backend_serves_the_same_greedy_text(server, client, tiny_path, tmp_path):
     """The same API over the llama.cpp runner: /health shows the backend, greedy text matches torch."""
     lcpp = start_engine(tiny_path, tmp_path, backend="llama.cpp")

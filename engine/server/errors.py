@@ -57,8 +57,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
         detail = e.get("ctx", {}).get("error", "")
         return f"the request body is not valid JSON ({detail})" if detail else "the request body is not valid JSON", None, "invalid_json"
     loc = [p for p in e.get("loc", ()) if p != "body"]
-    if not loc:
-        return "the request body must be a JSON object", None, "invalid_json"
+    if not loc:  # the body as a whole: not an object, or a rule across fields
+        if e.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            return "the request body must be a JSON object", None, "invalid_json"
+        return str(e.get("msg", "invalid request")).removeprefix("Value error, "), None, "invalid_value"
     # keep field names and list indexes; pydantic's union-branch tags ("constrained-str",
     # "list[int]") mean "none of the accepted types": say which types instead
     is_tag = lambda p: isinstance(p, str) and (any(c in p for c in "[-") or p in ("str", "int"))
