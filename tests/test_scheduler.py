@@ -72,11 +72,17 @@ def step(sched: Scheduler, model: PoolModel) -> SchedulerOutput:
     return out
 
 
-def run(sched, model, arrivals: dict[int, list[Sequence]], max_steps=10_000, check=None) -> list[SchedulerOutput]:
+def run(sched, model, arrivals: dict[int, list[Sequence]], max_steps=10_000, check=None,
+        aborts: dict[int, list[str]] | None = None) -> list[SchedulerOutput]:
     outs = []
     for i in range(max_steps):
         for s in arrivals.get(i, []):
             sched.add(s)
+        for request_id in (aborts or {}).get(i, []):
+            used = sched.block_manager.num_used_blocks
+            victim = sched.abort(request_id)
+            if victim is not None:
+                assert victim.block_table == [] and sched.block_manager.num_used_blocks <= used
         if not sched.has_unfinished() and i > max(arrivals, default=0):
             return outs
         out = step(sched, model)
@@ -373,6 +379,15 @@ def test_random_workloads_keep_limits_and_match_alone(data, num_blocks, block_si
         refs = sum(len(s.block_table) for s in sched.running)
         assert refs == sum(b.ref_count for b in bm.blocks)
 
-    run(sched, model, arrivals, max_steps=3000, check=check)
-    assert [s.output_token_ids for s in seqs] == [alone(s.prompt_token_ids, s.max_tokens) for s in seqs]
+    aborted = data.draw(st.sets(st.integers(0, len(seqs) - 1), max_size=3))
+    aborts: dict[int, list[str]] = {}
+    for i in aborted:
+        aborts.setdefault(data.draw(st.integers(0, 12)), []).append(seqs[i].request_id)
+    run(sched, model, arrivals, max_steps=3000, check=check, aborts=aborts)
+    for i, s in enumerate(seqs):
+        expected = alone(s.prompt_token_ids, s.max_tokens)
+        if s.status == SequenceStatus.FINISHED_ABORTED:
+            assert i in aborted and s.output_token_ids == expected[:s.num_output_tokens]
+        else:
+            assert s.output_token_ids == expected
     assert bm.num_used_blocks == 0 and not sched.requests
