@@ -235,6 +235,13 @@ def test_rows_without_logprobs_get_none_and_empty_batch_is_fine():
     assert run(torch.empty(0, 10), []).token_ids == []
 
 
+def test_tiny_temperature_and_top_k_1_pick_the_argmax():
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(8, 1000, generator=g) * 5
+    out = run(logits, [SP(temperature=1e-4)] * 4 + [SP(temperature=2.0, top_k=1)] * 4)
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
 def test_mismatched_inputs_are_a_clear_error():
     with pytest.raises(ValueError, match="one SamplingParams"):
         Sampler()(torch.randn(2, 10), [SP()], [None], [[]], [0])
