@@ -291,7 +291,8 @@ def _dump_settings(settings: dict[str, Any] | None) -> str:
 
 
 def _chat(row: sqlite3.Row) -> Chat:
-    return Chat(row["id"], row["title"], row["model"], json.loads(row["settings"]), row["created_at"], row["updated_at"])
+    return Chat(row["id"], row["title"], row["model"], json.loads(row["settings"]), row["created_at"],
+                row["updated_at"])
 
 
 def _message(row: sqlite3.Row) -> Message:

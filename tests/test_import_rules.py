@@ -68,7 +68,8 @@ def violations(root: Path) -> list[str]:
     for mod, names in graph.items():
         tops = {top(n) for n in names}
         if mod.startswith("engine"):
-            found += [f"{mod} imports {t} (engine must not import app, ui or Qt)" for t in sorted(tops & ({"app", "ui"} | QT))]
+            found += [f"{mod} imports {t} (engine must not import app, ui or Qt)"
+                      for t in sorted(tops & ({"app", "ui"} | QT))]
         elif mod.startswith("ui"):
             found += [f"{mod} imports {t} (ui reaches the engine only through app.client)"
                       for t in sorted(tops & HEAVY)]
