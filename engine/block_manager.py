@@ -114,7 +114,8 @@ class BlockManager:
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        assert block.ref_count > 0, f"double free of block {block_id}"
+        if block.ref_count <= 0:  # a bookkeeping bug; never let it corrupt the free list
+            raise RuntimeError(f"double free of KV block {block_id}")
         block.ref_count -= 1
         if block.ref_count == 0:
             self.used_block_ids.remove(block_id)
