@@ -103,6 +103,16 @@ def test_bad_ids_are_clear_errors(tok):
             tok.decode([5, bad])
 
 
+def test_closed_tokenizer_raises_instead_of_crashing(bundled_model_path):
+    t = Tokenizer(bundled_model_path)
+    t.close()
+    t.close()  # twice is fine
+    with pytest.raises(ValueError, match="closed"):
+        t.encode("hello")
+    with pytest.raises(ValueError, match="closed"):
+        t.token_bytes(5)
+
+
 def test_bad_files_are_clear_errors(tmp_path, bundled_model_path):
     with pytest.raises(FileNotFoundError):
         Tokenizer(tmp_path / "missing.gguf")

@@ -73,7 +73,15 @@ class Tokenizer:
         return cls(path)
 
     def close(self) -> None:
-        self._finalizer()
+        """Frees llama.cpp's vocabulary; later calls raise instead of touching freed memory."""
+        with self._lock:
+            self._finalizer()
+
+    @property
+    def _v(self):
+        if not self._finalizer.alive:
+            raise ValueError("the tokenizer is closed")
+        return self._vocab
 
     # ---- text -> ids ---------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
@@ -88,11 +96,11 @@ class Tokenizer:
         n_max = len(data) + 2  # a token covers at least one byte; + BOS/EOS
         with self._lock:
             buf = (llama_cpp.llama_token * n_max)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max,
+            n = llama_cpp.llama_tokenize(self._v, data, len(data), buf, n_max,
                                          add_special, parse_special)
             if n < 0:  # cannot happen with n_max above, but the API allows it
                 buf = (llama_cpp.llama_token * -n)()
-                n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, -n,
+                n = llama_cpp.llama_tokenize(self._v, data, len(data), buf, -n,
                                              add_special, parse_special)
             if n < 0:
                 raise ValueError(f"llama.cpp failed to tokenize a text of {len(data)} bytes")
@@ -116,7 +124,7 @@ class Tokenizer:
         with self._lock:
             for _ in range(2):
                 out = ctypes.create_string_buffer(size)
-                n = llama_cpp.llama_detokenize(self._vocab, arr, len(ids), out, size,
+                n = llama_cpp.llama_detokenize(self._v, arr, len(ids), out, size,
                                                False, not skip_special)
                 if n >= 0:
                     return out.raw[:n].decode("utf-8", errors="replace")
@@ -144,7 +152,7 @@ class Tokenizer:
         with self._lock:
             while True:
                 buf = ctypes.create_string_buffer(size)
-                n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, size, 0, special)
+                n = llama_cpp.llama_token_to_piece(self._v, token_id, buf, size, 0, special)
                 if n >= 0:
                     return buf.raw[:n]
                 size = -n
@@ -154,7 +162,8 @@ class Tokenizer:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def is_special(self, token_id: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id))
+        self._check([token_id])
+        return bool(llama_cpp.llama_vocab_is_control(self._v, token_id))
 
     def _check(self, ids) -> list[int]:
         ids = [int(t) for t in ids]
