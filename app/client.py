@@ -35,7 +35,6 @@ class EngineClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout,
                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=32))
-        self._default_model: str | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -108,11 +107,9 @@ class EngineClient:
 
     def load_model(self, model_id: str) -> dict:
         """Ask the engine to load a model of its store by id; answers once it is loaded (or failed)."""
-        self._default_model = None
         return self._json("POST", "/v1/engine/load", {"model": model_id}, timeout=LOAD_TIMEOUT)
 
     def unload_model(self) -> dict:
-        self._default_model = None
         return self._json("POST", "/v1/engine/unload", {}, timeout=LOAD_TIMEOUT)
 
     # ---- generation ----
@@ -124,14 +121,15 @@ class EngineClient:
         return body
 
     def _model(self) -> str | None:
-        """Servers other than Ember's need a model name: the first one they list."""
-        if self._default_model is None:
-            try:
-                models = self.models()
-            except EngineClientError:
-                return None
-            self._default_model = models[0]["id"] if models else None
-        return self._default_model
+        """Servers other than Ember's need a model name: the first one they list (Ember lists the loaded
+        one first). Asked each time, since another client may have switched the model meanwhile."""
+        try:
+            models = self.models()
+        except EngineClientError:
+            return None
+        if any("loaded" in m for m in models):  # Ember says which one is loaded (maybe none)
+            return next((m["id"] for m in models if m.get("loaded")), None)
+        return models[0]["id"] if models else None
 
     def chat_stream(self, messages: list[dict], model: str | None = None, *, include_usage: bool = True,
                     **sampling: Any) -> ChatStream:
