@@ -122,20 +122,24 @@ class SafeTemplateEnvironment(ImmutableSandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
+        if operator == "+":  # the common case (message concatenation): keep it cheap
+            if type(left) is str and type(right) is str:
+                if len(left) + len(right) > self.budget.max_chars:
+                    self.check_size(len(left) + len(right), "a concatenation")
+                return left + right
+            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                self.check_size(len(left) + len(right), "a concatenation")
+        elif operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
                     self.check_size(len(seq) * max(n, 0), "a repeated sequence")
-        elif operator == "+":
-            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-                self.check_size(len(left) + len(right), "a concatenation")
         elif operator == "**":
             if isinstance(right, int) and abs(right) > 4096 and not (
                     isinstance(left, int) and abs(left) <= 1):
                 raise TemplateBudgetError("exponent too large")
         elif operator == "%" and isinstance(left, str) and _WIDTH.search(left):
             raise TemplateBudgetError("format width too large")
-        return super().call_binop(context, operator, left, right)
+        return self.binop_table[operator](left, right)
 
     def wrap_str_format(self, value: Any):
         fmt = super().wrap_str_format(value)
