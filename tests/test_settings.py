@@ -153,3 +153,14 @@ def test_cli_flags_map_onto_fields(home):
         parser.parse_args(["--backend", "vulkan"])
     with pytest.raises(ValueError, match="--threads"):
         settings_from_args(parser.parse_args(["--threads", "0"]))
+
+
+def test_without_ember_home_the_platform_dirs_are_used(monkeypatch):
+    import platformdirs
+
+    from app.settings import default_data_dir
+
+    monkeypatch.delenv("EMBER_HOME", raising=False)
+    assert config_dir() == Path(platformdirs.user_config_dir("ember", appauthor=False))
+    assert default_data_dir() == Path(platformdirs.user_data_dir("ember", appauthor=False))
+    assert settings_path().parent == config_dir()  # nothing is written here: Settings.load() is not called
