@@ -44,6 +44,7 @@ def wait_idle(client: EngineClient, timeout: float = 10.0) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # a real engine process: its start alone takes seconds
 def test_health_status_and_models(client, engine):
     health = client.health()
     assert health["status"] == "ready" and health["backend"] == "torch"
@@ -56,6 +57,7 @@ def test_health_status_and_models(client, engine):
         assert [m["id"] for m in c2.models()] == ids
 
 
+@pytest.mark.slow
 def test_stream_matches_the_official_openai_client(client, engine):
     openai = pytest.importorskip("openai")
     params = dict(temperature=0, max_tokens=24, seed=1)
@@ -79,6 +81,7 @@ def test_stream_matches_the_official_openai_client(client, engine):
     assert whole.text == text and whole.finish_reason == "length" and whole.usage.completion_tokens == 24
 
 
+@pytest.mark.slow
 def test_close_aborts_the_sequence_on_the_server(client):
     before = wait_idle(client)
     stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
@@ -91,6 +94,7 @@ def test_close_aborts_the_sequence_on_the_server(client):
     assert after["kv"]["blocks_used"] <= before["kv"]["blocks_used"] + 1  # its blocks went back
 
 
+@pytest.mark.slow
 def test_cancel_from_another_thread_ends_a_blocked_read(client):
     stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
     next(stream)
@@ -112,6 +116,7 @@ def test_cancel_from_another_thread_ends_a_blocked_read(client):
     wait_idle(client, timeout=5)
 
 
+@pytest.mark.slow
 def test_errors_carry_the_server_message(client, engine):
     with EngineClient(engine.base_url, api_key="wrong-key-xxxxxxxx") as bad:
         with pytest.raises(EngineClientError) as e:
@@ -217,6 +222,7 @@ def llama_cpp_server(tiny_model_factory, tmp_path_factory):
         log.close()
 
 
+@pytest.mark.slow
 def test_remote_openai_compatible_server(llama_cpp_server):
     with EngineClient(llama_cpp_server, api_key="remote-key") as c:
         assert c.health()["status"] == "ready"  # no /health there: the model list answers instead
