@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.layers.sampler import _RACE_HEAD, REPETITION_WINDOW, Sampler, apply_penalties, truncate
 from engine.sampling_params import SamplingParams as SP
@@ -73,6 +75,25 @@ def test_truncation_keeps_exactly_the_reference_set(top_k, top_p, min_p):
         assert kept == reference_keep(logits, top_k, top_p, min_p)
         ids_t = torch.arange(64) if ids is None else ids
         assert torch.equal(vals, logits[ids_t])
+
+
+row_params = st.builds(
+    SP, temperature=st.sampled_from([0.0, 0.3, 1.0, 2.5]), top_k=st.sampled_from([0, 1, 3, 50, 400]),
+    top_p=st.sampled_from([1.0, 0.99, 0.8, 0.3, 0.01]), min_p=st.sampled_from([0.0, 0.02, 0.3]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=st.lists(row_params, min_size=1, max_size=6), V=st.sampled_from([7, 300, 2000]),
+       scale=st.sampled_from([0.1, 1.0, 6.0]), seed=st.integers(0, 2**31))
+def test_batched_draws_stay_in_each_rows_reference_set(params, V, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(params), V, generator=g) * scale
+    out = run(logits, params, gens=[torch.Generator().manual_seed(seed + r) for r in range(len(params))])
+    for r, p in enumerate(params):
+        if p.is_greedy:
+            assert out.token_ids[r] == int(logits[r].argmax())
+        else:
+            assert out.token_ids[r] in reference_keep(logits[r] / p.temperature, p.top_k, p.top_p, p.min_p)
 
 
 def test_top_p_window_widens_on_flat_distributions():
