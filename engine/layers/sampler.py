@@ -55,11 +55,11 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], historie
     rep_idx, rep_r, fp_idx = [], [], []
     for row, (p, hist, n_prompt) in enumerate(zip(params, histories, num_prompt)):
         if p.repetition_penalty != 1.0 and hist:
-            seen = set(hist[-REPETITION_WINDOW:])
+            seen = {t for t in hist[-REPETITION_WINDOW:] if 0 <= t < V}  # never another row
             rep_idx.extend(row * V + t for t in seen)
             rep_r.extend([p.repetition_penalty] * len(seen))
         if (p.frequency_penalty or p.presence_penalty) and len(hist) > n_prompt:
-            fp_idx.extend(row * V + t for t in hist[n_prompt:])
+            fp_idx.extend(row * V + t for t in hist[n_prompt:] if 0 <= t < V)
     if rep_idx:
         idx = torch.tensor(rep_idx, device=logits.device)
         r = torch.tensor(rep_r, device=logits.device, dtype=logits.dtype)
