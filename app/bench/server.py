@@ -13,6 +13,7 @@ import json
 import secrets
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def register(bench_sub) -> None:
     p.add_argument("--backends", default="torch,llama.cpp", help="comma-separated")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="kernel threads per engine; on a busy machine 1 beats spinning thread barriers")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", dest="json_out", default=None, help="also write the results here")
     p.set_defaults(func=run)
@@ -109,9 +111,12 @@ def run(args) -> int:
     extra = ["--dtype", args.dtype, "--max-num-seqs", str(max(conc + [16]))]
     if args.threads:
         extra += ["--threads", str(args.threads)]
-    log_path = Path(f"bench-server-{int(time.time())}.log")
+    log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"
+    import os
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"ember bench server: {' '.join(model_args)}; {args.max_tokens} tokens per client; "
-          f"engine logs in {log_path}", flush=True)
+          f"threads {args.threads or 'default'}; load average {load:.1f} on {os.cpu_count()} CPUs "
+          f"(other processes skew the figures); engine logs in {log_path}", flush=True)
     results = []
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         try:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
