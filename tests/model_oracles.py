@@ -45,6 +45,43 @@ def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tens
     return torch.cat(out)
 
 
+def decode_meta(pos: int, num_blocks: int) -> AttentionMetadata:
+    """One sequence decoding the token at position `pos` (context pos + 1)."""
+    return AttentionMetadata(
+        slot_mapping=torch.tensor([pos]), query_start_loc=[0, 1], seq_lens=[pos + 1],
+        block_tables=torch.arange(num_blocks, dtype=torch.long)[None, :], num_decodes=1,
+        decode_seq_lens=torch.tensor([pos + 1]))
+
+
+@torch.inference_mode()
+def our_greedy(model, prompt: list[int], max_new: int) -> list[int]:
+    """Greedy continuation: one prefill, then one decode step per token over the paged pool."""
+    T = len(prompt) + max_new
+    caches = kv_pool(model, T, model.dtype)
+    nb = caches[0][0].shape[0]
+    hidden = model(torch.tensor(prompt), torch.arange(len(prompt)), caches, prefill_meta(0, len(prompt), nb))
+    out = [int(model.compute_logits(hidden[-1:]).argmax())]
+    while len(out) < max_new:
+        pos = len(prompt) + len(out) - 1
+        hidden = model(torch.tensor(out[-1:]), torch.tensor([pos]), caches, decode_meta(pos, nb))
+        out.append(int(model.compute_logits(hidden).argmax()))
+    return out
+
+
+def llama_cpp_greedy(llm, prompt: list[int], max_new: int) -> tuple[list[int], list[np.ndarray]]:
+    """llama.cpp's greedy continuation and its logits at each step."""
+    llm.reset()
+    llm.eval(prompt)
+    out, logits = [], []
+    while True:
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        logits.append(row)
+        out.append(int(row.argmax()))
+        if len(out) == max_new:
+            return out, logits
+        llm.eval(out[-1:])
+
+
 def llama_cpp_model(path, n_ctx: int, f32_kv: bool = True):
     """llama.cpp with every position's logits kept; F32 KV cache so tiny-model checks are tight."""
     import llama_cpp
