@@ -71,3 +71,23 @@ def test_bundled_model_config_and_load_time(bundled_model_path):
     print(f"bundled model load (bf16): {elapsed:.2f} s")
     assert elapsed < 10
     assert sum(p.numel() for p in model.parameters()) > 130e6
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_factory_models_load_in_llama_cpp(tiny_model_factory, arch):
+    """The tiny files are real GGUF models to llama.cpp: vocab-only and full loads, BPE merges and
+    ChatML specials tokenize, and the text round-trips."""
+    import llama_cpp
+
+    from gguf_factory import IM_END_ID, IM_START_ID
+
+    path = tiny_model_factory(arch=arch)
+    vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    text = "<|im_start|>user\nHello, world! Über 🙂   spaces\tand\ncode()<|im_end|>"
+    ids = vocab.tokenize(text.encode(), add_bos=False, special=True)
+    assert ids[0] == IM_START_ID and ids[-1] == IM_END_ID
+    assert len(ids) < len(text.encode())  # merges apply
+    assert vocab.detokenize(ids, special=True).decode() == text
+    full = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, verbose=False)
+    assert full.n_vocab() == read_model_config(path).vocab_size
+    assert len(full.create_completion("Hello", max_tokens=4, temperature=0)["choices"][0]["text"]) > 0
