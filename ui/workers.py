@@ -1,32 +1,28 @@
 """Run plain, Qt-free functions and generators off the GUI thread (the shape of superqt's workers).
 
-The work itself never sees Qt: a worker calls it on a pool thread and reports through signals,
+The work itself never sees Qt: a worker calls it on its own thread and reports through signals,
 which Qt delivers to GUI-thread slots by queued connection. Be careful not to touch any widget
 from the work: it runs on another thread.
+
+Each worker runs on a plain daemon `threading.Thread`, not a QRunnable in a QThreadPool: a
+Python QRunnable that the pool auto-deletes while Python still holds it corrupts reference counts
+under PySide6 (seen as `bool_dealloc` aborts), and a pool sized to the cores would queue the third
+of several streaming chats. The thread holds the worker until `run()` returns, so dropping a worker
+(a stopped chat) never frees it under a running thread.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Generator, Iterator
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QObject, Signal
 
 log = logging.getLogger(__name__)
 
-# Several chats stream at once, each holding a thread while it waits on the socket; the global
-# pool defaults to one thread per core, which on a 2-core machine would queue the third stream.
-MIN_POOL_THREADS = 32
-
-
-def thread_pool() -> QThreadPool:
-    pool = QThreadPool.globalInstance()
-    if pool.maxThreadCount() < MIN_POOL_THREADS:
-        pool.setMaxThreadCount(MIN_POOL_THREADS)
-    return pool
-
 
 class WorkerSignals(QObject):
-    """Lives on the GUI thread; emitted from the pool thread, so receivers get queued calls."""
+    """Lives on the GUI thread; emitted from the worker thread, so receivers get queued calls."""
 
     started = Signal()
     yielded = Signal(object)
@@ -35,11 +31,10 @@ class WorkerSignals(QObject):
     finished = Signal()
 
 
-class _WorkerBase(QRunnable):
+class _WorkerBase:
     def __init__(self) -> None:
-        super().__init__()
-        self.setAutoDelete(True)  # Qt frees the C++ side after run(); views keep the Python side
         self.signals = WorkerSignals()
+        self._thread: threading.Thread | None = None
         self._abort_requested = False
         self._running = False
         self._finished = False
@@ -82,10 +77,19 @@ class _WorkerBase(QRunnable):
         self._abort_requested = True
 
     def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a worker runs once")
         self._running = True
-        thread_pool().start(self)
+        self._thread = threading.Thread(target=self.run, name=f"ui-worker-{type(self).__name__}", daemon=True)
+        self._thread.start()
 
-    def run(self) -> None:  # called on the pool thread
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the work to end (tests and shutdown); True when it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._finished
+
+    def run(self) -> None:  # called on the worker thread
         self.signals.started.emit()
         try:
             result = self.work()
