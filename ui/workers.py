@@ -4,11 +4,9 @@ The work itself never sees Qt: a worker calls it on its own thread and reports t
 which Qt delivers to GUI-thread slots by queued connection. Be careful not to touch any widget
 from the work: it runs on another thread.
 
-Each worker runs on a plain daemon `threading.Thread`, not a QRunnable in a QThreadPool: a
-Python QRunnable that the pool auto-deletes while Python still holds it corrupts reference counts
-under PySide6 (seen as `bool_dealloc` aborts), and a pool sized to the cores would queue the third
-of several streaming chats. The thread holds the worker until `run()` returns, so dropping a worker
-(a stopped chat) never frees it under a running thread.
+Each worker runs on its own daemon `threading.Thread` rather than in a QThreadPool: the thread
+holds the worker until `run()` returns, so a view may drop a worker (a stopped chat) at any time,
+and a pool sized to the cores would queue the third of several streaming chats.
 """
 from __future__ import annotations
 
