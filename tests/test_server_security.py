@@ -89,3 +89,31 @@ def test_non_loopback_bind_refused():
     assert r.returncode == 2 and "--allow-remote" in r.stderr
     r = _serve("--host", "0.0.0.0", "--allow-remote")
     assert r.returncode == 2 and "API key" in r.stderr
+
+
+def test_ember_serve_takes_key_and_store_from_settings(tiny_model_factory, tmp_path):
+    """`ember serve` is the same server, with the user's settings as defaults (key included)."""
+    import json
+    import os
+    import time
+
+    home = tmp_path / "home"
+    env = {**os.environ, "EMBER_HOME": str(home)}
+    env.pop("EMBER_API_KEY", None)
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "serve", "--port", "0", "--ready-file", str(ready),
+                             "--model", str(tiny_model(tiny_model_factory)), "--num-kv-blocks", "64",
+                             "--backend", "torch", "--threads", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        base = f"http://127.0.0.1:{json.loads(ready.read_text())['port']}"
+        key = json.loads((home / "config" / "settings.json").read_text())["api_key"]
+        assert httpx.get(base + "/v1/models", timeout=10).status_code == 401
+        assert httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)

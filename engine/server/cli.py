@@ -82,6 +82,13 @@ def write_ready_file(path: str, data: dict) -> None:
 
 
 def serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # refuse a dangerous bind before importing torch and friends
+        api_key = resolve_api_key(args)
+        check_bind(args.host, args.allow_remote, api_key)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from engine.server.app import ServerSettings, create_app
@@ -89,10 +96,7 @@ def serve(args) -> int:
     from engine.server.loading import make_engine_factory
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api_key = resolve_api_key(args)
     try:
-        check_bind(args.host, args.allow_remote, api_key)
         store = ModelStore(args.models_dir)
         spec = spec_from_path(args.model) if args.model else store.get(args.model_id or DEFAULT_MODEL_ID)
     except (ValueError, ModelNotFound, OSError) as e:
