@@ -113,3 +113,14 @@ def test_linear_rope_scaling_matches_llama_cpp(tiny_model_factory):
     tokens = _tokens(48, model.config.vocab_size, seed=5)
     theirs = llama_cpp_logits(llama_cpp_model(path, 64), tokens)
     assert _max_rel(our_logits(model, tokens).numpy(), theirs) < 1e-4
+
+
+def test_llama3_rope_freqs_match_llama_cpp(tiny_model_factory):
+    path = tiny_model_factory(arch="llama", rope_freqs=True, rope_theta=500.0, seed=11)
+    model = load_model(path)
+    assert model.config.rope_freq_factors
+    tokens = _tokens(48, model.config.vocab_size, seed=6)
+    ours = our_logits(model, tokens).numpy()
+    theirs = llama_cpp_logits(llama_cpp_model(path, 64), tokens)
+    assert _max_rel(ours, theirs) < 1e-4
+    assert _max_rel(ours, reference_logits(path, tokens).numpy()) > 1e-3  # the factors matter
