@@ -233,3 +233,31 @@ def test_llama_cpp_backend_serves_the_same_greedy_text(server, client, tiny_path
         assert "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices) == want
     finally:
         lcpp.stop()
+
+
+def test_models_from_the_store_by_id(tiny_path, tmp_path):
+    """--models-dir/--model-id read <dir>/<id>/manifest.json; /v1/models lists the store; load
+    switches by id (never by path), and requests naming another installed model say so."""
+    import json
+
+    from engine.server.launch import EngineProcess
+
+    store = tmp_path / "models"
+    for mid in ("tiny-a", "tiny-b"):
+        (store / mid).mkdir(parents=True)
+        (store / mid / "manifest.json").write_text(json.dumps(
+            {"id": mid, "name": mid.upper(), "path": str(tiny_path), "format": "gguf"}))
+    proc = EngineProcess(["--models-dir", str(store), "--model-id", "tiny-a", "--backend", "torch",
+                          "--threads", "1", "--num-kv-blocks", "64"], api_key="k" * 16,
+                         log_path=tmp_path / "engine.log")
+    with proc.start(timeout=240):
+        c = openai.OpenAI(base_url=proc.base_url + "/v1", api_key=proc.api_key, max_retries=0, timeout=60)
+        assert proc.health()["model"] == "tiny-a"
+        listed = {m.id: m.model_extra.get("loaded") for m in c.models.list().data}
+        assert listed == {"tiny-a": True, "tiny-b": False}
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny-b", prompt="hi", max_tokens=2)
+        assert e.value.body["code"] == "model_not_loaded"
+        r = httpx.post(proc.base_url + "/v1/engine/load", headers=proc.headers, json={"model": "tiny-b"}, timeout=120)
+        assert r.status_code == 200 and r.json()["model"] == "tiny-b"
+        assert c.completions.create(model="tiny-b", prompt="hi", max_tokens=2).model == "tiny-b"
