@@ -93,30 +93,28 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     if rope_dim != head_dim:
         raise GGUFError(f"{name}: partial RoPE ({rope_dim} of {head_dim} dims) is unsupported")
     scaling = None
-    kind = f.get( f"{arch}.rope.scaling.type", "none")
-    factor = float(f.get( f"{arch}.rope.scaling.factor", 0.0) or 0.0)
-    if kind == "none" and f.get( f"{arch}.rope.scale_linear") is not None:  # older files
-        kind, factor = "linear", float(f.get( f"{arch}.rope.scale_linear"))
+    kind = f.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    if kind == "none" and f.get(f"{arch}.rope.scale_linear") is not None:  # older files
+        kind, factor = "linear", float(f.get(f"{arch}.rope.scale_linear"))
     if kind == "linear" and factor not in (0.0, 1.0):
-        scaling = RopeScaling("linear", factor, f.get( f"{arch}.rope.scaling.original_context_length"))
+        scaling = RopeScaling("linear", factor, f.get(f"{arch}.rope.scaling.original_context_length"))
     elif kind not in ("none", "linear"):
         raise GGUFError(f"{name}: RoPE scaling {kind!r} is unsupported (supported: none, linear)")
     cfg = ModelConfig(
         arch=arch, vocab_size=embd[0], hidden_size=hidden,
         intermediate_size=_dim(f, f"{arch}.feed_forward_length", MAX_DIM["intermediate_size"]),
         num_layers=_dim(f, f"{arch}.block_count", MAX_DIM["num_layers"]), num_heads=n_heads, num_kv_heads=n_kv,
-        head_dim=head_dim, rms_norm_eps=float(f.get( f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(f.get( f"{arch}.rope.freq_base", 10000.0)), rope_scaling=scaling,
+        head_dim=head_dim, rms_norm_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=scaling,
         context_length=_dim(f, f"{arch}.context_length", MAX_DIM["context_length"]),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors, rope_freq_factors="rope_freqs.weight" in tensors)
-    for field, bound in MAX_DIM.items():
-        value = getattr(cfg, field)
-        if not 0 < value <= bound:
-            raise GGUFError(f"{name}: absurd {field} = {value} (expected 1..{bound})")
+    if not 0 < cfg.vocab_size <= MAX_DIM["vocab_size"]:
+        raise GGUFError(f"{name}: absurd vocab_size = {cfg.vocab_size} (expected 1..{MAX_DIM['vocab_size']})")
     if head_dim % 2:
         raise GGUFError(f"{name}: odd head_dim {head_dim}")
-    vocab_meta = f.get( f"{arch}.vocab_size")
+    vocab_meta = f.get(f"{arch}.vocab_size")
     if vocab_meta is not None and int(vocab_meta) != cfg.vocab_size:
         raise GGUFError(f"{name}: token_embd has {cfg.vocab_size} rows but {arch}.vocab_size is {vocab_meta}")
     return cfg
@@ -163,6 +161,13 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
     return f.tensors
 
 
+# Our names (engine/models/llama.py) of weights loaded as they are -> GGUF names (per layer: blk.N.*).
+RENAMES = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
+           "o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+           "down_proj.weight": "ffn_down.weight"}
+
+
 def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Interleaved-pair rows (GGUF llama) -> rotate-half rows (HF); weights [out, in] or biases [out]."""
     hd = w.shape[0] // n_heads
@@ -187,26 +192,20 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
 
     def take(key: str) -> torch.Tensor | None:
         """Our weight name (engine/models/llama.py WEIGHT_NAMES) -> tensor in dtype on device."""
-        parts = key.split(".")
-        if parts[0] == "layers":
-            p, leaf = f"blk.{parts[1]}.", ".".join(parts[2:])
-            if leaf == "qkv_proj.weight" or leaf == "qkv_proj.bias":
-                part = leaf.split(".")[1]
-                if not cfg.attention_bias and part == "bias":
-                    return None
-                w = torch.cat((qk(p + "attn_q", cfg.num_heads, part), qk(p + "attn_k", cfg.num_kv_heads, part),
-                               get(p + f"attn_v.{part}")))
-            elif leaf == "gate_up_proj.weight":
-                w = torch.cat((get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")))
-            else:
-                w = get(p + {"input_layernorm.weight": "attn_norm.weight", "o_proj.weight": "attn_output.weight",
-                             "post_attention_layernorm.weight": "ffn_norm.weight",
-                             "down_proj.weight": "ffn_down.weight"}[leaf])
-        elif key == "rope_freqs":
-            return get("rope_freqs.weight")  # float32, folded into the frequencies
+        layer, _, leaf = key.partition(".")[2].partition(".") if key.startswith("layers.") else ("", "", key)
+        p = f"blk.{layer}."
+        if leaf in ("qkv_proj.weight", "qkv_proj.bias"):  # rows [q | k | v]
+            part = leaf.split(".")[1]
+            if part == "bias" and not cfg.attention_bias:
+                return None
+            w = torch.cat((qk(p + "attn_q", cfg.num_heads, part), qk(p + "attn_k", cfg.num_kv_heads, part),
+                           get(p + f"attn_v.{part}")))
+        elif leaf == "gate_up_proj.weight":  # rows [gate | up]
+            w = torch.cat((get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")))
+        elif leaf == "rope_freqs":
+            return get("rope_freqs.weight")  # stays float32: folded into the RoPE frequencies
         else:
-            w = get({"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[key])
+            w = get((p if layer else "") + RENAMES[leaf])
         return w.to(device=device, dtype=dtype)
 
     # The unpacking is a stream of small memory-bound ops: one CPU thread does it as fast as two
