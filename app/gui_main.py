@@ -8,11 +8,13 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 
 from app.catalog import Catalog
@@ -140,6 +142,19 @@ def _setup_logging(settings: Settings) -> Path:
     return path
 
 
+def _quit_on_signals(app: QApplication) -> None:
+    """SIGTERM/SIGINT quit through the event loop, so the engine child is stopped, not orphaned.
+
+    Python runs signal handlers only between bytecodes; an idle timer gives it that chance while
+    Qt's loop sits in C++.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: app.quit())
+    timer = QTimer(app)
+    timer.timeout.connect(lambda: None)
+    timer.start(250)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the desktop app; a second launch raises the first window and returns 0 at once."""
     settings = Settings.load()
@@ -160,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ember = build_app(settings)
     instance.activated.connect(ember.show_window)
+    instance.activated.connect(lambda: log.info("another launch asked to show the window"))
+    _quit_on_signals(app)
     ember.controller.quit_requested.connect(app.quit)
     if QSystemTrayIcon.isSystemTrayAvailable():
         ember.tray.show()

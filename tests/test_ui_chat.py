@@ -191,3 +191,26 @@ def test_event_loop_keeps_turning_while_the_engine_loads(qtbot, ui_settings, tin
     finally:
         app.controller.shutdown()
         app.chat_store.close()
+
+
+def test_remote_openai_compatible_connection(qtbot, tmp_path, shared_engine):  # noqa: F811
+    """With a connection URL and key the app talks to that server and starts no engine of its own."""
+    settings = make_settings(tmp_path / "remote", connection_url=shared_engine.base_url + "/v1",
+                             connection_key=shared_engine.api_key)
+    app = build_app(settings, poll_interval_ms=200)
+    qtbot.addWidget(app.window)
+    app.controller.start()
+    try:
+        assert app.controller.state == "remote" and app.controller.supervisor.state == "stopped"
+        qtbot.waitUntil(lambda: app.controller.last_status.get("status") == "ready", timeout=10_000)
+        view = new_chat(app, max_tokens=12)
+        with qtbot.waitSignal(view.reply_finished, timeout=60_000) as done:
+            view.send("Hello there")
+        assert done.args == [view.chat_id, "done"] and view.transcript.messages[-1].content
+        assert app.controller.supervisor.pid is None
+        app.tray.menu.aboutToShow.emit()
+        texts = app.tray.action_texts()
+        assert f"Server: {shared_engine.base_url}/v1" in texts and "Stop server" not in texts
+    finally:
+        app.controller.close()
+        app.chat_store.close()

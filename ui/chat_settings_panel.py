@@ -21,6 +21,7 @@ class ChatSettingsPanel(QWidget):
         self._loading = False
         self.model = QComboBox(self, editable=True)
         self.model.setToolTip("The model this chat talks to (the engine's models, or any id the server knows)")
+        self.model.lineEdit().setPlaceholderText("the loaded model")
         self.system_prompt = QPlainTextEdit(self, placeholderText="You are a helpful assistant.")
         self.system_prompt.setMaximumHeight(110)
         self.temperature = QDoubleSpinBox(self, minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
@@ -84,8 +85,12 @@ class ChatSettingsPanel(QWidget):
             self.speculative.setChecked(False)
 
     def update_from_status(self, status: dict[str, Any]) -> None:
+        """Available when the engine reports a drafter (`speculative`) or its acceptance rate."""
         spec = status.get("speculative")
-        self.set_speculative_available(bool(spec.get("available", True)) if isinstance(spec, dict) else bool(spec))
+        available = bool(spec.get("available", True)) if isinstance(spec, dict) else bool(spec)
+        available = available or status.get("spec_acceptance_rate") is not None
+        if available != self.speculative.isEnabled():
+            self.set_speculative_available(available)
 
     def _on_edited(self, *_: Any) -> None:
         if not self._loading:

@@ -132,7 +132,9 @@ class ChatView(QWidget):
         chat = self.chat_store.get_chat(self.chat_id)
         settings = dict(field(chat, "settings", None) or {})
         model = field(chat, "model", None)  # None: whatever the server has loaded
-        self._stream = ReplyStream(client, history, model=model, **_sampling(settings))
+        loaded = self.engine.last_status.get("model")
+        load_first = bool(model and loaded and model != loaded and not self.engine.is_remote)
+        self._stream = ReplyStream(client, history, load_first=load_first, model=model, **_sampling(settings))
         self._worker = GeneratorWorker(self._stream.run)
         self._worker.yielded.connect(self._on_delta)
         self._worker.errored.connect(self._on_error)
@@ -258,12 +260,15 @@ class ReplyStream:
     is blocked waiting for the next token returns at once and the engine aborts the sequence.
     """
 
-    def __init__(self, client: Any, messages: list[dict], **kwargs: Any) -> None:
+    def __init__(self, client: Any, messages: list[dict], load_first: bool = False, **kwargs: Any) -> None:
         self._client, self._messages, self._kwargs = client, messages, kwargs
+        self._load_first = load_first  # the chat's model is installed but another one is loaded
         self._stream: Any = None
         self._cancelled = False
 
     def run(self) -> Iterator[Any]:
+        if self._load_first and not self._cancelled:
+            self._client.load_model(self._kwargs["model"])  # blocks this worker until loaded
         if self._cancelled:
             return
         self._stream = self._client.chat_stream(self._messages, **self._kwargs)
