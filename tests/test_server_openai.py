@@ -112,6 +112,10 @@ def test_chat_logprobs(client, server):
         assert len(tops) == 3 and tops == sorted(tops, reverse=True)
         assert it.logprob <= 0 and math.isclose(it.logprob, tops[0], abs_tol=1e-5)  # greedy: the argmax
         assert sum(math.exp(t) for t in tops) <= 1 + 1e-4
+    s = list(client.chat.completions.create(model=_model(server), messages=MSGS, max_tokens=8, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True))
+    streamed = [it for ch in s if ch.choices and ch.choices[0].logprobs for it in ch.choices[0].logprobs.content]
+    assert [(it.token, it.logprob) for it in streamed] == [(it.token, it.logprob) for it in items]
 
 
 def test_echo_scoring_matches_llama_cpp(client, server, tiny_path):
@@ -128,6 +132,12 @@ def test_echo_scoring_matches_llama_cpp(client, server, tiny_path):
     logp = _log_softmax(ref.scores[: len(toks)])
     want = [logp[i - 1, toks[i]] for i in range(1, len(toks))]
     np.testing.assert_allclose(lps[1:], want, atol=2e-3)
+    # streamed: the prompt and its scores come first, then the reply's tokens with theirs
+    s = list(client.completions.create(model=_model(server), prompt=text, max_tokens=3, echo=True,
+                                       logprobs=2, temperature=0, stream=True))
+    streamed = [x for ch in s for x in (ch.choices[0].logprobs.token_logprobs if ch.choices[0].logprobs else [])]
+    assert streamed[:len(lps)] == lps and len(streamed) == len(lps) + 3
+    assert "".join(ch.choices[0].text for ch in s).startswith(text)
 
 
 def test_seed_reproducible(client, server):
