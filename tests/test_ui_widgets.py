@@ -180,3 +180,31 @@ def test_signal_emit_does_not_leak_a_reference_to_true():
     for _ in range(1000):
         source.fired.emit()
     assert sys.getrefcount(True) >= before - 10
+
+
+def test_chats_persist_across_restarts_and_export(qtbot, tmp_path, ui_settings):  # noqa: F811
+    from ui.engine_controller import EngineController
+    from ui.main_window import MainWindow
+
+    db = tmp_path / "chats.sqlite3"
+    store = ChatStore(db)
+    window = MainWindow(ui_settings, store, EngineController(ui_settings, None))
+    qtbot.addWidget(window)
+    view = window.new_chat()
+    store.rename_chat(view.chat_id, "Primes")
+    store.add_message(view.chat_id, "user", "Is 7 prime?")
+    store.add_message(view.chat_id, "assistant", "Yes:\n\n```python\nis_prime(7)\n```")
+    window.export_chat(view.chat_id, tmp_path / "c.md", "md")
+    window.export_chat(view.chat_id, tmp_path / "c.json", "json")
+    assert "## Assistant" in (tmp_path / "c.md").read_text() and "is_prime(7)" in (tmp_path / "c.md").read_text()
+    assert json.loads((tmp_path / "c.json").read_text())["messages"][0]["content"] == "Is 7 prime?"
+    store.close()
+    window.close()
+
+    reopened = ChatStore(db)  # a new process: same file
+    window2 = MainWindow(ui_settings, reopened, EngineController(ui_settings, None))
+    qtbot.addWidget(window2)
+    shown = window2.current_view()
+    assert shown is not None and shown.chat_id == view.chat_id
+    assert "Is 7 prime?" in shown.transcript.toPlainText() and "is_prime(7)" in shown.transcript.toPlainText()
+    reopened.close()

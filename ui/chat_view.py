@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from ui.message_input import MessageInput
+from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptMessage, TranscriptView
 from ui.workers import GeneratorWorker
 
@@ -251,40 +252,6 @@ class ChatView(QWidget):
         self.stop_button.setEnabled(streaming)
         self.regenerate_button.setEnabled(not streaming and any(
             m.role == "assistant" for m in self.transcript.messages))
-
-
-class ReplyStream:
-    """A Qt-free, cancellable stream of ChatDeltas; `cancel()` may be called from the GUI thread.
-
-    `run()` is the generator the worker iterates; cancelling shuts the socket down, so a read that
-    is blocked waiting for the next token returns at once and the engine aborts the sequence.
-    """
-
-    def __init__(self, client: Any, messages: list[dict], load_first: bool = False, **kwargs: Any) -> None:
-        self._client, self._messages, self._kwargs = client, messages, kwargs
-        self._load_first = load_first  # the chat's model is installed but another one is loaded
-        self._stream: Any = None
-        self._cancelled = False
-
-    def run(self) -> Iterator[Any]:
-        if self._load_first and not self._cancelled:
-            self._client.load_model(self._kwargs["model"])  # blocks this worker until loaded
-        if self._cancelled:
-            return
-        self._stream = self._client.chat_stream(self._messages, **self._kwargs)
-        if self._cancelled:  # cancelled while the request was being sent
-            self._stream.close()
-            return
-        try:
-            yield from self._stream
-        finally:
-            self._stream.close()
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        stream = self._stream
-        if stream is not None and hasattr(stream, "cancel"):
-            stream.cancel()
 
 
 def _sampling(settings: dict) -> dict:
