@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Tests run engine processes next to the test process on 2 cores; OpenMP threads that spin while
+# waiting starve the other process (a decode step measured 1.5 s spinning, 0.27 s passive).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers such as gguf_factory
 
 
