@@ -181,6 +181,20 @@ def test_rollback_drops_positions_past_computed(tiny_model_factory):
         step(runner, [s])
 
 
+def test_kv_full_is_a_clear_error_and_recoverable(tiny_model_factory):
+    """llama_decode's 1 (no KV slot) becomes a LlamaCppError; llama.cpp restores its memory, so
+    once cells are released the same step succeeds."""
+    path = tiny_model_factory()
+    runner, oracle = runner_for(path, num_kv_blocks=16, max_num_batched_tokens=512), Oracle(path)
+    a, b = (Seq(i, p) for i, p in enumerate(random_prompts(runner.vocab_size, 2, seed=2, lo=200, hi=200)))
+    step(runner, [a])
+    with pytest.raises(LlamaCppError, match="no KV slot for a batch of 200 tokens"):
+        step(runner, [b])  # 400 tokens in 256 cells (the engine's BlockManager would not admit it)
+    assert b.num_computed_tokens == 0
+    runner.release(a)
+    assert_close(step(runner, [b])[0], oracle.logits(b.token_ids), "after KV-full")
+
+
 def test_prompt_logprob_rows(tiny_model_factory):
     """A sequence asking for prompt logprobs gets a row for each new token, in order."""
     path = tiny_model_factory()

@@ -45,7 +45,7 @@ class LlamaCppRunner:
     supports_prefix_caching = False
 
     def __init__(self, config: EngineConfig, *, n_gpu_layers: int = 0, flash_attn: bool = False,
-                 verbose: bool = False) -> None:
+                 kv_unified: bool = True, verbose: bool = False) -> None:
         ll = self._ll = _llama()
         from llama_cpp import _logger  # llama.cpp's log callback: quiet unless verbose
         _logger.set_verbose(verbose)
@@ -82,7 +82,7 @@ class LlamaCppRunner:
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, 512)
         cparams.n_seq_max = self.n_seq_max
-        cparams.kv_unified = True  # one cell pool for all sequences, as the engine's block pool
+        cparams.kv_unified = kv_unified  # one cell pool for all sequences, as the engine's block pool
         threads = config.num_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
