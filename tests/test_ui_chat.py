@@ -90,7 +90,9 @@ def test_two_chats_stream_at_once(qtbot, ember):
     def check(_stats):
         if a.is_streaming and b.is_streaming and a.transcript.messages[-1].content \
                 and b.transcript.messages[-1].content:
-            both.append(True)
+            rows = ember.window.chat_list.list
+            marked = [rows.item(i).text().startswith("● ") for i in range(rows.count())]
+            both.append(marked.count(True) == 2)
 
     a.reply_stats.connect(check)
     b.reply_stats.connect(check)
@@ -98,6 +100,9 @@ def test_two_chats_stream_at_once(qtbot, ember):
         a.send("Tell me a story about a fox.")
         b.send("Count from one to fifty.")
     assert both, "the two replies never streamed at the same time"
+    assert all(both), "the chat list should mark both chats as replying"
+    assert not any(ember.window.chat_list.list.item(i).text().startswith("● ")
+                   for i in range(ember.window.chat_list.list.count()))
     for v in (a, b):
         assert ember.chat_store.messages(v.chat_id)[-1].status == "done"
 

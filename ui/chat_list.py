@@ -21,6 +21,7 @@ class ChatListPanel(QWidget):
     def __init__(self, chat_store: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.chat_store = chat_store
+        self.streaming: set[int] = set()  # chats whose reply is streaming now (marked in the list)
         self.search = QLineEdit(self, placeholderText="Search chats…", clearButtonEnabled=True)
         self.list = QListWidget(self, objectName="chatList")
         self.new_button = QPushButton("New chat", self)
@@ -54,7 +55,9 @@ class ChatListPanel(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         for chat in self.chat_store.list_chats(search=self.search.text().strip() or None):
-            item = QListWidgetItem(field(chat, "title", "") or DEFAULT_TITLE)
+            title = field(chat, "title", "") or DEFAULT_TITLE
+            item = QListWidgetItem(("● " if field(chat, "id") in self.streaming else "") + title)
+            item.setToolTip(title + ("  (replying…)" if field(chat, "id") in self.streaming else ""))
             item.setData(Qt.UserRole, field(chat, "id"))
             item.setSizeHint(QSize(0, ITEM_HEIGHT))
             self.list.addItem(item)
@@ -64,6 +67,11 @@ class ChatListPanel(QWidget):
         has = self.list.currentItem() is not None
         self.rename_button.setEnabled(has)
         self.delete_button.setEnabled(has)
+
+    def set_streaming(self, chat_id: int, streaming: bool) -> None:
+        """Mark a chat whose reply is streaming (several can be at once)."""
+        (self.streaming.add if streaming else self.streaming.discard)(chat_id)
+        self.refresh()
 
     def select(self, chat_id: int) -> None:
         for i in range(self.list.count()):

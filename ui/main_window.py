@@ -90,6 +90,8 @@ class MainWindow(QMainWindow):
             view = ChatView(self.chat_store, chat_id, self.engine, self)
             view.reply_stats.connect(self._on_reply_stats)
             view.title_changed.connect(self._on_title_changed)
+            view.reply_started.connect(self._on_reply_started)
+            view.reply_finished.connect(self._on_reply_finished)
             self._views[chat_id] = view
             self.stack.addWidget(view)
         self.stack.setCurrentWidget(view)
@@ -128,6 +130,12 @@ class MainWindow(QMainWindow):
         view = self.current_view()
         if view is not None and view.chat_id == stats.get("chat_id"):
             self.status.on_reply_stats(stats)
+
+    def _on_reply_started(self, chat_id: int) -> None:
+        self.chat_list.set_streaming(chat_id, True)
+
+    def _on_reply_finished(self, chat_id: int, _status: str) -> None:
+        self.chat_list.set_streaming(chat_id, False)
 
     def _on_title_changed(self, _chat_id: int, _title: str) -> None:
         self.chat_list.refresh()

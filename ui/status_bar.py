@@ -31,15 +31,17 @@ class EngineStatusBar(QStatusBar):
         self.loading.setRange(0, 0)  # busy: the engine does not report a fraction while loading
         self.model_label = QLabel(self)
         self.device_label = QLabel(self)
+        self.running_label = QLabel(self)
         self.reply_label = QLabel(self)
         self.kv_label = QLabel(self)
         self.ram_label = QLabel(self)
         self.chart = Sparkline(parent=self)
         for w in (self.state_icon, self.state_label, self.loading, self.model_label, self.device_label):
             self.addWidget(w)
-        for w in (self.reply_label, self.kv_label, self.ram_label, self.chart):
+        for w in (self.running_label, self.reply_label, self.kv_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
         self.reply_label.setToolTip("The current reply: tokens per second and time to first token")
+        self.running_label.setToolTip("Replies the engine is generating together in one batch, and waiting")
         self.kv_label.setToolTip("KV-cache blocks in use / total, and the prefix-cache hit rate")
         engine.state_changed.connect(self._on_state_changed)
         engine.status_changed.connect(self._on_status_changed)
@@ -70,6 +72,9 @@ class EngineStatusBar(QStatusBar):
             if kv.get("prefix_hit_rate") is not None:
                 text += f" · prefix hits {100 * float(kv['prefix_hit_rate']):.0f}%"
             self.kv_label.setText(text)
+        running, waiting = status.get("num_running"), status.get("num_waiting") or 0
+        self.running_label.setText(f"{running} running" + (f" · {waiting} waiting" if waiting else "")
+                                   if running else "")
         tok_s = status.get("generation_tok_s")
         if tok_s is not None:
             self.chart.add(float(tok_s))
