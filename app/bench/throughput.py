@@ -64,28 +64,43 @@ def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
     return {"agg": total / wall, "ttft": statistics.median(ttfts), "per_chat": statistics.median(per_chat)}
 
 
+def build_engine(path: str, args, backend: str):
+    """Ember with the torch runner, or with the llama.cpp runner under the same scheduler."""
+    from engine.backends import config_for, create_runner, decide
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    cfg = EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
+                       max_num_seqs=max(args.concurrency), max_model_len=1024,
+                       enable_prefix_caching=False)
+    decision = decide(cfg, backend=backend, device="cpu")
+    cfg = config_for(cfg, decision)
+    return LLMEngine(cfg, runner=create_runner(cfg, decision))
+
+
 def run(args) -> int:
     import llama_cpp
 
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
     from engine.loaders.default_model import default_model_path
 
     path = args.model or str(default_model_path())
-    engine = LLMEngine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
-                                    max_num_seqs=max(args.concurrency), enable_prefix_caching=False))
+    engines = {b: build_engine(path, args, b) for b in args.backend}
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=args.threads, verbose=False)
-    run_ember(engine, chat_prompts(engine, 2), 4)  # warm-up
+    for engine in engines.values():
+        run_ember(engine, chat_prompts(engine, 2), 4)  # warm-up
     print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, {args.new_tokens} new tokens per chat, "
-          "greedy, ignore EOS; llama.cpp serves the chats one after another")
-    print(f"{'chats':>5} | {'ember agg tok/s':>15} {'TTFT s':>8} {'per-chat':>9} | "
-          f"{'llama.cpp agg':>13} {'TTFT s':>8} {'per-chat':>9} | {'ratio':>6}")
+          "greedy, ignore EOS; llama-cpp-python serves the chats one after another")
+    cols = "".join(f" | {'ember/' + b + ' agg':>20} {'TTFT s':>7} {'per-chat':>8}" for b in engines)
+    print(f"{'chats':>5}{cols} | {'llama-cpp-python agg':>20} {'TTFT s':>7} {'per-chat':>8}")
+    tokenizer_engine = next(iter(engines.values()))
     for n in args.concurrency:
-        prompts = chat_prompts(engine, n)
-        e = run_ember(engine, prompts, args.new_tokens)
-        l = run_llamacpp(llm, prompts if n <= args.llamacpp_max else prompts[:args.llamacpp_max], args.new_tokens)
-        print(f"{n:>5} | {e['agg']:>15.1f} {e['ttft']:>8.2f} {e['per_chat']:>9.1f} | "
-              f"{l['agg']:>13.1f} {l['ttft']:>8.2f} {l['per_chat']:>9.1f} | {e['agg'] / l['agg']:>6.2f}")
+        prompts = chat_prompts(tokenizer_engine, n)
+        row = f"{n:>5}"
+        for engine in engines.values():
+            e = run_ember(engine, prompts, args.new_tokens)
+            row += f" | {e['agg']:>20.1f} {e['ttft']:>7.2f} {e['per_chat']:>8.1f}"
+        l = run_llamacpp(llm, prompts[:args.llamacpp_max], args.new_tokens)
+        print(f"{row} | {l['agg']:>20.1f} {l['ttft']:>7.2f} {l['per_chat']:>8.1f}", flush=True)
     return 0
 
 
@@ -96,6 +111,8 @@ def register(bench_sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    p.add_argument("--backend", nargs="+", default=["torch", "llama.cpp"], choices=["torch", "llama.cpp"],
+                   help="Ember runners to measure (the same scheduler drives both)")
     p.add_argument("--llamacpp-max", type=int, default=8,
-                   help="llama.cpp runs at most this many chats of each row (its aggregate is per-chat speed)")
+                   help="llama-cpp-python serves at most this many chats per row (its aggregate is its one-stream speed)")
     p.set_defaults(func=run)
