@@ -86,6 +86,11 @@ def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
         with EngineClient(url, api_key=sup.api_key) as client:
             assert client.chat(PROMPT, max_tokens=4, temperature=0).usage.completion_tokens == 4
             client.load_model("tiny-other")  # switched through the API: a restart must keep it
+            # The supervisor learns of the switch from its /health poll (once a second).
+            deadline = time.monotonic() + 10
+            while sup.model_id != "tiny-other" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sup.model_id == "tiny-other"
 
             # the engine dies mid-reply
             stream = client.chat_stream(PROMPT, max_tokens=400, ignore_eos=True)
