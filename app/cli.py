@@ -19,7 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Run language models on this machine.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    register_commands(sub, COMMAND_MODULES)
+    return parser
+
+
+def register_commands(sub, module_names) -> None:
+    """Each module adds its subcommands; a module that is not installed is skipped, while an
+    import error inside one that is still surfaces."""
+    for name in module_names:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -27,7 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
