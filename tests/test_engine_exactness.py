@@ -13,6 +13,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine_helpers import run_staggered
 
 
 def _prompts(engine: LLMEngine, n: int, seed: int, prefix: list[int] | None = None) -> list[list[int]]:
@@ -30,26 +31,9 @@ def _alone(engine: LLMEngine, prompt: list[int], max_tokens: int) -> list[int]:
     return engine.generate([prompt], params)[0].output_token_ids
 
 
-def _together(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int], stagger: int) -> list[list[int]]:
-    """Requests join every `stagger` steps while earlier ones run."""
-    ids: list[str] = []
-    final: dict[str, list[int]] = {}
-    pending = list(zip(prompts, max_tokens))
-    step = 0
-    while pending or engine.has_unfinished():
-        if pending and step % stagger == 0:
-            p, m = pending.pop(0)
-            ids.append(engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)))
-        for o in engine.step():
-            if o.finished:
-                final[o.request_id] = o.output_token_ids
-        step += 1
-    return [final[i] for i in ids]
-
-
 def _check(engine: LLMEngine, prompts, max_tokens, stagger=2):
     alone = [_alone(engine, p, m) for p, m in zip(prompts, max_tokens)]
-    together = _together(engine, prompts, max_tokens, stagger)
+    together = run_staggered(engine, prompts, max_tokens, stagger)
     for i, (a, t) in enumerate(zip(alone, together)):
         assert t == a, f"sequence {i} departs at token {next(j for j, (x, y) in enumerate(zip(a, t)) if x != y)}"
     assert engine.block_manager.num_used_blocks == 0 or engine.config.enable_prefix_caching

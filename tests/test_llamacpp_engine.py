@@ -17,7 +17,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from engine.backends import config_for, create_runner, decide  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from engine_helpers import run_staggered  # noqa: E402
 from test_llamacpp_runner import last_logits  # noqa: E402
 
 NEAR_TIE = 0.10
@@ -46,20 +46,6 @@ def assert_same_or_near_tie(got: list[int], want: list[int], probs: list[np.ndar
     assert len(got) == len(want), what
 
 
-def run_concurrent(engine: LLMEngine, prompts, max_tokens, stagger: int) -> list[list[int]]:
-    ids, final, step = [], {}, 0
-    pending = list(zip(prompts, max_tokens))
-    while pending or engine.has_unfinished():
-        if pending and step % stagger == 0:
-            p, m = pending.pop(0)
-            ids.append(engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)))
-        for o in engine.step():
-            if o.finished:
-                final[o.request_id] = o.output_token_ids
-        step += 1
-    return [final[i] for i in ids]
-
-
 def make_engine(path, **kw) -> LLMEngine:
     config = EngineConfig(model_path=str(path), num_threads=1, **kw)
     decision = decide(config, backend="llama.cpp", device="cpu")
@@ -71,7 +57,7 @@ def make_engine(path, **kw) -> LLMEngine:
 
 def check_engine_equals_llama(path, prompts, max_tokens, stagger=1, **kw):
     engine = make_engine(path, **kw)
-    got = run_concurrent(engine, prompts, max_tokens, stagger)
+    got = run_staggered(engine, prompts, max_tokens, stagger)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False, flash_attn=False)
     for i, (p, m, g) in enumerate(zip(prompts, max_tokens, got)):
         want, probs = llama_greedy(llm, p, m)
