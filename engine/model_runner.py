@@ -54,13 +54,16 @@ def free_memory_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def num_kv_blocks(config: EngineConfig, block_bytes: int, free_bytes: int, min_blocks: int) -> int:
-    """Pool size from the memory left after the weights: fraction of free, capped, never below
-    what one full-length sequence needs (otherwise nothing could ever run)."""
+def num_kv_blocks(config: EngineConfig, block_bytes: int, free_bytes: int, max_model_len: int) -> int:
+    """Pool size from the memory left after the weights: a fraction of what is free, capped;
+    never below what one full-length sequence needs (else nothing could run) and never above
+    what max_num_seqs full-length sequences could use (a tiny model would otherwise get
+    millions of slots)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
+    per_seq = -(-max_model_len // config.block_size)
     budget = min(int(free_bytes * config.kv_memory_fraction), config.kv_cache_max_bytes)
-    return max(budget // block_bytes, min_blocks)
+    return max(min(budget // block_bytes, config.max_num_seqs * per_seq), per_seq)
 
 
 def prompt_logprob_rows(seq) -> bool:
@@ -83,8 +86,7 @@ class ModelRunner:
         B = config.block_size
         block_bytes = kv_bytes_per_block(mc.num_layers, B, mc.num_kv_heads, mc.head_dim,
                                          self.dtype.itemsize)
-        min_blocks = -(-self.max_model_len // B)
-        self.num_blocks = num_kv_blocks(config, block_bytes, free_memory_bytes(self.device), min_blocks)
+        self.num_blocks = num_kv_blocks(config, block_bytes, free_memory_bytes(self.device), self.max_model_len)
         shape = (self.num_blocks, B, mc.num_kv_heads, mc.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))

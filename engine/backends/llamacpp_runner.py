@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from engine.config import EngineConfig
+from engine.model_runner import num_kv_blocks
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +113,8 @@ class LlamaCppRunner:
                  self.max_model_len)
 
     def _num_blocks(self, config: EngineConfig, block_bytes: int) -> int:
-        min_blocks = -(-self.max_model_len // config.block_size)
-        if config.num_kv_blocks is not None:
-            return max(config.num_kv_blocks, 1)
-        budget = min(int(psutil.virtual_memory().available * config.kv_memory_fraction),
-                     config.kv_cache_max_bytes)
-        return max(budget // block_bytes, min_blocks)
+        """Sized like the torch pool, so the block manager's admission matches llama.cpp's cells."""
+        return max(num_kv_blocks(config, block_bytes, psutil.virtual_memory().available, self.max_model_len), 1)
 
     # ---- Runner interface ---------------------------------------------------------------------
     def kv_capacity_blocks(self) -> int:
