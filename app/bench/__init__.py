@@ -10,3 +10,10 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     register_commands(bench_sub, [f"app.bench.{name}" for name in BENCHES])
+
+
+def add_model_args(p) -> None:
+    """The flags every in-process bench shares: which model, how many threads, which dtype."""
+    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])

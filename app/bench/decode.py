@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from app.bench import add_model_args
+
 
 
 
@@ -90,9 +92,7 @@ def run(args) -> int:
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("decode", help="single-stream prefill and decode tok/s, Ember vs llama.cpp")
-    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
-    p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    add_model_args(p)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)

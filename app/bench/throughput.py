@@ -9,6 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from app.bench import add_model_args
+
 QUESTIONS = [
     "Explain how a hash map works.", "Write a haiku about autumn.", "What is a prime number?",
     "Give three tips for learning Python.", "Why is the sky blue?", "Summarize the plot of Hamlet.",
@@ -106,9 +108,7 @@ def run(args) -> int:
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("throughput", help="aggregate tok/s of N concurrent chats vs llama.cpp")
-    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
-    p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    add_model_args(p)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--backend", nargs="+", default=["torch", "llama.cpp"], choices=["torch", "llama.cpp"],

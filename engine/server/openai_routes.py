@@ -49,11 +49,7 @@ def build_router() -> APIRouter:
         job = Job(state.engine_thread, request)
         job.submit(ids, params, rid, engine)
         tt = R.TokenText(engine.tokenizer)
-        try:
-            first = await job.next()
-        except BaseException:
-            job.close()
-            raise
+        first = await job.first()
         created = R.now()
         if body.stream:
             return StreamingResponse(_chat_stream(job, first, rid, model, created, tt, body),
@@ -105,11 +101,7 @@ def build_router() -> APIRouter:
             index[sub] = i
             job.submit(ids, params, sub, engine)
             choices.append(_Choice(i, ids, echo, body, tt, drop_output=requested == 0))
-        try:
-            first = await job.next()
-        except BaseException:
-            job.close()
-            raise
+        first = await job.first()
         created = R.now()
         if body.stream:
             return StreamingResponse(_completion_stream(job, first, index, choices, rid, model, created, body),

@@ -152,6 +152,15 @@ class Job:
             self._record(rid, item)
         return rid, item
 
+    async def first(self):
+        """The first next(); if it fails (or the handler is cancelled) the job is closed, so its
+        sequences are aborted before the error reaches the client."""
+        try:
+            return await self.next()
+        except BaseException:
+            self.close()
+            raise
+
     def _record(self, rid: str, out) -> None:
         m = self.thread.metrics
         m.cached_tokens.inc(out.num_cached_tokens)
