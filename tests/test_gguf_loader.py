@@ -55,8 +55,30 @@ def test_fused_weights_and_tied_head(tiny_model_factory):
     assert layer.self_attn.qkv_proj.weight.shape == (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
     assert layer.self_attn.qkv_proj.bias.shape == (cfg.q_size + 2 * cfg.kv_size,)
     assert layer.mlp.gate_up_proj.weight.shape == (2 * cfg.intermediate_size, cfg.hidden_size)
-    assert model.lm_head is model.embed_tokens and model.dtype == torch.bfloat16
+    # A dense (bf16) tied head reads the embedding table itself: one copy in memory.
+    assert model.lm_head.weight.data_ptr() == model.embed_tokens.data_ptr() and model.dtype == torch.bfloat16
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_float32_cpu_linears_are_packed_and_batch_invariant(tiny_model_factory):
+    """fp32 on CPU goes through oneDNN-packed weights: same logits as a float64 product of the
+    plain weights, and each row's bits do not depend on how many rows share the GEMM."""
+    from engine.layers.linear import PackedLinear, make_linear, packed_linear_available
+
+    model = load_model(tiny_model_factory(tied=True), torch.float32)
+    if not packed_linear_available(model.embed_tokens):
+        pytest.skip("this torch build has no oneDNN")
+    assert isinstance(model.layers[0].self_attn.qkv_proj, PackedLinear)
+    assert isinstance(model.lm_head, PackedLinear)
+    g = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(33, 64, generator=g))
+    lin = make_linear(w.clone(), b.clone())
+    assert isinstance(lin, PackedLinear)
+    y = lin(x)
+    torch.testing.assert_close(y.double(), x.double() @ w.double().T + b.double(), rtol=0, atol=1e-4)
+    for m in (1, 2, 7, 16):
+        assert torch.equal(lin(x[:m]), y[:m])
+    assert lin(x[:0]).shape == (0, 96)
 
 
 @pytest.mark.slow

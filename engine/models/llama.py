@@ -107,10 +107,9 @@ class LlamaForCausalLM(torch.nn.Module):
                                       ).to(self.embed_tokens.device)
         self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
         self.norm = _norm(config, take("norm.weight"))
-        if config.tie_word_embeddings:
-            self.lm_head = self.embed_tokens  # the same Parameter: one copy in memory
-        else:
-            self.lm_head = torch.nn.Parameter(take("lm_head.weight"), requires_grad=False)
+        # Tied heads share the table when the head stays dense; a packed head is a second copy
+        # of it (the embedding lookup needs the plain rows), the price of the faster GEMM.
+        self.lm_head = make_linear(self.embed_tokens if config.tie_word_embeddings else take("lm_head.weight"))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -134,4 +133,4 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, d] -> float32 logits [N, vocab] (matmul in the weight dtype)."""
-        return F.linear(hidden.to(self.lm_head.dtype), self.lm_head).float()
+        return self.lm_head(hidden).float()
