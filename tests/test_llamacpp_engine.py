@@ -58,7 +58,9 @@ def make_engine(path, **kw) -> LLMEngine:
 def check_engine_equals_llama(path, prompts, max_tokens, stagger=1, **kw):
     engine = make_engine(path, **kw)
     got = run_staggered(engine, prompts, max_tokens, stagger)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False, flash_attn=False)
+    # The same attention kernel as the runner create_runner builds (flash attention).
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=1, n_threads_batch=1, verbose=False,
+                          flash_attn=engine.runner.flash_attn)
     for i, (p, m, g) in enumerate(zip(prompts, max_tokens, got)):
         want, probs = llama_greedy(llm, p, m)
         assert_same_or_near_tie(g, want, probs, f"prompt {i}")

@@ -51,7 +51,10 @@ def create_runner(config: EngineConfig, decision: BackendDecision):
                                "(use config_for(config, decision))")
         from engine.backends.llamacpp_runner import LlamaCppRunner
         # On a GPU (a CUDA/Metal build of llama.cpp) offload every layer; on the CPU none.
-        return LlamaCppRunner(config, n_gpu_layers=0 if decision.device == "cpu" else -1)
+        # Flash attention as llama.cpp's server does by default (-fa auto): with one unified KV
+        # buffer the plain path multiplies every query by every sequence's cells, FA skips the
+        # masked ones (16 chats on 2 cores: 149 -> 130 ms a step).
+        return LlamaCppRunner(config, n_gpu_layers=0 if decision.device == "cpu" else -1, flash_attn=True)
     if decision.backend == "torch":
         from engine.model_runner import ModelRunner
         return ModelRunner(config)

@@ -86,6 +86,7 @@ class LlamaCppRunner:
         cparams.kv_unified = kv_unified  # one cell pool for all sequences, as the engine's block pool
         threads = config.num_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
+        self.flash_attn = flash_attn
         cparams.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cparams.no_perf = True
