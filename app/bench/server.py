@@ -5,6 +5,10 @@ Each backend gets its own `python -m engine serve --backend X` process (the real
 all); every client streams one chat completion of exactly `--max-tokens` tokens (`ignore_eos`),
 so the backends do the same work. TTFT is measured at the client, from sending the request to
 the first content chunk.
+
+`--llama-server BIN` adds llama.cpp's own server (a `llama-server` binary built from llama.cpp,
+which llama-cpp-python does not ship) to the same run: one slot per client (`-np`), the same
+threads and the same chat requests, so the peer's continuous batching is measured side by side.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ def register(bench_sub) -> None:
                    help="kernel threads per engine; on a busy machine 1 beats spinning thread barriers")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--json", dest="json_out", default=None, help="also write the results here")
+    p.add_argument("--llama-server", default=None, metavar="BIN",
+                   help="also measure llama.cpp's own server (path to a llama-server binary), slots = max clients")
+    p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
     p.set_defaults(func=run)
 
 
@@ -39,7 +46,7 @@ async def _one(http, i: int, max_tokens: int) -> dict:
             "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    ttft, last, usage = None, None, None
+    ttft, last, usage, chunks = None, None, None, 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
@@ -53,8 +60,9 @@ async def _one(http, i: int, max_tokens: int) -> dict:
                 usage = event["usage"]
             if event["choices"] and event["choices"][0]["delta"].get("content"):
                 last = time.perf_counter()
+                chunks += 1
                 ttft = ttft if ttft is not None else last - t0
-    n = usage["completion_tokens"] if usage else 0
+    n = usage["completion_tokens"] if usage else chunks
     decode_s = (last - t0 - ttft) if (ttft is not None and last) else 0.0
     return {"ttft": ttft or 0.0, "tokens": n, "stream_tok_s": (n - 1) / decode_s if decode_s > 0 else 0.0}
 
@@ -97,6 +105,56 @@ def bench_backend(backend: str, model_args: list[str], conc: list[int], max_toke
             "startup_s": round(load_s, 1), "rounds": rounds}
 
 
+def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int, threads: int | None,
+                       ctx_per_slot: int, log_path: Path) -> dict:
+    """llama.cpp's server with one slot per client, driven by the same clients as Ember's."""
+    import os
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    slots = max(conc)
+    cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+           "-c", str(slots * ctx_per_slot), "-t", str(threads or os.cpu_count() or 1), "--no-webui"]
+    base = f"http://127.0.0.1:{port}"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.perf_counter()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode} (see {log_path})")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - t0 > 300:
+                raise TimeoutError("llama-server did not become healthy in 300 s")
+            time.sleep(0.5)
+        load_s = time.perf_counter() - t0
+        asyncio.run(_round(base, {}, 1, 8))  # warm-up
+        rounds = []
+        for c in conc:
+            r = asyncio.run(_round(base, {}, c, max_tokens))
+            print(f"  {'llama-server':12s} {c:3d} clients: {r['agg_tok_s']:7.1f} tok/s in all, "
+                  f"TTFT p50 {r['ttft_p50_s'] * 1000:6.0f} ms (max {r['ttft_max_s'] * 1000:6.0f}), "
+                  f"{r['stream_tok_s']:6.1f} tok/s per stream", flush=True)
+            rounds.append(r)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"backend": "llama-server", "device": "cpu", "model": Path(model).name,
+            "startup_s": round(load_s, 1), "rounds": rounds}
+
+
 def run(args) -> int:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -124,6 +182,16 @@ def run(args) -> int:
         except (RuntimeError, TimeoutError) as e:
             print(f"  {backend}: failed: {e}", file=sys.stderr)
             results.append({"backend": backend, "error": str(e)})
+    if args.llama_server:
+        if "--model" not in model_args:
+            print("  llama-server: needs --model FILE (or the default model), not --model-id", file=sys.stderr)
+        else:
+            try:
+                results.append(bench_llama_server(args.llama_server, model_args[1], conc, args.max_tokens,
+                                                  args.threads, args.ctx_per_slot, log_path))
+            except (RuntimeError, TimeoutError, OSError) as e:
+                print(f"  llama-server: failed: {e}", file=sys.stderr)
+                results.append({"backend": "llama-server", "error": str(e)})
     _table(results)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))

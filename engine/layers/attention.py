@@ -28,6 +28,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # int64 [S, max_blocks], padded with 0 (masked by seq_lens)
     num_decodes: int  # the first num_decodes sequences have exactly one query token
     decode_seq_lens: torch.Tensor | None = None  # int64 [num_decodes], seq_lens of the decodes
+    # Built by the first layer that needs it and shared by the rest (the same for every layer):
+    # (max context length, block table cut to it, padding mask [num_decodes, 1, 1, L]).
+    decode_plan: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -51,18 +54,23 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     return blocks.view(*block_table.shape[:-1], block_table.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token per sequence, batched; padding beyond seq_len is masked out."""
+def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                block_size: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(L = longest context, block tables cut to L's blocks, mask [S, 1, 1, L] of real positions)."""
     max_len = int(seq_lens.max())
-    nb = (max_len + k_cache.shape[1] - 1) // k_cache.shape[1]
-    table = block_tables[:, :nb]
+    nb = (max_len + block_size - 1) // block_size
+    mask = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None]
+    return max_len, block_tables[:, :nb], mask[:, None, None, :]
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            plan: tuple[int, torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
+    """One query token per sequence, batched; padding beyond seq_len is masked out."""
+    max_len, table, mask = plan
     k = _gather(k_cache, table)[:, :max_len].transpose(1, 2)  # [S, n_kv, L, hd]
     v = _gather(v_cache, table)[:, :max_len].transpose(1, 2)
-    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]  # [S, L]
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2).to(k.dtype), k, v, attn_mask=mask[:, None, None, :], scale=scale,
-        enable_gqa=True)  # q [S, H, 1, hd]
+        q.unsqueeze(2).to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True)  # q [S, H, 1, hd]
     return out.squeeze(2)
 
 
@@ -90,10 +98,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
-        seq_lens = meta.decode_seq_lens
-        if seq_lens is None:
-            seq_lens = torch.tensor(meta.seq_lens[:nd], device=q.device)
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.block_tables[:nd], seq_lens, scale).to(q.dtype)
+        if meta.decode_plan is None:
+            seq_lens = meta.decode_seq_lens
+            if seq_lens is None:
+                seq_lens = torch.tensor(meta.seq_lens[:nd], device=q.device)
+            meta.decode_plan = decode_plan(meta.block_tables[:nd], seq_lens, k_cache.shape[1])
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_plan, scale).to(q.dtype)
     for i in range(nd, meta.num_seqs):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale).to(q.dtype)

@@ -54,11 +54,13 @@ class LlamaAttention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(T, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), cos, sin)
-        o = self.attn(q, k, v.view(T, self.num_kv_heads, self.head_dim), kv_cache, meta)
+        T, qk_size = x.shape[0], self.q_size + self.kv_size
+        qkv = self.qkv_proj(x)
+        # Q and K heads share positions, so one RoPE call rotates both: [T, H + n_kv, hd].
+        qk = apply_rope(qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_size:].view(T, self.num_kv_heads, self.head_dim)
+        o = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
