@@ -206,6 +206,14 @@ class BlockManager:
         self.num_hit_tokens += num_cached
         self.append_slots(seq, n)
 
+    def count_external_hit(self, seq: Sequence, num_tokens: int) -> None:
+        """After `allocate(seq, k + n)`: the runner already held the first k tokens (its own
+        prompt cache), so they count as computed and as prefix-cache hits."""
+        seq.num_computed_tokens = num_tokens
+        if not seq.num_preemptions:
+            seq.num_cached_tokens = num_tokens
+        self.num_hit_tokens += num_tokens
+
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         start, table = seq.num_computed_tokens, seq.block_table
         first = start // self.block_size

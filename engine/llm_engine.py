@@ -81,9 +81,13 @@ class LLMEngine:
         self.runner = runner
         self.model_config = getattr(runner, "model_config", None)
         self.max_model_len = runner.max_model_len
+        # Block-hash prefix caching needs a runner whose KV the block tables address (torch);
+        # a runner with its own prompt cache (llama.cpp's slots) serves prefixes instead.
+        block_caching = config.enable_prefix_caching and getattr(runner, "supports_prefix_caching", True)
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
-                                          enable_prefix_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
+                                          enable_prefix_caching=block_caching)
+        prompt_cache = runner if hasattr(runner, "match_prompt") and config.enable_prefix_caching else None
+        self.scheduler = Scheduler(config, self.block_manager, prompt_cache)
         self.sampler = Sampler()
         self._requests: dict[str, _Request] = {}
         self._pending_aborts: list[str] = []
@@ -241,6 +245,7 @@ class LLMEngine:
         bm = self.block_manager
         return EngineStats(
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
-            cached_tokens=bm.num_cached_tokens, prefix_hit_rate=bm.prefix_hit_rate,
+            cached_tokens=getattr(self.runner, "num_cached_tokens", bm.num_cached_tokens),
+            prefix_hit_rate=bm.prefix_hit_rate,
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             block_size=self.config.block_size, max_model_len=self.max_model_len)

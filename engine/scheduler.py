@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -46,10 +47,22 @@ class SchedulerOutput:
         return [s for s, is_sampled in zip(self.seqs, self.is_sampled) if is_sampled]
 
 
+class PromptCache(Protocol):
+    """KV kept outside the block manager that a new prompt can start from (the llama.cpp
+    runner's idle slots): `match` says how many leading tokens are there (no side effects),
+    `claim` hands them to the sequence and returns how many it got (at most the match)."""
+
+    def match_prompt(self, seq: Sequence) -> int: ...
+
+    def claim_prompt(self, seq: Sequence, num_tokens: int) -> int: ...
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 prompt_cache: PromptCache | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.prompt_cache = prompt_cache
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_prefill_chunk = config.max_prefill_chunk
@@ -162,16 +175,26 @@ class Scheduler:
             if seq in out.preempted:
                 break  # preempted in this very step: it resumes in a later one
             cached = bm.match_prefix(seq)
-            n = min(seq.num_tokens - len(cached) * bm.block_size, self.max_prefill_chunk, budget)
-            has_room = bm.can_allocate(seq, n, cached)
+            reused = self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached else 0
+            n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, budget)
+            has_room = bm.can_allocate(seq, reused + n, cached)
             if len(self.running) >= self.max_num_seqs or not has_room:
                 lower = [s for s in self.running if s.priority > seq.priority]
-                if not lower or not (has_room or self._room_without(lower, seq, n, cached)):
+                if not lower or not (has_room or self._room_without(lower, seq, reused + n, cached)):
                     break
                 preempt(max(lower, key=_by_key))  # it waits behind seq: lower priority
                 continue
             self.waiting.pop(0)
-            bm.allocate(seq, n, cached)
+            if reused:
+                # The runner's cells already hold the first `reused` tokens: blocks still cover
+                # them (they occupy cells), but only the tail is computed. A smaller claim than
+                # the match only shortens the prefix, so the room checked above still suffices.
+                reused = self.prompt_cache.claim_prompt(seq, reused)
+                n = min(seq.num_tokens - reused, self.max_prefill_chunk, budget)
+                bm.allocate(seq, reused + n, cached)
+                bm.count_external_hit(seq, reused)
+            else:
+                bm.allocate(seq, n, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled[seq] = n

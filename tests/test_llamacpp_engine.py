@@ -51,7 +51,6 @@ def make_engine(path, **kw) -> LLMEngine:
     decision = decide(config, backend="llama.cpp", device="cpu")
     assert (decision.backend, decision.device) == ("llama.cpp", "cpu")
     config = config_for(config, decision)
-    assert not config.enable_prefix_caching
     return LLMEngine(config, runner=create_runner(config, decision))
 
 

@@ -97,7 +97,8 @@ def assert_close(got: torch.Tensor, want: np.ndarray, what: str, tol: float = RE
 
 def runner_for(path, **kw) -> LlamaCppRunner:
     kw.setdefault("num_kv_blocks", 128)
-    return LlamaCppRunner(EngineConfig(model_path=str(path), num_threads=1, block_size=16, **kw))
+    cache = kw.pop("prompt_cache", False)  # batch maths here; the prompt cache has its own tests
+    return LlamaCppRunner(EngineConfig(model_path=str(path), num_threads=1, block_size=16, **kw), prompt_cache=cache)
 
 
 def random_prompts(vocab: int, n: int, seed: int, lo: int = 3, hi: int = 60) -> list[list[int]]:

@@ -103,6 +103,15 @@ def run(args) -> int:
             row += f" | {e['agg']:>20.1f} {e['ttft']:>7.2f} {e['per_chat']:>8.1f}"
         l = run_llamacpp(llm, prompts[:args.llamacpp_max], args.new_tokens)
         print(f"{row} | {l['agg']:>20.1f} {l['ttft']:>7.2f} {l['per_chat']:>8.1f}", flush=True)
+    if args.profile and "torch" in engines:
+        from app.bench.step_profile import format_profile, profile_steps, steady_decode
+
+        engine = engines["torch"]
+        for n in args.profile:
+            ids = steady_decode(engine, chat_prompts(tokenizer_engine, n), args.new_tokens)
+            print(format_profile(n, profile_steps(engine, steps=10)), flush=True)
+            for i in ids:
+                engine.abort(i)
     return 0
 
 
@@ -115,4 +124,7 @@ def register(bench_sub) -> None:
                    help="Ember runners to measure (the same scheduler drives both)")
     p.add_argument("--llamacpp-max", type=int, default=8,
                    help="llama-cpp-python serves at most this many chats per row (its aggregate is its one-stream speed)")
+    p.add_argument("--profile", type=int, nargs="*", default=[16], metavar="N",
+                   help="after the table, profile the torch runner's decode step at N chats "
+                        "(GEMM / attention / other kernels / Python and dispatch); none: --profile")
     p.set_defaults(func=run)

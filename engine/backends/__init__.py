@@ -33,11 +33,11 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
 
 
 def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
-    """The EngineConfig the decision implies: its device and context; llama.cpp's KV cells are
-    not addressed by block tables, so prefix caching is off there (logits come back on the CPU)."""
+    """The EngineConfig the decision implies: its device and context (llama.cpp's logits come
+    back on the CPU, so the engine's side of it runs there)."""
     changes: dict = {"max_model_len": decision.context_length}
     if decision.backend == "llama.cpp":
-        changes |= {"device": "cpu", "enable_prefix_caching": False}
+        changes["device"] = "cpu"
     else:
         changes["device"] = decision.device
     return dataclasses.replace(config, **changes)
@@ -46,9 +46,6 @@ def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
 def create_runner(config: EngineConfig, decision: BackendDecision):
     """Build the runner for `decision`: a LlamaCppRunner or the torch ModelRunner."""
     if decision.backend == "llama.cpp":
-        if config.enable_prefix_caching:
-            raise BackendError("the llama.cpp runner needs enable_prefix_caching=False "
-                               "(use config_for(config, decision))")
         from engine.backends.llamacpp_runner import LlamaCppRunner
         # On a GPU (a CUDA/Metal build of llama.cpp) offload every layer; on the CPU none.
         # Flash attention as llama.cpp's server does by default (-fa auto): with one unified KV

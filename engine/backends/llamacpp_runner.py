@@ -6,9 +6,11 @@ free pool, the shape of llama.cpp's server: slot id = seq_id). Each engine step 
 seq_id, an output flag on the rows the engine samples (or scores), then one `llama_decode`.
 KV memory is llama.cpp's own (f16, one unified buffer of `num_blocks * block_size` cells shared by
 all sequences); the engine's BlockManager does the admission accounting against the same number of
-blocks, so llama.cpp is never asked for more cells than it has. Prefix caching stays off: llama.cpp
-cells are not addressed by the engine's block tables. `release` drops a sequence's cells with
-`llama_memory_seq_rm(mem, seq_id, 0, -1)` and returns its slot (finish, abort, preempt-by-recompute).
+blocks, so llama.cpp is never asked for more cells than it has. Block-hash prefix caching cannot
+point into llama.cpp's cells; a prompt cache of slots does its work instead (slot_cache.py): a
+released slot keeps its cells, a new prompt starts from the longest prefix some slot holds (taking
+an idle slot over, or sharing the cells with `llama_memory_seq_cp`), and idle slots are evicted
+(`llama_memory_seq_rm(mem, slot, 0, -1)`) whenever live + idle cells could overflow the buffer.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import psutil
 import torch
 
+from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.model_runner import num_kv_blocks
 
@@ -46,7 +49,7 @@ class LlamaCppRunner:
     supports_prefix_caching = False
 
     def __init__(self, config: EngineConfig, *, n_gpu_layers: int = 0, flash_attn: bool = False,
-                 kv_unified: bool = True, verbose: bool = False) -> None:
+                 kv_unified: bool = True, prompt_cache: bool | None = None, verbose: bool = False) -> None:
         ll = self._ll = _llama()
         from llama_cpp import _logger  # llama.cpp's log callback: quiet unless verbose
         _logger.set_verbose(verbose)
@@ -105,9 +108,14 @@ class LlamaCppRunner:
         self._seq_id_rows = [self._batch.seq_id[i] for i in range(self.n_batch)]
         self._n_seq_id[:] = 1
 
-        self._free_slots = list(range(self.n_seq_max - 1, -1, -1))  # pop() hands out 0 first
-        self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id
-        self._kv_len: dict[int, int] = {}  # llama seq_id -> number of positions in llama's KV
+        # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.
+        recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        self.prompt_cache = (config.enable_prefix_caching if prompt_cache is None else prompt_cache) and not recurrent
+        self.n_cells = self.num_blocks * B
+        self._slots = SlotCache(self.n_seq_max, min_match=B)
+        self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id (live slots)
+        self._live: dict[int, object] = {}  # live llama seq_id -> its engine Sequence
+        self._kv_len: dict[int, int] = {}  # live llama seq_id -> number of positions in llama's KV
         log.info("llama.cpp runner: %s, %d threads, %d KV cells (%d blocks, %.1f MiB f16), "
                  "%d slots, max_model_len %d", path.name, threads, cparams.n_ctx, self.num_blocks,
                  self.num_blocks * B * self.kv_bytes_per_token / 2**20, self.n_seq_max,
@@ -121,14 +129,72 @@ class LlamaCppRunner:
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks
 
+    @property
+    def num_cached_tokens(self) -> int:
+        """Tokens idle slots hold for later prompts (the prompt cache's size)."""
+        return self._slots.idle_cells
+
     def release(self, seq) -> None:
-        """Drop the sequence's KV cells and return its slot; a no-op for unknown sequences."""
+        """The sequence is done (finished, aborted or preempted): with the prompt cache its slot
+        goes idle with its cells, else they are dropped. A no-op for unknown sequences."""
         slot = self._slot_of.pop(seq.seq_id, None)
         if slot is None:
             return
+        self._live.pop(slot, None)
+        n = self._kv_len.pop(slot, 0)
+        if self.prompt_cache and n:
+            self._slots.park(slot, seq.token_ids[:n])
+        else:
+            self._clear(slot)
+            self._slots.free.append(slot)
+
+    def match_prompt(self, seq) -> int:
+        """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
+        if not self.prompt_cache or getattr(seq.params, "prompt_logprobs", None) is not None:
+            return 0
+        m = self._match(seq)
+        return m.num_tokens if m else 0
+
+    def claim_prompt(self, seq, num_tokens: int) -> int:
+        """Give seq a slot whose cells hold its first tokens; returns how many (<= num_tokens)."""
+        m = self._match(seq)
+        if m is None:
+            return 0
+        n = min(num_tokens, m.num_tokens)
+        if m.take_over:  # the same chat's next turn: keep the shared part, drop the slot's tail
+            self._slots.take(m.slot)
+            slot = m.slot
+            if not self._ll.llama_memory_seq_rm(self._mem, slot, n, -1):
+                raise LlamaCppError(f"llama.cpp could not trim slot {slot} to {n} tokens")
+        else:  # a shared prefix (a system prompt): the cells gain this slot's id, nothing is copied
+            got = self._slots.acquire(keep=m.slot)
+            if got is None:
+                return 0
+            slot, dirty = got
+            if dirty:
+                self._clear(slot)
+            self._ll.llama_memory_seq_cp(self._mem, m.slot, slot, 0, n)
+        self._slot_of[seq.seq_id] = slot
+        self._live[slot] = seq
+        self._kv_len[slot] = n
+        return n
+
+    def _match(self, seq):
+        live = {slot: s.token_ids[:self._kv_len[slot]] for slot, s in self._live.items()}
+        return self._slots.match(seq.token_ids, live, limit=seq.num_tokens - 1)
+
+    def _clear(self, slot: int) -> None:
         self._ll.llama_memory_seq_rm(self._mem, slot, 0, -1)  # whole sequence: never fails
-        self._kv_len.pop(slot, None)
-        self._free_slots.append(slot)
+
+    def _make_room(self, num_new: int) -> None:
+        """Evict idle slots (oldest first) until live + idle cells + this step's tokens fit.
+        The block manager bounds the live cells, so evicting every idle slot always suffices."""
+        live = sum(self._kv_len.values())
+        while live + num_new + self._slots.idle_cells > self.n_cells:
+            slot = self._slots.evict_lru()
+            if slot is None:
+                return
+            self._clear(slot)
 
     def execute(self, out) -> torch.Tensor:
         """One llama_decode over every scheduled sequence; float32 logits, one row per sampled
@@ -156,6 +222,7 @@ class LlamaCppRunner:
             i += k
         self._batch.n_tokens = n
         if n:
+            self._make_room(n)
             self._decode()
         for seq, k in zip(out.seqs, out.num_new_tokens):
             self._kv_len[self._slot_of[seq.seq_id]] = seq.num_computed_tokens + k
@@ -165,10 +232,15 @@ class LlamaCppRunner:
     def _slot(self, seq) -> int:
         slot = self._slot_of.get(seq.seq_id)
         if slot is None:
-            if not self._free_slots:
+            got = self._slots.acquire()
+            if got is None:
                 raise LlamaCppError(f"all {self.n_seq_max} llama.cpp sequence slots are in use "
                                     "(max_num_seqs bounds the running sequences)")
-            slot = self._slot_of[seq.seq_id] = self._free_slots.pop()
+            slot, dirty = got
+            if dirty:
+                self._clear(slot)
+            self._slot_of[seq.seq_id] = slot
+            self._live[slot] = seq
             self._kv_len[slot] = 0
         return slot
 
@@ -186,6 +258,10 @@ class LlamaCppRunner:
 
     def _decode(self) -> None:
         ret = self._ll.llama_decode(self._ctx, self._batch)
+        if ret == 1 and self._slots.idle:  # no room after all (placement): drop the cache, retry
+            while (slot := self._slots.evict_lru()) is not None:
+                self._clear(slot)
+            ret = self._ll.llama_decode(self._ctx, self._batch)
         if ret == 0:
             return
         # On 1 (and -1) llama.cpp restores the memory state to what it was before the call.

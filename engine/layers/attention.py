@@ -95,7 +95,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
         if meta.decode_plan is None:
@@ -103,7 +102,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             if seq_lens is None:
                 seq_lens = torch.tensor(meta.seq_lens[:nd], device=q.device)
             meta.decode_plan = decode_plan(meta.block_tables[:nd], seq_lens, k_cache.shape[1])
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_plan, scale).to(q.dtype)
+        decoded = _decode(q[:nd], k_cache, v_cache, meta.decode_plan, scale).to(q.dtype)
+        if nd == meta.num_seqs:  # a pure decode step (the common one): no scatter into `out`
+            return decoded
+    out = torch.empty_like(q)
+    if nd:
+        out[:nd] = decoded
     for i in range(nd, meta.num_seqs):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale).to(q.dtype)

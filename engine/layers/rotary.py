@@ -32,11 +32,21 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, d] -> rotated x: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in float32."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+def rotation_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, d/2] -> (C, S) [T, 1, d] with C = [cos | cos], S = [-sin | sin], so that
+    apply_rope is two products and a sum (built once a step, shared by every layer and head)."""
+    return torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """x [T, H, d] -> rotated x, in float32.
+
+    With x = [x1 | x2], the rotation (x1 cos - x2 sin, x2 cos + x1 sin) equals
+    x * [cos | cos] + [x2 | x1] * [-sin | sin], and [x2 | x1] is x rolled by d/2: four ops
+    instead of chunk, four products, a sum, a difference and a concatenation. Negating sin is
+    exact, so the result has the same bits as the two-half form."""
+    xf = x.float()
+    return (xf * C + xf.roll(x.shape[-1] // 2, -1) * S).to(x.dtype)
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -53,4 +63,5 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, base, freq_factors), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(positions, self.inv_freq, self.scaling)
+        """positions [T] -> rotation tables (C, S) [T, 1, d] for `apply_rope`."""
+        return rotation_tables(*rope_cos_sin(positions, self.inv_freq, self.scaling))
