@@ -74,7 +74,8 @@ def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
     from engine.llm_engine import LLMEngine
 
     cfg = EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
-                       max_num_seqs=max(args.concurrency), max_model_len=1024,
+                       max_num_seqs=max([*args.concurrency, *(getattr(args, "profile", None) or [])]),
+                       max_model_len=1024,
                        enable_prefix_caching=prefix_caching)
     decision = decide(cfg, backend=backend, device="cpu")
     cfg = config_for(cfg, decision)
