@@ -241,6 +241,14 @@ def test_llama_cpp_backend_serves_the_same_greedy_text(server, client, tiny_path
         assert got.choices[0].message.content == want
         s = list(other.chat.completions.create(model=_model(lcpp), stream=True, **kw))
         assert "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices) == want
+        # The next turn re-sends the conversation: the runner's prompt cache serves it, and the
+        # reply is still the torch server's.
+        turn2 = dict(kw, messages=[*MSGS, {"role": "assistant", "content": want},
+                                   {"role": "user", "content": "And then?"}])
+        got2 = other.chat.completions.create(model=_model(lcpp), **turn2)
+        assert got2.usage.prompt_tokens_details.cached_tokens >= 16
+        assert got2.choices[0].message.content == \
+            client.chat.completions.create(model=_model(server), **turn2).choices[0].message.content
     finally:
         lcpp.stop()
 
