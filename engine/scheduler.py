@@ -49,8 +49,8 @@ class SchedulerOutput:
 
 class PromptCache(Protocol):
     """KV kept outside the block manager that a new prompt can start from (the llama.cpp
-    runner's idle slots): `match` says how many leading tokens are there (no side effects),
-    `claim` hands them to the sequence and returns how many it got (at most the match)."""
+    runner's slots): `match_prompt` says how many leading tokens are there (no side effects),
+    `claim_prompt` hands them to the sequence and returns how many it got (at most the match)."""
 
     def match_prompt(self, seq: Sequence) -> int: ...
 
