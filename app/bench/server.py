@@ -83,6 +83,19 @@ async def _round(base_url: str, headers: dict, clients: int, max_tokens: int) ->
             "stream_tok_s": round(statistics.mean(r["stream_tok_s"] for r in rs), 1)}
 
 
+def _rounds(name: str, base_url: str, headers: dict, conc: list[int], max_tokens: int) -> list[dict]:
+    """A warm-up request, then one round per client count, each printed as it ends."""
+    asyncio.run(_round(base_url, headers, 1, 8))
+    rounds = []
+    for c in conc:
+        r = asyncio.run(_round(base_url, headers, c, max_tokens))
+        print(f"  {name:12s} {c:3d} clients: {r['agg_tok_s']:7.1f} tok/s in all, "
+              f"TTFT p50 {r['ttft_p50_s'] * 1000:6.0f} ms (max {r['ttft_max_s'] * 1000:6.0f}), "
+              f"{r['stream_tok_s']:6.1f} tok/s per stream", flush=True)
+        rounds.append(r)
+    return rounds
+
+
 def bench_backend(backend: str, model_args: list[str], conc: list[int], max_tokens: int, extra: list[str],
                   log_path: Path) -> dict:
     from engine.server.launch import EngineProcess
@@ -93,14 +106,7 @@ def bench_backend(backend: str, model_args: list[str], conc: list[int], max_toke
     with proc.start(timeout=600):
         health = proc.health()
         load_s = time.perf_counter() - t0
-        asyncio.run(_round(proc.base_url, proc.headers, 1, 8))  # warm-up
-        rounds = []
-        for c in conc:
-            r = asyncio.run(_round(proc.base_url, proc.headers, c, max_tokens))
-            print(f"  {backend:9s} {c:3d} clients: {r['agg_tok_s']:7.1f} tok/s in all, "
-                  f"TTFT p50 {r['ttft_p50_s'] * 1000:6.0f} ms (max {r['ttft_max_s'] * 1000:6.0f}), "
-                  f"{r['stream_tok_s']:6.1f} tok/s per stream", flush=True)
-            rounds.append(r)
+        rounds = _rounds(backend, proc.base_url, proc.headers, conc, max_tokens)
     return {"backend": backend, "device": health.get("device"), "model": health.get("model"),
             "startup_s": round(load_s, 1), "rounds": rounds}
 
@@ -137,14 +143,7 @@ def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int
                 raise TimeoutError("llama-server did not become healthy in 300 s")
             time.sleep(0.5)
         load_s = time.perf_counter() - t0
-        asyncio.run(_round(base, {}, 1, 8))  # warm-up
-        rounds = []
-        for c in conc:
-            r = asyncio.run(_round(base, {}, c, max_tokens))
-            print(f"  {'llama-server':12s} {c:3d} clients: {r['agg_tok_s']:7.1f} tok/s in all, "
-                  f"TTFT p50 {r['ttft_p50_s'] * 1000:6.0f} ms (max {r['ttft_max_s'] * 1000:6.0f}), "
-                  f"{r['stream_tok_s']:6.1f} tok/s per stream", flush=True)
-            rounds.append(r)
+        rounds = _rounds("llama-server", base, {}, conc, max_tokens)
     finally:
         proc.terminate()
         try:

@@ -142,11 +142,10 @@ class LlamaCppRunner:
             return
         self._live.pop(slot, None)
         n = self._kv_len.pop(slot, 0)
-        if self.prompt_cache and n:
-            self._slots.park(slot, seq.token_ids[:n])
-        else:
+        n = n if self.prompt_cache else 0
+        if not n:
             self._clear(slot)
-            self._slots.free.append(slot)
+        self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
 
     def match_prompt(self, seq) -> int:
         """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
