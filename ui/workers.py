@@ -89,18 +89,23 @@ class _WorkerBase:
 
     def run(self) -> None:  # called on the worker thread
         self.signals.started.emit()
+        error: Exception | None = None
         try:
             result = self.work()
         except Exception as e:  # reported, never raised into Qt's thread
             log.debug("worker failed", exc_info=True)
-            self.signals.errored.emit(e)
-        else:
-            if not self._abort_requested:
-                self.signals.returned.emit(result)
+            error = e
         finally:
+            # Finished before the outcome is emitted: a slot that receives `returned` (on the GUI
+            # thread, later) must see the work as over, or it could refuse the next job as "busy"
+            # while this thread has not yet been scheduled to run its last lines.
             self._running = False
             self._finished = True
-            self.signals.finished.emit()
+        if error is not None:
+            self.signals.errored.emit(error)
+        elif not self._abort_requested:
+            self.signals.returned.emit(result)
+        self.signals.finished.emit()
 
     def work(self) -> Any:
         raise NotImplementedError
