@@ -9,11 +9,11 @@ import sys
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
+    from engine.backends.cli_args import add_backend_args
+
     p.add_argument("--model", "-m", help="path of a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="activation/weight dtype of the torch engine")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or mps")
+    add_backend_args(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
 
 
@@ -31,13 +31,17 @@ def add_sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> N
 
 
 def build_engine(args):
+    """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
+    from engine.backends import BackendError, load_engine
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
     from engine.loaders.default_model import default_model_path
 
     path = args.model or str(default_model_path())
-    return LLMEngine(EngineConfig(model_path=path, dtype=args.dtype, device=args.device,
-                                  num_threads=args.threads, max_model_len=args.ctx))
+    config = EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads, max_model_len=args.ctx)
+    try:
+        return load_engine(config, args.backend, args.device)[0]
+    except BackendError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def sampling_params(args):

@@ -18,7 +18,7 @@ def _settings_defaults() -> tuple[dict, str | None]:
         return {}, None
     s = Settings.load()
     return ({"model_id": s.default_model, "models_dir": str(s.models_dir), "host": s.server_host,
-             "port": s.server_port, "api_key": s.api_key, "backend": s.backend, "device": s.device,
+             "port": s.server_port, "api_key": s.api_key, "backend": s.backend, "device": s.device, "dtype": s.dtype,
              "kv_memory_fraction": s.kv_memory_fraction, "threads": s.threads},
             str(settings_path()))
 
@@ -44,5 +44,5 @@ def _run(args) -> int:
     return serve(args)
 
 
-_PARSER_DEFAULTS = {"host": "127.0.0.1", "port": 8765, "backend": "auto", "device": "auto",
+_PARSER_DEFAULTS = {"host": "127.0.0.1", "port": 8765, "backend": "auto", "device": "auto", "dtype": "auto",
                     "kv_memory_fraction": 0.25}

@@ -206,21 +206,25 @@ class EngineSupervisor:
             if client is not None:
                 client.close()
 
-    def _spawn(self) -> subprocess.Popen | None:
-        port = self._pick_port()
-        self._ready_file.parent.mkdir(parents=True, exist_ok=True)
-        self._ready_file.unlink(missing_ok=True)
-        # `python -m engine serve`, wrapped so that the engine ends when this process dies (app/engine_child.py)
+    def _command(self, port: int) -> list[str]:
+        """`python -m engine serve` with the settings as flags, wrapped so that the engine ends
+        when this process dies (app/engine_child.py)."""
         cmd = [sys.executable, "-m", "app.engine_child", "--parent-pid", str(os.getpid()), "serve",
                *self._model_args(), "--models-dir", str(self.settings.models_dir), "--host", self.settings.server_host,
                "--port", str(port), "--ready-file", str(self._ready_file),
-               "--backend", self.settings.backend, "--device", self.settings.device,
+               "--backend", self.settings.backend, "--device", self.settings.device, "--dtype", self.settings.dtype,
                "--kv-memory-fraction", str(self.settings.kv_memory_fraction)]
         if self.settings.server_host not in LOOPBACK:
             cmd.append("--allow-remote")  # set explicitly in the settings, and a key is always set
         if self.settings.threads:
             cmd += ["--threads", str(self.settings.threads)]
-        cmd += self.extra_args
+        return cmd + list(self.extra_args)
+
+    def _spawn(self) -> subprocess.Popen | None:
+        port = self._pick_port()
+        self._ready_file.parent.mkdir(parents=True, exist_ok=True)
+        self._ready_file.unlink(missing_ok=True)
+        cmd = self._command(port)
         env = dict(os.environ)
         self.api_key = self.settings.api_key  # a key changed in the settings takes effect at (re)start
         env["EMBER_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it

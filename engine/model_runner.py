@@ -13,6 +13,7 @@ from collections.abc import Sequence as Seq
 import psutil
 import torch
 
+from engine.backends.device import auto_dtype, cpu_has_fast_bf16
 from engine.config import EngineConfig
 from engine.layers.attention import AttentionMetadata
 from engine.loaders.gguf_loader import load_model
@@ -22,24 +23,12 @@ log = logging.getLogger(__name__)
 MAX_DEFAULT_CONTEXT = 4096
 
 
-def cpu_has_fast_bf16() -> bool:
-    """bf16 GEMMs are fast only with AVX512-BF16 or AMX; elsewhere oneDNN falls back to a
-    reference path (measured on an AVX2 EPYC: 16×576×960 takes 11 ms in bf16, 2 ms in fp32)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cuda":
-        return torch.bfloat16
-    if device.type == "cpu" and cpu_has_fast_bf16():
-        return torch.bfloat16
-    return torch.float32
+    """A dtype name as torch's; `auto` (a runner built directly, not through engine.backends.decide)
+    by the same rule the decision uses."""
+    if name == "auto":
+        name = auto_dtype(device.type, cpu_has_fast_bf16())
+    return getattr(torch, name)
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

@@ -59,6 +59,7 @@ class SettingsDialog(QDialog):
         copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.api_key.text()))
         self.backend = self._combo(["auto", "torch", "llama.cpp"], s.backend)
         self.device = self._combo(["auto", "cpu", "cuda", "mps"], s.device)
+        self.dtype = self._combo(["auto", "float32", "bfloat16", "float16"], s.dtype)
         self.kv_fraction = QDoubleSpinBox(self, minimum=0.01, maximum=0.95, singleStep=0.05, decimals=2,
                                           value=s.kv_memory_fraction)
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
@@ -80,7 +81,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
         layout.addWidget(self._group("Local server", [("Port", self.server_port), ("API key", key_row),
                                                       ("", self.close_to_tray)]))
-        layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device),
+        layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
                                                 ("KV-cache memory", self.kv_fraction), ("Threads", self.threads)]))
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("API key", self.connection_key)]))
@@ -98,6 +99,7 @@ class SettingsDialog(QDialog):
             "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
             "server_port": self.server_port.value(), "api_key": self.api_key.text().strip(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
+            "dtype": self.dtype.currentText(),
             "kv_memory_fraction": self.kv_fraction.value(), "threads": self.threads.value() or None,
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,

@@ -12,8 +12,11 @@ def register(sub) -> None:
     register_commands(bench_sub, [f"app.bench.{name}" for name in BENCHES])
 
 
-def add_model_args(p) -> None:
-    """The flags every in-process bench shares: which model, how many threads, which dtype."""
+def add_model_args(p, backend: str | None = None) -> None:
+    """The flags every in-process bench shares: which model, how many threads, device and dtype
+    (and `--backend`, defaulting to `backend`, for a bench of one Ember backend)."""
+    from engine.backends.cli_args import add_backend_args
+
     p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
     p.add_argument("--threads", "-t", type=int, default=2)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    add_backend_args(p, {"backend": backend}, backend=backend is not None)

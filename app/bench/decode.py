@@ -60,16 +60,17 @@ def run(args) -> int:
     import llama_cpp
     import torch
 
+    from engine.backends import load_engine
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
     from engine.loaders.default_model import default_model_path
 
     path = args.model or str(default_model_path())
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
-                                    max_prefill_chunk=max(args.prompt_tokens, 16),
-                                    max_num_batched_tokens=max(args.prompt_tokens, 1024),
-                                    enable_prefix_caching=False))
+    engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
+                                                max_prefill_chunk=max(args.prompt_tokens, 16),
+                                                max_num_batched_tokens=max(args.prompt_tokens, 1024),
+                                                enable_prefix_caching=False), args.backend, args.device)
+    args.dtype = f"{decision.backend}/{decision.dtype}"
     llm = llama_cpp.Llama(model_path=path, n_ctx=args.prompt_tokens + args.new_tokens + 16,
                           n_batch=max(args.prompt_tokens, 512), n_threads=args.threads, verbose=False)
     prompt = make_prompt(engine.tokenizer.encode, args.prompt_tokens)
@@ -92,7 +93,7 @@ def run(args) -> int:
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("decode", help="single-stream prefill and decode tok/s, Ember vs llama.cpp")
-    add_model_args(p)
+    add_model_args(p, backend="torch")  # Ember's own engine by default: the one this bench is for
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)

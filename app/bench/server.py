@@ -33,7 +33,8 @@ def register(bench_sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None,
                    help="kernel threads per engine; on a busy machine 1 beats spinning thread barriers")
-    p.add_argument("--dtype", default="float32")
+    from engine.backends.cli_args import add_backend_args
+    add_backend_args(p, backend=False)  # --device, --dtype; --backends names the backends
     p.add_argument("--json", dest="json_out", default=None, help="also write the results here")
     p.add_argument("--llama-server", default=None, metavar="BIN",
                    help="also measure llama.cpp's own server (path to a llama-server binary), slots = max clients")
@@ -165,7 +166,7 @@ def run(args) -> int:
         from engine.loaders.default_model import default_model_path
         model_args = ["--model", str(default_model_path())]
     conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    extra = ["--dtype", args.dtype, "--max-num-seqs", str(max(conc + [16]))]
+    extra = ["--dtype", args.dtype, "--device", args.device, "--max-num-seqs", str(max(conc + [16]))]
     if args.threads:
         extra += ["--threads", str(args.threads)]
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"

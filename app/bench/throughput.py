@@ -69,17 +69,14 @@ def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
 def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
     """Ember with the torch runner, or with the llama.cpp runner under the same scheduler
     (prefix caching off by default: every chat here is new, as for llama-cpp-python)."""
-    from engine.backends import config_for, create_runner, decide
+    from engine.backends import load_engine
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
 
     cfg = EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
                        max_num_seqs=max([*args.concurrency, *(getattr(args, "profile", None) or [])]),
                        max_model_len=1024,
                        enable_prefix_caching=prefix_caching)
-    decision = decide(cfg, backend=backend, device="cpu")
-    cfg = config_for(cfg, decision)
-    return LLMEngine(cfg, runner=create_runner(cfg, decision))
+    return load_engine(cfg, backend, args.device)[0]
 
 
 def run(args) -> int:

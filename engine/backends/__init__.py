@@ -1,8 +1,11 @@
 """Backends: choose (backend, device) for a model on this machine, then build the runner for it.
 
     decision = decide(config, backend="auto", device="auto")   # logs the choice; BackendError if no fit
-    config = config_for(config, decision)                       # device, context, prefix caching
+    config = config_for(config, decision)                       # device, dtype, context
     engine = LLMEngine(config, runner=create_runner(config, decision))
+
+or all three at once, `engine, decision = load_engine(config, backend, device)`: every command
+that runs a model goes through here, so `auto` means one thing everywhere.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ log = logging.getLogger(__name__)
 MAX_DEFAULT_CONTEXT = 4096  # the runners' default: the model's own context, capped
 
 __all__ = ["BackendDecision", "BackendError", "MachineInfo", "ModelFootprint", "choose_backend",
-           "config_for", "create_runner", "decide", "model_footprint", "probe_machine"]
+           "config_for", "create_runner", "decide", "load_engine", "model_footprint", "probe_machine"]
 
 
 def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
@@ -28,14 +31,14 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
     ctx = config.max_model_len or min(fp.context_length, MAX_DEFAULT_CONTEXT)
     decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
                               context_length=ctx, dtype=config.dtype)
-    log.info("backend: %s on %s — %s", decision.backend, decision.device, decision.reason)
+    log.info("backend: %s on %s, %s — %s", decision.backend, decision.device, decision.dtype, decision.reason)
     return decision
 
 
 def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
-    """The EngineConfig the decision implies: its device and context (llama.cpp's logits come
-    back on the CPU, so the engine's side of it runs there)."""
-    changes: dict = {"max_model_len": decision.context_length}
+    """The EngineConfig the decision implies: its device, dtype and context (llama.cpp's logits
+    come back on the CPU, so the engine's side of it runs there)."""
+    changes: dict = {"max_model_len": decision.context_length, "dtype": decision.dtype}
     if decision.backend == "llama.cpp":
         changes["device"] = "cpu"
     else:
@@ -56,3 +59,13 @@ def create_runner(config: EngineConfig, decision: BackendDecision):
         from engine.model_runner import ModelRunner
         return ModelRunner(config)
     raise BackendError(f"unknown backend {decision.backend!r}")
+
+
+def load_engine(config: EngineConfig, backend: str = "auto", device: str = "auto",
+                machine: MachineInfo | None = None):
+    """decide → config_for → create_runner → LLMEngine; returns (engine, decision)."""
+    from engine.llm_engine import LLMEngine
+
+    decision = decide(config, backend=backend, device=device, machine=machine)
+    config = config_for(config, decision)
+    return LLMEngine(config, runner=create_runner(config, decision)), decision

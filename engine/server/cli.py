@@ -17,12 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+from engine.backends.cli_args import add_backend_args
 from engine.server.auth import check_bind, is_loopback
 
 log = logging.getLogger("engine.server")
-
-BACKENDS = ("auto", "torch", "llama.cpp")
-DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -36,13 +34,11 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--api-key", default=d.get("api_key"),
                    help="required Bearer key (also EMBER_API_KEY; --api-key-file keeps it out of `ps`)")
     p.add_argument("--api-key-file", default=None, help="read the API key from this file")
-    p.add_argument("--backend", choices=BACKENDS, default=d.get("backend", "auto"))
-    p.add_argument("--device", choices=DEVICES, default=d.get("device", "auto"))
+    add_backend_args(p, d)
     p.add_argument("--ready-file", default=None, help='write {"port", "pid"} here once listening')
     p.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (needs a key)")
     p.add_argument("--allowed-host", action="append", default=[], help="extra Host header names to accept")
     p.add_argument("--cors-origin", action="append", default=[], help="browser origin allowed by CORS")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's, ≤ 4096)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences batched together")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="fixed KV pool size in blocks")

@@ -19,13 +19,10 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
     """`config_kw` are EngineConfig fields (dtype, max_model_len, num_kv_blocks, num_threads, ...)."""
 
     def factory(spec: ModelSpec) -> LoadedModel:
-        from engine.backends import config_for, create_runner, decide
-        from engine.llm_engine import LLMEngine
+        from engine.backends import load_engine
 
         config = EngineConfig(model_path=spec.path, **{k: v for k, v in config_kw.items() if v is not None})
-        decision = decide(config, backend=backend, device=device)
-        config = config_for(config, decision)
-        engine = LLMEngine(config, runner=create_runner(config, decision))
+        engine, decision = load_engine(config, backend, device)
         return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
 
     return factory

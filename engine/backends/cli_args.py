@@ -1,0 +1,23 @@
+"""The `--backend`, `--device` and `--dtype` flags of every command that runs a model.
+
+One declaration, so `ember chat`, `generate`, `serve`, `python -m engine serve` (the GUI's engine)
+and the benchmarks accept the same values and default to the same `auto`, which
+`engine.backends.decide` resolves and logs.
+"""
+from __future__ import annotations
+
+import argparse
+
+from engine.backends.device import BACKENDS, DEVICES, DTYPES
+
+
+def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, backend: bool = True) -> None:
+    """`backend=False` for a command that names its backends itself (benchmarks of several)."""
+    d = defaults or {}
+    if backend:
+        p.add_argument("--backend", choices=BACKENDS, default=d.get("backend", "auto"),
+                       help="llama.cpp's kernels or Ember's torch engine (auto: the faster here)")
+    p.add_argument("--device", choices=DEVICES, default=d.get("device", "auto"),
+                   help="auto: CUDA, then MPS, then the CPU, whichever the model fits")
+    p.add_argument("--dtype", choices=DTYPES, default=d.get("dtype", "auto"),
+                   help="the torch engine's weights and KV (auto: bf16 where the hardware has it)")
