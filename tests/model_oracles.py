@@ -99,10 +99,10 @@ def llama_cpp_logits(llm, tokens: list[int]) -> np.ndarray:
 
 
 def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool) -> torch.Tensor:
-    """x [T, H, d] float64. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+d/2) = NEOX."""
+    """x [T, H, d]. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+d/2) = NEOX."""
     d = x.shape[-1]
     theta = pos[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    c, s = theta.cos()[:, None, :], theta.sin()[:, None, :]
+    c, s = theta.cos()[:, None, :].to(x.dtype), theta.sin()[:, None, :].to(x.dtype)
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
@@ -111,8 +111,9 @@ def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool
 
 
 @torch.inference_mode()
-def reference_logits(path, tokens: list[int]) -> torch.Tensor:
-    """float64 [T, V] from a plain dense transformer over gguf-py-dequantized tensors."""
+def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """[T, V] in `dtype` (float64: the oracle) from a plain dense transformer over gguf-py-dequantized
+    tensors. In float32 the same maths shows how much rounding this network itself amplifies."""
     r = GGUFReader(str(path))
     f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
     arch = f["general.architecture"]
@@ -121,7 +122,7 @@ def reference_logits(path, tokens: list[int]) -> torch.Tensor:
         for x in r.tensors:
             if x.name == name:
                 shape = tuple(int(n) for n in reversed(x.shape.tolist()))
-                return torch.from_numpy(np.array(gguf_dequantize(x.data, x.tensor_type)).reshape(shape)).double()
+                return torch.from_numpy(np.array(gguf_dequantize(x.data, x.tensor_type)).reshape(shape)).to(dtype)
         return None
 
     H, KV = f[f"{arch}.attention.head_count"], f[f"{arch}.attention.head_count_kv"]
@@ -149,3 +150,73 @@ def reference_logits(path, tokens: list[int]) -> torch.Tensor:
     x = norm(x, t("output_norm.weight"))
     head = t("output.weight")
     return x @ (head if head is not None else t("token_embd.weight")).T
+
+
+# ---- agreement with llama.cpp: bars that hold for llama.cpp's own builds against each other ----
+# llama.cpp multiplies Q4_1 weights by activations rounded to 8 bits, and its AVX2 and AVX-512
+# kernels round differently: on the bundled model (4 x 511 teacher-forced predictions, same file)
+# its two builds give PPL 15.6050 and 15.6407 and agree with each other on top-1 95.35%; of their
+# 95 disagreements, 3.2% have a gap above 0.10 and the largest is 0.182. Ember's float32 against
+# either build: top-1 95.50%, at most 1.1% of gaps above 0.10, largest 0.169. So disagreements
+# must be near-ties: llama.cpp's probability of its own top token exceeds its probability of ours
+# by at most NEAR_TIE for all but NEAR_TIE_SHARE of them (one is always allowed: a handful of
+# greedy departures is too few for a share), and by NEAR_TIE_MAX at the very most.
+PPL_RATIO_TOL = 0.01
+MEAN_KL_MAX = 0.01
+TOP1_MIN = 0.95
+NEAR_TIE = 0.10
+NEAR_TIE_SHARE = 0.05
+NEAR_TIE_MAX = 0.25
+
+
+def agreement(ours: torch.Tensor, theirs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position figures for logits [n, V] predicting `targets` [n] (float64 maths); `theirs`
+    is the oracle whose distribution the KL and the gaps are taken under."""
+    lq = ours.double().log_softmax(-1)
+    lp = theirs.double().log_softmax(-1)
+    p = lp.exp()
+    top_ours, top_theirs = lq.argmax(-1), lp.argmax(-1)
+    rows = torch.arange(len(targets))
+    return {
+        "nll_ours": -lq[rows, targets], "nll_theirs": -lp[rows, targets],
+        "kl": (p * (lp - lq)).sum(-1),
+        "agree": top_ours == top_theirs,
+        "gap": p[rows, top_theirs] - p[rows, top_ours],  # 0 where they agree
+    }
+
+
+def summarize(parts: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    s = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    gaps = s["gap"][~s["agree"]]
+    return {
+        "n": len(s["kl"]),
+        "ppl_ours": s["nll_ours"].mean().exp().item(), "ppl_theirs": s["nll_theirs"].mean().exp().item(),
+        "ppl_ratio": (s["nll_ours"].mean() - s["nll_theirs"].mean()).exp().item(),
+        "kl": s["kl"].mean().item(), "kl_max": s["kl"].max().item(),
+        "top1": s["agree"].double().mean().item(), "disagreements": len(gaps),
+        "over_near_tie": int((gaps > NEAR_TIE).sum()), "max_gap": gaps.max().item() if len(gaps) else 0.0,
+    }
+
+
+def format_summary(name: str, f: dict[str, float]) -> str:
+    return (f"{name}: {f['n']} predictions, PPL {f['ppl_ours']:.4f} vs {f['ppl_theirs']:.4f} "
+            f"(ratio {f['ppl_ratio']:.4f}), mean KL {f['kl']:.5f} (max {f['kl_max']:.4f}), "
+            f"top-1 {f['top1']:.2%}, {f['disagreements']} disagreements: {f['over_near_tie']} "
+            f"with gap > {NEAR_TIE}, max {f['max_gap']:.4f}")
+
+
+def assert_agrees(f: dict[str, float]) -> None:
+    """The fidelity bar (issues 2 and 10): what llama.cpp's own builds meet against each other."""
+    assert abs(f["ppl_ratio"] - 1) <= PPL_RATIO_TOL, f
+    assert f["kl"] <= MEAN_KL_MAX, f
+    assert f["top1"] >= TOP1_MIN, f
+    assert near_ties_ok(f["disagreements"], f["over_near_tie"], f["max_gap"]), f
+
+
+def near_ties_ok(disagreements: int, over_near_tie: int, max_gap: float) -> bool:
+    return over_near_tie <= max(1, int(NEAR_TIE_SHARE * disagreements)) and max_gap <= NEAR_TIE_MAX
+
+
+def assert_departures_are_near_ties(gaps: list[float], report: str) -> None:
+    """Greedy replies that depart from llama.cpp's: the gaps at the first departing steps."""
+    assert near_ties_ok(len(gaps), sum(g > NEAR_TIE for g in gaps), max(gaps, default=0.0)), report

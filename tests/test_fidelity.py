@@ -1,87 +1,128 @@
-"""Fidelity of our torch engine to llama.cpp on the bundled SmolLM2-135M (Q4_1), teacher-forced.
+"""Fidelity of the torch engine on the bundled SmolLM2-135M (Q4_1), teacher-forced, against two oracles.
 
-The corpus (tests/data/corpus/*.txt: prose, code, six languages, emoji, whitespace runs) is
-tokenized by llama.cpp and cut into chunks of CTX tokens; each chunk is a fresh sequence for
-both engines (same tokens, same chunking). Our model runs in float32 over its paged KV pool.
-llama.cpp multiplies Q4_1 weights with activations rounded to 8 bits, so a correct float
-engine agrees closely but not on every near-tie. Bars (issue 2): perplexity within 1%, mean
-KL(llama.cpp || ours) <= 0.01, top-1 agreement >= 95%, and every disagreement a near-tie:
-p_llama(its top) - p_llama(our top) <= 0.10.
+The corpus (tests/data/corpus/*.txt: prose, code, six languages, emoji, whitespace runs) is cut
+into chunks of CTX tokens spread over all of it; each chunk is a fresh sequence, run by our
+model over its paged KV pool.
+
+1. Exact maths: a float64 forward written in tests/model_oracles.py from gguf-py-dequantized
+   weights. Our float32 logits must match it to within float32 rounding (tolerance below); no
+   build of anything can blur this. bf16 (what `auto` picks where the CPU has fast bf16 GEMMs)
+   must meet the same distribution bars we hold llama.cpp to.
+2. llama.cpp (llama-cpp-python) on the same file: PPL within 1%, mean KL <= 0.01, top-1 >= 95%,
+   and disagreements that are near-ties, by the rule tests/model_oracles.py derives from what
+   llama.cpp's AVX2 and AVX-512 builds do against each other.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from engine.loaders.gguf_loader import load_model
-from model_oracles import llama_cpp_greedy, llama_cpp_logits, our_greedy, our_logits
+from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
+                           llama_cpp_greedy, llama_cpp_logits, our_greedy, our_logits, reference_logits,
+                           summarize)
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 CTX = 512
 NUM_CHUNKS = 4  # 4 x 511 = 2,044 predictions, chunks spread evenly over the whole corpus
+U32 = 2.0 ** -24  # float32 unit roundoff
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def corpus_text() -> str:
     return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CORPUS.glob("*.txt")))
 
 
-def chunk_stats(ours: torch.Tensor, theirs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-position figures for logits [n, V] predicting `targets` [n] (float64 maths)."""
-    lq = ours.double().log_softmax(-1)
-    lp = theirs.double().log_softmax(-1)
-    p = lp.exp()
-    top_ours, top_theirs = lq.argmax(-1), lp.argmax(-1)
-    rows = torch.arange(len(targets))
-    return {
-        "nll_ours": -lq[rows, targets], "nll_theirs": -lp[rows, targets],
-        "kl": (p * (lp - lq)).sum(-1),
-        "agree": top_ours == top_theirs,
-        "gap": p[rows, top_theirs] - p[rows, top_ours],  # 0 where they agree
-    }
+def corpus_chunks(tokens: list[int]) -> list[list[int]]:
+    available = len(tokens) // CTX
+    assert available >= NUM_CHUNKS, f"corpus too short: {len(tokens)} tokens"
+    starts = [round(i * (available - 1) / (NUM_CHUNKS - 1)) * CTX for i in range(NUM_CHUNKS)]
+    return [tokens[s:s + CTX] for s in starts]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_fidelity_vs_llama_cpp(bundled_model_path):
-    import llama_cpp
-
+@pytest.fixture(scope="module")
+def two_threads():
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
-                              logits_all=True, n_threads=2, verbose=False)
-        tokens = llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False)
-        available = len(tokens) // CTX
-        assert available >= NUM_CHUNKS, f"corpus too short: {len(tokens)} tokens"
-        starts = [round(i * (available - 1) / (NUM_CHUNKS - 1)) * CTX for i in range(NUM_CHUNKS)]
-        model = load_model(bundled_model_path, torch.float32, "cpu")
-        parts: list[dict[str, torch.Tensor]] = []
-        for start in starts:
-            chunk = tokens[start:start + CTX]
-            theirs = torch.from_numpy(llama_cpp_logits(llm, chunk))[:-1]
-            ours = our_logits(model, chunk)[:-1]
-            parts.append(chunk_stats(ours, theirs, torch.tensor(chunk[1:])))
-    finally:
-        torch.set_num_threads(threads)
-    s = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    ppl_ours, ppl_theirs = s["nll_ours"].mean().exp().item(), s["nll_theirs"].mean().exp().item()
-    ratio = ppl_ours / ppl_theirs
-    kl = s["kl"].mean().item()
-    top1 = s["agree"].double().mean().item()
-    gaps = s["gap"][~s["agree"]]
-    median_gap = gaps.median().item() if len(gaps) else 0.0
-    max_gap = gaps.max().item() if len(gaps) else 0.0
-    print(f"\nfidelity over {len(s['kl'])} predictions ({NUM_CHUNKS} chunks of {CTX} at {starts}): "
-          f"PPL ours {ppl_ours:.4f} / llama.cpp {ppl_theirs:.4f} = ratio {ratio:.4f}; "
-          f"mean KL {kl:.5f} (max {s['kl'].max().item():.4f}); top-1 agreement {top1:.2%}; "
-          f"{len(gaps)} disagreements, gap median {median_gap:.4f}, max {max_gap:.4f}")
-    assert abs(ratio - 1) <= 0.01
-    assert kl <= 0.01
-    assert top1 >= 0.95
-    assert max_gap <= 0.10
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def chunks(bundled_model_path) -> list[list[int]]:
+    from engine.loaders.tokenizer import Tokenizer
+
+    return corpus_chunks(Tokenizer.from_gguf(bundled_model_path).encode(corpus_text()))
+
+
+@pytest.fixture(scope="module")
+def float32_logits(bundled_model_path, chunks, two_threads) -> list[torch.Tensor]:
+    model = load_model(bundled_model_path, torch.float32, "cpu")
+    return [our_logits(model, c) for c in chunks]
+
+
+def float32_tolerance(layers: int, inner: int, max_logit: float) -> float:
+    """Bound on |ours - exact| for float32 logits.
+
+    A K-term dot product in float32 (blocked or pairwise, as oneDNN and MKL sum) errs by about
+    sqrt(K)·u relative to its terms' scale, u = 2^-24, in the usual model of independent roundings
+    (Higham, Accuracy and Stability of Numerical Algorithms, §3); each of the L layers adds its
+    matmuls' error to the residual stream and RMSNorm keeps each layer's gain near one, so the
+    relative errors add up over layers: |Δ| ≲ L·sqrt(K)·u·max|logit|, K the longest inner dimension.
+    For SmolLM2-135M: 30·sqrt(1536)·2^-24·35 ≈ 2.4e-3; measured 1.2e-4.
+    """
+    return layers * math.sqrt(inner) * U32 * max_logit
+
+
+def test_float32_matches_a_float64_forward(bundled_model_path, chunks, float32_logits, two_threads):
+    tokens = chunks[0]
+    exact = reference_logits(bundled_model_path, tokens)  # float64
+    plain = reference_logits(bundled_model_path, tokens, torch.float32).double()
+    ours = float32_logits[0].double()
+    model = load_model(bundled_model_path, torch.float32, "cpu")
+    cfg = model.config
+    tol = float32_tolerance(cfg.num_layers, max(cfg.hidden_size, cfg.intermediate_size), exact.abs().max().item())
+    err, plain_err = (ours - exact).abs().max().item(), (plain - exact).abs().max().item()
+    f = summarize([agreement(ours[:-1], exact[:-1], torch.tensor(tokens[1:]))])
+    print(f"\nEmber float32 vs float64 forward over {len(tokens)} tokens: max |Δlogit| {err:.2e} "
+          f"(tolerance {tol:.2e}; the same maths in plain float32: {plain_err:.2e}); "
+          f"PPL {f['ppl_ours']:.4f} vs {f['ppl_theirs']:.4f}, mean KL {f['kl']:.2e}, top-1 {f['top1']:.2%}")
+    assert err <= tol
+    # no worse than the straightforward float32 evaluation of the same network, beyond a small
+    # factor: a half-precision step hidden anywhere (KV, norms, rotary) would stand out here
+    assert err <= 4 * plain_err
+    assert f["kl"] <= 1e-8
+    assert f["disagreements"] == 0 or f["max_gap"] <= 1e-3  # only exact ties may differ
+
+
+def test_bfloat16_meets_the_fidelity_bar(bundled_model_path, chunks, float32_logits, two_threads):
+    """bf16 is `auto` on CPUs with fast bf16 GEMMs (and runs, slower, on every CPU: tested on all).
+    Against float32, which the test above ties to float64 within 1e-4."""
+    model = load_model(bundled_model_path, torch.bfloat16, "cpu")
+    parts = [agreement(our_logits(model, c)[:-1], ref[:-1], torch.tensor(c[1:]))
+             for c, ref in zip(chunks, float32_logits)]
+    f = summarize(parts)
+    print("\n" + format_summary("Ember bfloat16 vs float32", f))
+    assert_agrees(f)
+
+
+def test_fidelity_vs_llama_cpp(bundled_model_path, chunks, float32_logits, two_threads):
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
+                          logits_all=True, n_threads=2, verbose=False)
+    ours_tokens = chunks
+    theirs_tokens = corpus_chunks(llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
+    assert theirs_tokens == ours_tokens  # the same tokenization, so the same sequences
+    parts = [agreement(ours[:-1], torch.from_numpy(llama_cpp_logits(llm, c))[:-1], torch.tensor(c[1:]))
+             for c, ours in zip(chunks, float32_logits)]
+    f = summarize(parts)
+    print("\n" + format_summary("Ember float32 vs llama.cpp", f) + f"\n  llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
+    assert_agrees(f)
 
 
 CHAT_PROMPTS = [
@@ -92,45 +133,37 @@ CHAT_PROMPTS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_greedy_chat_departs_only_at_near_ties(bundled_model_path):
+def test_greedy_chat_departs_only_at_near_ties(bundled_model_path, two_threads):
     """Greedy replies (prefill + decode steps over the paged pool) match llama.cpp's token for
     token until, at most, a step where llama.cpp itself nearly ties our choice."""
     import llama_cpp
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=256, logits_all=True, n_threads=2,
-                              verbose=False)
-        model = load_model(bundled_model_path, torch.float32, "cpu")
-        report = []
-        for text in CHAT_PROMPTS:
-            chat = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-            prompt = llm.tokenize(chat.encode(), add_bos=False, special=True)
-            theirs, logits = llama_cpp_greedy(llm, prompt, 40)
-            ours = our_greedy(model, prompt, 40)
-            end = theirs.index(llm.token_eos()) + 1 if llm.token_eos() in theirs else len(theirs)
-            ours, theirs = ours[:end], theirs[:end]  # compare the reply, up to llama.cpp's EOS
-            i = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-            if i is None:
-                report.append(f"{text[:30]!r}: identical ({len(ours)} tokens)")
-                continue
-            p = torch.from_numpy(logits[i]).double().softmax(-1)
-            gap = (p[theirs[i]] - p[ours[i]]).item()
-            report.append(f"{text[:30]!r}: departs at step {i}, gap {gap:.4f}")
-            assert gap <= 0.10, report[-1]
-    finally:
-        torch.set_num_threads(threads)
+    llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=256, logits_all=True, n_threads=2,
+                          verbose=False)
+    model = load_model(bundled_model_path, torch.float32, "cpu")
+    report, gaps = [], []
+    for text in CHAT_PROMPTS:
+        chat = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+        prompt = llm.tokenize(chat.encode(), add_bos=False, special=True)
+        theirs, logits = llama_cpp_greedy(llm, prompt, 40)
+        ours = our_greedy(model, prompt, 40)
+        end = theirs.index(llm.token_eos()) + 1 if llm.token_eos() in theirs else len(theirs)
+        ours, theirs = ours[:end], theirs[:end]  # compare the reply, up to llama.cpp's EOS
+        i = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if i is None:
+            report.append(f"{text[:30]!r}: identical ({len(ours)} tokens)")
+            continue
+        p = torch.from_numpy(logits[i]).double().softmax(-1)
+        gaps.append((p[theirs[i]] - p[ours[i]]).item())
+        report.append(f"{text[:30]!r}: departs at step {i}, gap {gaps[-1]:.4f}")
     print("\n" + "\n".join(report))
+    assert_departures_are_near_ties(gaps, "\n".join(report))
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_qwen2_k_quant_model_vs_llama_cpp():
+def test_qwen2_k_quant_model_vs_llama_cpp(two_threads):
     """A real qwen2 file (Qwen2.5-Coder-0.5B: q/k/v biases, NEOX RoPE, Q5_0/Q4_K/Q6_K/Q8_0 mix,
-    untied head): same bars as above on 255 teacher-forced predictions."""
+    untied head): the same bars on 255 teacher-forced predictions."""
     import llama_cpp
 
     from real_models import QWEN_05B, fetch_parts_model
@@ -140,24 +173,14 @@ def test_qwen2_k_quant_model_vs_llama_cpp():
     except Exception as e:  # no registry reachable: nothing to compare against
         pytest.skip(f"cannot fetch the Qwen2.5-Coder-0.5B parts: {e}")
     n = 256
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
-                              n_threads=2, verbose=False)
-        text = corpus_text()
-        tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
-        theirs = torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
-        del llm
-        model = load_model(path, torch.float32, "cpu")
-        assert model.config.arch == "qwen2" and model.config.attention_bias
-        s = chunk_stats(our_logits(model, tokens)[:-1], theirs, torch.tensor(tokens[1:]))
-    finally:
-        torch.set_num_threads(threads)
-    ratio = (s["nll_ours"].mean() - s["nll_theirs"].mean()).exp().item()
-    kl, top1 = s["kl"].mean().item(), s["agree"].double().mean().item()
-    gaps = s["gap"][~s["agree"]]
-    print(f"\nqwen2 0.5B: PPL ratio {ratio:.4f}, mean KL {kl:.5f}, top-1 {top1:.2%}, "
-          f"max gap {gaps.max().item() if len(gaps) else 0.0:.4f}")
-    assert abs(ratio - 1) <= 0.01 and kl <= 0.01 and top1 >= 0.95
-    assert len(gaps) == 0 or gaps.max().item() <= 0.10
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
+                          n_threads=2, verbose=False)
+    text = corpus_text()
+    tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
+    theirs = torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
+    del llm
+    model = load_model(path, torch.float32, "cpu")
+    assert model.config.arch == "qwen2" and model.config.attention_bias
+    f = summarize([agreement(our_logits(model, tokens)[:-1], theirs, torch.tensor(tokens[1:]))])
+    print("\n" + format_summary("qwen2 0.5B, Ember float32 vs llama.cpp", f))
+    assert_agrees(f)

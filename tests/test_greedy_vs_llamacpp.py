@@ -1,9 +1,9 @@
 """Greedy chat replies of the torch engine against llama.cpp on the bundled model.
 
 Where Ember's reply first departs from llama.cpp's, the step must be a near-tie: llama.cpp's
-probability of its own top token exceeds its probability of Ember's token by at most 0.10
-(llama.cpp multiplies Q4_1 weights with activations rounded to 8 bits; a float engine cannot
-agree on every near-tie).
+probability of its own top token exceeds its probability of Ember's token by little (the rule and
+its figures: tests/model_oracles.py; llama.cpp multiplies Q4_1 weights with activations rounded to
+8 bits, differently on AVX2 and AVX-512, so a float engine cannot agree on every near-tie).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from model_oracles import assert_departures_are_near_ties
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,6 @@ QUESTIONS = [
     "Translate 'good morning' into Spanish and German.",
 ]
 NEW_TOKENS = 40
-NEAR_TIE = 0.10
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -42,7 +42,7 @@ def test_greedy_replies_depart_only_at_near_ties(bundled_model_path):
     prompts = [engine.tokenizer.encode(engine.chat_template.render([{"role": "user", "content": q}]))
                for q in QUESTIONS]
     ours = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
-    identical = 0
+    identical, gaps, report = 0, [], []
     for prompt, out in zip(prompts, ours):
         theirs: list[int] = []
         for tok in llm.generate(prompt, temp=0.0, reset=True):
@@ -60,7 +60,7 @@ def test_greedy_replies_depart_only_at_near_ties(bundled_model_path):
         llm.reset()
         llm.eval(prompt + theirs[:k])
         p = _softmax(np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64))
-        gap = p[theirs[k]] - p[mine[k]]
-        assert gap <= NEAR_TIE, (f"reply to {engine.tokenizer.decode(prompt)!r} departs at step {k} "
-                                 f"with llama.cpp gap {gap:.3f}")
-    print(f"\n{identical}/{len(prompts)} greedy replies identical to llama.cpp over {NEW_TOKENS} tokens")
+        gaps.append(float(p[theirs[k]] - p[mine[k]]))
+        report.append(f"reply to {engine.tokenizer.decode(prompt)!r} departs at step {k} with llama.cpp gap {gaps[-1]:.3f}")
+    print(f"\n{identical}/{len(prompts)} greedy replies identical to llama.cpp over {NEW_TOKENS} tokens\n" + "\n".join(report))
+    assert_departures_are_near_ties(gaps, "\n".join(report))
