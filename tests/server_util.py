@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
+
+import httpx
 
 from engine.server.launch import EngineProcess
 
 TINY_CTX = 512
+LONG_CTX = 4096  # a tiny model with this context: room for replies that outlast any test's moment
 
 
 def start_engine(model: Path, tmp_dir: Path, *extra: str, api_key: str | None = "auto",
@@ -26,3 +30,24 @@ def start_engine(model: Path, tmp_dir: Path, *extra: str, api_key: str | None = 
 def tiny_model(factory) -> Path:
     """A tiny random llama with a real BPE tokenizer and ChatML template (tests/gguf_factory.py)."""
     return factory(ctx=TINY_CTX)
+
+
+def long_max_tokens(base_url: str, api_key: str | None, seconds: float = 20.0) -> int:
+    """max_tokens (with ignore_eos) for a reply that is still running when a test acts on it.
+
+    A test that needs a request in flight waits until it sees it running, then acts (hangs up,
+    stops, kills): what is left of the reply must outlast that moment on any CPU. So the length
+    comes from this server's speed, measured now (a short greedy request timed end to end, which
+    underestimates it): about `seconds` of decoding, capped by what one sequence can hold (the
+    context and the KV pool). Serve a LONG_CTX model so that the cap is seconds even on fast CPUs.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"prompt": "The fox", "max_tokens": 32, "ignore_eos": True, "temperature": 0}
+    t0 = time.monotonic()
+    r = httpx.post(base_url + "/v1/completions", headers=headers, json=body, timeout=120)
+    elapsed = time.monotonic() - t0
+    r.raise_for_status()
+    tok_s = r.json()["usage"]["completion_tokens"] / elapsed
+    s = httpx.get(base_url + "/v1/engine/status", headers=headers, timeout=10).json()
+    room = min(s["max_model_len"], s["kv"]["blocks_total"] * s["kv"]["block_size"]) - 64  # 64: the prompt
+    return max(1, min(room, int(tok_s * seconds)))

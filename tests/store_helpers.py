@@ -112,6 +112,8 @@ class Fault:
     stall_s: float = 0.0  # sleep this long before the body...
     stall_times: int = 1
     chunk_delay_s: float = 0.0  # sleep between 64 KiB chunks (a slow but steady server)
+    hold_at: int | None = None  # stop at this byte of the file until `release` is set: a transfer
+    release: threading.Event = field(default_factory=threading.Event)  # surely unfinished till then
     etag_sha256: str | None = None  # send X-Linked-Etag with this value
     redirect_to: str | None = None  # answer 302 with this Location
 
@@ -197,6 +199,8 @@ class FakeHub:
                     limit, mode = fault.max_body, "close"
                 try:
                     for i in range(0, limit, 1 << 16):
+                        if fault.hold_at is not None and start + i >= fault.hold_at and not fault.release.wait(60):
+                            return  # never released: the test has failed; end this transfer
                         self.wfile.write(body[i:min(i + (1 << 16), limit)])
                         if fault.chunk_delay_s:
                             time.sleep(fault.chunk_delay_s)

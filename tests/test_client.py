@@ -12,14 +12,17 @@ import pytest
 
 from app.client import ChatDelta, EngineClient, EngineClientError, sse_events
 from engine_process import EngineProcess, write_manifest
+from server_util import LONG_CTX, long_max_tokens
 
 PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_factory, tmp_path_factory):
-    # a small fixed KV pool: sizing it from free RAM would allocate a GiB for a tiny model
-    proc = EngineProcess(tiny_model_factory(), tmp_path_factory.mktemp("engine"), extra=("--num-kv-blocks", "256"))
+    # a small fixed KV pool: sizing it from free RAM would allocate a GiB for a tiny model; a long
+    # context (256 blocks hold it), so that a reply can outlast any moment a test acts in
+    proc = EngineProcess(tiny_model_factory(ctx=LONG_CTX), tmp_path_factory.mktemp("engine"),
+                         extra=("--num-kv-blocks", "256"))
     try:
         proc.wait_ready()
         yield proc
@@ -82,9 +85,10 @@ def test_stream_matches_the_official_openai_client(client, engine):
 
 
 @pytest.mark.slow
-def test_close_aborts_the_sequence_on_the_server(client):
+def test_close_aborts_the_sequence_on_the_server(client, engine):
+    n = long_max_tokens(engine.base_url, engine.api_key)
     before = wait_idle(client)
-    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
+    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=n, ignore_eos=True)
     got = [next(stream) for _ in range(3)]
     assert all(d.text for d in got)
     assert client.status()["num_running"] == 1
@@ -95,8 +99,9 @@ def test_close_aborts_the_sequence_on_the_server(client):
 
 
 @pytest.mark.slow
-def test_cancel_from_another_thread_ends_a_blocked_read(client):
-    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=400, ignore_eos=True)
+def test_cancel_from_another_thread_ends_a_blocked_read(client, engine):
+    n = long_max_tokens(engine.base_url, engine.api_key)
+    stream = client.chat_stream(PROMPT, temperature=0.8, max_tokens=n, ignore_eos=True)
     next(stream)
     seen: list[ChatDelta] = []
     done = threading.Event()
@@ -108,11 +113,14 @@ def test_cancel_from_another_thread_ends_a_blocked_read(client):
 
     t = threading.Thread(target=consume)
     t.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while len(seen) < 3:  # the consumer is reading: cancel while it waits for the next token
+        assert t.is_alive() and time.monotonic() < deadline, seen
+        time.sleep(0.01)
     stream.cancel()
     assert done.wait(5), "the consumer did not stop after cancel()"
     t.join(5)
-    assert len(seen) < 399
+    assert len(seen) < n - 1
     wait_idle(client, timeout=5)
 
 
@@ -150,7 +158,7 @@ def test_unreachable_server_is_a_clear_error():
 
 @pytest.mark.slow
 def test_load_and_unload_by_id(client, engine, tiny_model_factory):
-    other = tiny_model_factory(seed=7, hidden=32, n_heads=2, n_kv_heads=1)
+    other = tiny_model_factory(seed=7, hidden=32, n_heads=2, n_kv_heads=1, ctx=LONG_CTX)
     write_manifest(engine.models_dir, "tiny-other", other)
     original = client.status()["model"]
     try:
@@ -159,7 +167,8 @@ def test_load_and_unload_by_id(client, engine, tiny_model_factory):
         reply = client.chat(PROMPT, max_tokens=4, temperature=0)
         assert reply.usage.completion_tokens == 4
         # unloading under a running stream: the stream's error event becomes an EngineClientError
-        stream = client.chat_stream(PROMPT, max_tokens=400, ignore_eos=True, temperature=0.8)
+        n = long_max_tokens(engine.base_url, engine.api_key)  # still running when the unload comes
+        stream = client.chat_stream(PROMPT, max_tokens=n, ignore_eos=True, temperature=0.8)
         next(stream)
         unloaded: list[dict] = []
         t = threading.Thread(target=lambda: unloaded.append(client.unload_model()))

@@ -29,7 +29,8 @@ def test_pull_killed_mid_download_resumes_and_verifies(tmp_path):
     models, data = tmp_path / "models", tmp_path / "data"
     env = {**os.environ, "EMBER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
     with FakeHub() as hub:
-        path = hub.add("test/resume-GGUF", "resume.gguf", payload, Fault(chunk_delay_s=0.05))  # ~3.5 s in all
+        # ~3.5 s in all, and it stops half-way until released: the kill surely comes mid-download
+        path = hub.add("test/resume-GGUF", "resume.gguf", payload, Fault(chunk_delay_s=0.05, hold_at=2 << 20))
         cmd = [sys.executable, "-m", "app.cli", "models", "pull", "resume-test", "--catalog",
                str(tmp_path / "catalog.json"), "--hub-base-url", hub.base_url, "--models-dir", str(models),
                "--data-dir", str(data), "--no-progress"]
@@ -50,6 +51,7 @@ def test_pull_killed_mid_download_resumes_and_verifies(tmp_path):
         assert [j["model_id"] for j in queue["jobs"]] == ["resume-test"]
 
         hub.faults[path].chunk_delay_s = 0
+        hub.faults[path].release.set()
         again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
         ranges = hub.ranges(path)

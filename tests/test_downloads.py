@@ -20,6 +20,8 @@ from store_helpers import FakeHub, Fault, self_signed_cert, sha256, write_gptq_d
 
 REPO = "test/tiny-GGUF"
 FAST = RetryPolicy(attempts=4, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=1.0)
+HOLD = 1 << 20  # Fault.hold_at for the 2 MB payloads: half-way
+PATIENT = RetryPolicy(attempts=4, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=60.0)  # waits out a hold
 
 
 @pytest.fixture(scope="module")
@@ -232,14 +234,16 @@ def test_disk_full_mid_write_keeps_the_part_and_resumes_later(hub, store, tmp_pa
 
 
 def test_pause_resume_cancel_and_persisted_queue(hub, store, tmp_path, payloads):
-    path = hub.add(REPO, "a.gguf", payloads[0], Fault(chunk_delay_s=0.01))
-    hub.add(REPO, "b.gguf", payloads[1], Fault(chunk_delay_s=0.01))
-    dm = manager(store, hub, tmp_path)
+    release = threading.Event()  # both transfers stop half-way until then: unfinished when halted
+    path = hub.add(REPO, "a.gguf", payloads[0], Fault(chunk_delay_s=0.01, hold_at=HOLD, release=release))
+    hub.add(REPO, "b.gguf", payloads[1], Fault(chunk_delay_s=0.01, hold_at=HOLD, release=release))
+    dm = manager(store, hub, tmp_path, retry=PATIENT)
     a = dm.start(entry("tiny-a", "a.gguf", payloads[0]))
     b = dm.start(entry("tiny-b", "b.gguf", payloads[1]))
     _wait_for(lambda: all(e.bytes_done > 200_000 for e in dm.jobs()))
     dm.pause(a)
     dm.cancel(b)
+    release.set()  # the workers see their flags at the next chunk
     assert dm.wait(a, timeout=10).state == "paused"
     assert dm.wait(b, timeout=10).state == "cancelled"
     assert_nothing_left(store, "tiny-b")
@@ -256,16 +260,20 @@ def test_pause_resume_cancel_and_persisted_queue(hub, store, tmp_path, payloads)
 
 
 def test_parallel_limit_queues_the_rest(hub, store, tmp_path, payloads):
+    release = threading.Event()  # every transfer stops half-way until two were seen there at once
     for i in range(3):
-        hub.add(REPO, f"{i}.gguf", payloads[i], Fault(chunk_delay_s=0.002))
+        hub.add(REPO, f"{i}.gguf", payloads[i], Fault(chunk_delay_s=0.002, hold_at=HOLD, release=release))
     rec = Recorder()
-    dm = manager(store, hub, tmp_path, max_parallel=2)
+    dm = manager(store, hub, tmp_path, max_parallel=2, retry=PATIENT)
     dm.subscribe(rec)
     jobs = [dm.start(entry(f"m{i}", f"{i}.gguf", payloads[i])) for i in range(3)]
     running_at_once, live = 0, set()
     for _ in range(2000):
-        live = {e.job_id for e in dm.jobs() if e.state == "running"}
+        events = dm.jobs()
+        live = {e.job_id for e in events if e.state == "running"}
         running_at_once = max(running_at_once, len(live))
+        if sum(e.bytes_done >= HOLD // 2 for e in events if e.state == "running") >= 2:
+            release.set()  # two at once, well under way (a third would be running by now too)
         if all(e.state == "done" for e in dm.jobs()):
             break
         time.sleep(0.005)

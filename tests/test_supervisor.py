@@ -21,6 +21,7 @@ from app.client import EngineClient, EngineClientError
 from app.settings import Settings
 from app.supervisor import EngineSupervisor
 from engine_process import write_manifest
+from server_util import LONG_CTX, long_max_tokens
 
 PROMPT = [{"role": "user", "content": "Tell me a story."}]
 SMALL_KV = ("--num-kv-blocks", "256")  # sizing the pool from free RAM would allocate a GiB for a tiny model
@@ -73,13 +74,14 @@ def no_children_left(timeout: float = 5.0) -> bool:
 
 @pytest.mark.slow
 def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
-    write_manifest(settings.models_dir, "tiny-other", tiny_model_factory(seed=3, hidden=32, n_heads=2, n_kv_heads=1))
+    write_manifest(settings.models_dir, "tiny-other", tiny_model_factory(seed=3, hidden=32, n_heads=2, n_kv_heads=1,
+                                                                         ctx=LONG_CTX))
     sup = EngineSupervisor(settings, model_path=tiny_model_factory(), backoff=(0.2, 1.0), extra_args=SMALL_KV)
     rec = Recorder(sup)
     try:
         sup.start()
         assert sup.wait_ready(120), f"{sup.state}: {sup.message}"
-        rec.wait_for(["starting", "ready"], 1)
+        rec.wait_for(["starting", "ready"], 10)  # the watcher calls back just after wait_ready returns
         assert "engine-supervisor" in rec.threads  # loading and ready come from the watcher thread
         url, pid = sup.base_url, sup.pid
         assert url.startswith("http://127.0.0.1:") and pid is not None
@@ -92,8 +94,8 @@ def test_start_chat_kill_restart_stop(settings, tiny_model_factory):
                 time.sleep(0.05)
             assert sup.model_id == "tiny-other"
 
-            # the engine dies mid-reply
-            stream = client.chat_stream(PROMPT, max_tokens=400, ignore_eos=True)
+            # the engine dies mid-reply (a reply long enough to be running still when the kill comes)
+            stream = client.chat_stream(PROMPT, max_tokens=long_max_tokens(url, sup.api_key), ignore_eos=True)
             next(stream)
             os.kill(pid, signal.SIGKILL)
             with pytest.raises(EngineClientError, match="lost mid-reply"):
@@ -151,7 +153,10 @@ def test_a_model_that_fails_to_load_is_an_error_state_not_a_restart(settings, tm
 def test_stop_right_after_start_leaves_no_process(settings, tiny_model_factory):
     sup = EngineSupervisor(settings, model_path=tiny_model_factory())
     sup.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while sup.pid is None:  # stop while the child is starting up
+        assert sup.state == "starting" and time.monotonic() < deadline, (sup.state, sup.message)
+        time.sleep(0.01)
     sup.stop()
     assert sup.state == "stopped" and sup.base_url is None
     assert no_children_left()

@@ -13,7 +13,8 @@ from app.client import EngineClient
 from app.gui_main import build_app
 from ui.chat_view import ChatView
 from ui.transcript import TranscriptView
-from ui_support import GapMeter, allowed_gap_ms, make_settings, record_client_threads, own_engine, shared_engine, tiny_gguf, ui_settings  # noqa: F401
+from server_util import long_max_tokens
+from ui_support import GapMeter, allowed_gap_ms, make_settings, record_client_threads, own_engine, replies_ignore_eos, shared_engine, tiny_gguf, ui_settings  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,8 +84,10 @@ def test_reply_streams_in_and_matches_a_plain_request(qtbot, ember, monkeypatch)
     assert ember.chat_store.get_chat(view.chat_id).title == "Hello there"
 
 
-def test_two_chats_stream_at_once(qtbot, ember):
-    a, b = new_chat(ember, max_tokens=80), new_chat(ember, max_tokens=80)
+def test_two_chats_stream_at_once(qtbot, ember, monkeypatch):
+    replies_ignore_eos(monkeypatch)  # two replies of seconds each: they overlap on any CPU
+    n = long_max_tokens(ember.controller.base_url, ember.controller.api_key, seconds=2)
+    a, b = new_chat(ember, max_tokens=n), new_chat(ember, max_tokens=n)
     both = []
 
     def check(_stats):
@@ -107,26 +110,29 @@ def test_two_chats_stream_at_once(qtbot, ember):
         assert ember.chat_store.messages(v.chat_id)[-1].status == "done"
 
 
-def test_stop_ends_the_reply_and_frees_the_sequence(qtbot, ember):
-    view = new_chat(ember, max_tokens=400, temperature=0.8)
+def test_stop_ends_the_reply_and_frees_the_sequence(qtbot, ember, monkeypatch):
+    replies_ignore_eos(monkeypatch)  # still running when Stop is clicked, however fast the CPU
+    n = long_max_tokens(ember.controller.base_url, ember.controller.api_key)
+    view = new_chat(ember, max_tokens=n, temperature=0.8)
     view.send("Write a very long essay.")
     qtbot.waitUntil(lambda: len(view.transcript.messages[-1].content) > 10, timeout=60_000)
     with qtbot.waitSignal(view.reply_finished, timeout=5000) as stopped:
         qtbot.mouseClick(view.stop_button, Qt.LeftButton)
     assert stopped.args == [view.chat_id, "stopped"]
     text = view.transcript.messages[-1].content
-    qtbot.wait(500)
+    client = EngineClient(ember.controller.base_url, api_key=ember.controller.api_key)
+    qtbot.waitUntil(lambda: client.status().get("num_running", 0) == 0, timeout=10_000)
+    qtbot.wait(500)  # the engine has ended the sequence: nothing it sent may show up now
     assert view.transcript.messages[-1].content == text, "text kept arriving after Stop"
     assert ember.chat_store.messages(view.chat_id)[-1].status == "stopped"
     assert "(stopped)" in view.transcript.toPlainText()
-    client = EngineClient(ember.controller.base_url, api_key=ember.controller.api_key)
-    qtbot.waitUntil(lambda: client.status().get("num_running", 0) == 0, timeout=10_000)
     assert view.send_button.isEnabled() and view.regenerate_button.isEnabled()
 
 
 def test_event_loop_keeps_turning_while_a_reply_streams(qtbot, ember, monkeypatch):
     calls = record_client_threads(monkeypatch)
-    view = new_chat(ember, max_tokens=60)
+    replies_ignore_eos(monkeypatch)  # a reply of about a second on any CPU, so the timer can tick
+    view = new_chat(ember, max_tokens=long_max_tokens(ember.controller.base_url, ember.controller.api_key, seconds=1))
     meter = GapMeter(20)
     meter.start()
     t0 = time.perf_counter()
@@ -141,7 +147,8 @@ def test_event_loop_keeps_turning_while_a_reply_streams(qtbot, ember, monkeypatc
     assert meter.max_gap_ms < limit, f"the GUI thread was blocked for {meter.max_gap_ms:.0f} ms (limit {limit:.0f})"
 
 
-def test_engine_killed_mid_reply(qtbot, tmp_path, own_engine):  # noqa: F811
+def test_engine_killed_mid_reply(qtbot, tmp_path, own_engine, monkeypatch):  # noqa: F811
+    replies_ignore_eos(monkeypatch)
     app = build_app(own_engine.settings, supervisor=own_engine, poll_interval_ms=200)
     qtbot.addWidget(app.window)
     app.controller.start()
@@ -149,8 +156,8 @@ def test_engine_killed_mid_reply(qtbot, tmp_path, own_engine):  # noqa: F811
         first = new_chat(app, max_tokens=20)
         with qtbot.waitSignal(first.reply_finished, timeout=60_000):
             first.send("An earlier question")
-        view = new_chat(app, max_tokens=400)
-        view.send("Hello there")  # greedy: about 110 tokens on the tiny model before it ends
+        view = new_chat(app, max_tokens=long_max_tokens(own_engine.base_url, own_engine.api_key))
+        view.send("Hello there")  # seconds of reply on any CPU: still running when the kill comes
         qtbot.waitUntil(lambda: len(view.transcript.messages[-1].content) > 5 or not view.is_streaming,
                         timeout=60_000)
         assert view.is_streaming, f"the reply ended before the kill: {view.transcript.messages[-1]}"
@@ -164,6 +171,7 @@ def test_engine_killed_mid_reply(qtbot, tmp_path, own_engine):  # noqa: F811
         # nothing else was lost: both chats and their turns are still there
         assert [m.status for m in app.chat_store.messages(first.chat_id)] == ["done", "done"]
         assert [m.status for m in app.chat_store.messages(view.chat_id)] == ["done", "error"]
+        app.chat_store.update_chat_settings(view.chat_id, {"max_tokens": 20})  # a short one this time
         with qtbot.waitSignal(view.reply_finished, timeout=60_000) as again:
             view.regenerate_button.click()
         assert again.args == [view.chat_id, "done"]

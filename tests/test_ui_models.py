@@ -28,6 +28,8 @@ class SlowFileServer(ThreadingHTTPServer):
     def __init__(self, name: str, data: bytes, chunk: int = 8192, delay_s: float = 0.01) -> None:
         self.name, self.data, self.chunk, self.delay_s = name, data, chunk, delay_s
         self.requests: list[str] = []
+        self.hold_at: int | None = None  # stop at this byte until `release` is set (a download that
+        self.release = threading.Event()  # is surely unfinished when the test acts)
         super().__init__(("127.0.0.1", 0), _Handler)
 
     @property
@@ -58,6 +60,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             for i in range(0, len(body), srv.chunk):
+                if srv.hold_at is not None and start + i >= srv.hold_at:
+                    srv.release.wait(60)
                 self.wfile.write(body[i:i + srv.chunk])
                 self.wfile.flush()
                 time.sleep(srv.delay_s)
@@ -112,11 +116,12 @@ def test_download_shows_progress_then_installs(qtbot, manager):
 
 def test_pause_resume_cancel(qtbot, manager, hub):
     dialog, entry = manager
-    hub.delay_s = 0.05
+    hub.delay_s, hub.hold_at = 0.05, len(hub.data) // 2
     job = dialog.start_download(entry)
     row = dialog.downloads_panel.rows[job]
     qtbot.waitUntil(lambda: 0 < row.progress.value() < 1000 and row.state == "running", timeout=30_000)
     qtbot.mouseClick(row.pause_button, Qt.LeftButton)
+    hub.release.set()  # the worker sees the pause at the next chunk
     qtbot.waitUntil(lambda: row.state == "paused", timeout=10_000)
     assert row.pause_button.text() == "Resume" and "paused" in row.detail.text()
     hub.delay_s = 0.0
@@ -127,10 +132,12 @@ def test_pause_resume_cancel(qtbot, manager, hub):
 
     dialog.installed.delete(entry.id)
     hub.delay_s = 0.05
+    hub.release.clear()
     job = dialog.start_download(entry)
     row = dialog.downloads_panel.rows[job]
     qtbot.waitUntil(lambda: row.state == "running" and row.progress.value() > 0, timeout=30_000)
     qtbot.mouseClick(row.cancel_button, Qt.LeftButton)
+    hub.release.set()
     qtbot.waitUntil(lambda: row.state == "cancelled", timeout=10_000)
     assert dialog.store.get(entry.id) is None
 

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer
 
 from app.settings import Settings
 from app.supervisor import EngineSupervisor
+from server_util import LONG_CTX
 
 ENGINE_READY_TIMEOUT_S = 180.0
 SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
@@ -22,6 +23,9 @@ SCREENSHOT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "screens
 # The torch backend by default: llama.cpp's runner cannot yet size its context for the tiny
 # models (it asks for millions of cells); EMBER_TEST_BACKEND=auto tries the shipped default.
 TEST_BACKEND = os.environ.get("EMBER_TEST_BACKEND", "torch")
+# The engines that reply serve a tiny model with a long context (server_util.long_max_tokens), in a
+# small fixed KV pool: two such replies fit (sizing the pool from free RAM would take 128 MiB).
+LONG_KV = ("--num-kv-blocks", "512")
 
 
 def make_settings(root: Path, **overrides) -> Settings:
@@ -55,15 +59,15 @@ def tiny_gguf(tiny_model_factory) -> Path:
 def shared_engine(tmp_path_factory, tiny_model_factory):
     """One engine process on the tiny model for the tests of a module that do not kill it."""
     settings = make_settings(tmp_path_factory.mktemp("shared-engine"))
-    sup = start_engine(settings, tiny_model_factory())
+    sup = start_engine(settings, tiny_model_factory(ctx=LONG_CTX), extra_args=LONG_KV)
     yield sup
     sup.stop()
 
 
 @pytest.fixture
-def own_engine(ui_settings, tiny_gguf):
+def own_engine(ui_settings, tiny_model_factory):
     """An engine process for one test (which may kill or stop it)."""
-    sup = start_engine(ui_settings, tiny_gguf, backoff=(0.2, 1.0))
+    sup = start_engine(ui_settings, tiny_model_factory(ctx=LONG_CTX), backoff=(0.2, 1.0), extra_args=LONG_KV)
     yield sup
     sup.stop()
 
@@ -77,6 +81,19 @@ def allowed_gap_ms(base_ms: float = 200.0) -> float:
     """
     per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
     return base_ms * max(1.0, per_core)
+
+
+def replies_ignore_eos(monkeypatch) -> None:
+    """Every reply the app asks for runs to its max_tokens: the tiny model's EOS cannot end it early
+    (the chat settings have no ignore_eos; a test that needs a reply still running needs it)."""
+    from app.client import EngineClient
+
+    original = EngineClient.chat_stream
+
+    def chat_stream(self, messages, *args, **kwargs):
+        return original(self, messages, *args, **{"ignore_eos": True, **kwargs})
+
+    monkeypatch.setattr(EngineClient, "chat_stream", chat_stream)
 
 
 def record_client_threads(monkeypatch) -> list[str]:
