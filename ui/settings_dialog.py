@@ -92,6 +92,8 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
         self.kv_fraction.setToolTip("Share of free memory (after the weights) given to the KV cache")
+        self.dtype.setToolTip("Weights and KV cache of the torch backend. auto: bf16 on GPUs and on CPUs with "
+                              "fast bf16 (AVX512-BF16, AMX), float32 elsewhere; llama.cpp keeps the file's quantization")
 
     def values(self) -> dict:
         """The edited fields as Settings field values."""
