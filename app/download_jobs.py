@@ -7,21 +7,37 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from app.store import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-STATES = ("queued", "running", "paused", "verifying", "done", "failed", "cancelled")
-ACTIVE = ("queued", "running", "verifying")
 QUEUE_FILE = "downloads.json"
+
+
+class JobState(StrEnum):
+    """A download job's state; str-valued, so the queue file and the events carry plain names."""
+
+    QUEUED = "queued"  # waiting for a worker (also a job resumed, or found running by a dead process)
+    RUNNING = "running"
+    PAUSED = "paused"
+    VERIFYING = "verifying"  # sha256 of the whole file, then the rename and the manifest
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # its partial files are deleted
+
+
+ACTIVE = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.VERIFYING})  # wait() blocks on these
+FINISHED = frozenset({JobState.DONE, JobState.CANCELLED})  # not kept in the queue file
+RESUMABLE = frozenset({JobState.PAUSED, JobState.FAILED})
 
 
 @dataclass(frozen=True)
 class DownloadEvent:
     job_id: str
-    state: str
+    state: JobState
     bytes_done: int
     bytes_total: int | None
     rate_bps: float
@@ -45,12 +61,15 @@ class DownloadJob:
     job_id: str
     model_id: str
     entry: dict  # CatalogEntry.to_dict(): the job survives a catalog change
-    state: str = "queued"
+    state: JobState = JobState.QUEUED
     files: list[dict] = field(default_factory=list)  # name, size_bytes, sha256, done
     error: str | None = None
     bytes_done: int = 0
     bytes_total: int | None = None
     rate_bps: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.state = JobState(self.state)  # the queue file holds the plain name; ValueError for an unknown one
 
 
 def read_queue(state_dir: Path) -> list[dict]:

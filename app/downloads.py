@@ -22,8 +22,8 @@ import httpx
 
 from app.catalog import CatalogEntry, check_hub_url, hub_file_url
 from app.download_fetch import DownloadError, RetryableError, Stopped, fetch_to_part
-from app.download_jobs import (ACTIVE, STATES, DownloadEvent, DownloadJob, ProcessLock, RateMeter, RetryPolicy,
-                               file_record, mib, read_queue, write_queue)
+from app.download_jobs import (ACTIVE, FINISHED, RESUMABLE, DownloadEvent, DownloadJob, JobState, ProcessLock,
+                               RateMeter, RetryPolicy, file_record, mib, read_queue, write_queue)
 from app.store import ModelFileError, ModelStore, fsync_dir, sha256_file
 
 log = logging.getLogger(__name__)
@@ -67,16 +67,16 @@ class DownloadManager:
             raise ValueError(f"{entry.id} is already installed")
         with self._lock:
             for job in self._jobs.values():
-                if job.model_id == entry.id and job.state not in ("done", "cancelled"):
-                    if job.state in ("paused", "failed"):
-                        self._set(job, "queued", error=None)
+                if job.model_id == entry.id and job.state not in FINISHED:
+                    if job.state in RESUMABLE:
+                        self._set(job, JobState.QUEUED, error=None)
                     self._pump()
                     return job.job_id
             files = [file_record(f.name, f.size_bytes, f.sha256) for f in entry.files]
             job = DownloadJob(uuid.uuid4().hex[:12], entry.id, entry.to_dict(), files=files,
                               bytes_total=entry.size_bytes)
             self._jobs[job.job_id] = job
-            self._set(job, "queued")
+            self._set(job, JobState.QUEUED)
             self._pump()
             return job.job_id
 
@@ -90,8 +90,8 @@ class DownloadManager:
     def resume(self, job_id: str) -> None:
         with self._lock:
             job = self._get(job_id)
-            if job.state in ("paused", "failed"):
-                self._set(job, "queued", error=None)
+            if job.state in RESUMABLE:
+                self._set(job, JobState.QUEUED, error=None)
                 self._pump()
 
     def jobs(self) -> list[DownloadEvent]:
@@ -124,16 +124,16 @@ class DownloadManager:
                 self._stop[job_id] = how
                 self._changed.notify_all()
                 return
-            if how == "cancel" and job.state not in ("done", "cancelled"):
+            if how == "cancel" and job.state not in FINISHED:
                 self._delete_parts(job)
-                self._set(job, "cancelled")
-            elif how == "pause" and job.state == "queued":
-                self._set(job, "paused")
+                self._set(job, JobState.CANCELLED)
+            elif how == "pause" and job.state is JobState.QUEUED:
+                self._set(job, JobState.PAUSED)
 
-    def _set(self, job: DownloadJob, state: str, error: str | None = None) -> None:
+    def _set(self, job: DownloadJob, state: JobState, error: str | None = None) -> None:
         with self._lock:
             job.state, job.error = state, error
-            if state != "running":
+            if state is not JobState.RUNNING:
                 job.rate_bps = 0.0
             self._save()
             self._changed.notify_all()
@@ -156,7 +156,7 @@ class DownloadManager:
 
     def _save(self) -> None:
         """Write the unfinished jobs; jobs another process added to the file are carried over."""
-        keep = [vars(j) | {"rate_bps": 0.0} for j in self._jobs.values() if j.state not in ("done", "cancelled")]
+        keep = [vars(j) | {"rate_bps": 0.0} for j in self._jobs.values() if j.state not in FINISHED]
         foreign = [j for j in read_queue(self.state_dir) if j.get("job_id") not in self._jobs]
         write_queue(self.state_dir, keep + foreign)
 
@@ -165,11 +165,11 @@ class DownloadManager:
         for raw in read_queue(self.state_dir):
             try:
                 jobs.append(DownloadJob(**raw))
-            except TypeError as e:
+            except (TypeError, ValueError) as e:
                 log.warning("ignoring a download job in an unknown shape: %s", e)
         for job in jobs:
-            if job.state in ("running", "verifying"):
-                job.state = "queued"  # the process that ran it is gone; the .part files remain
+            if job.state in (JobState.RUNNING, JobState.VERIFYING):
+                job.state = JobState.QUEUED  # the process that ran it is gone; the .part files remain
             self._jobs[job.job_id] = job
 
     def _pump(self) -> None:
@@ -178,7 +178,7 @@ class DownloadManager:
             for job in self._jobs.values():
                 if len(self._threads) >= self.max_parallel:
                     break
-                if job.state == "queued" and job.job_id not in self._threads:
+                if job.state is JobState.QUEUED and job.job_id not in self._threads:
                     t = threading.Thread(target=self._run, args=(job,), name=f"download-{job.model_id}",
                                          daemon=True)
                     self._threads[job.job_id] = t
@@ -192,27 +192,27 @@ class DownloadManager:
             if not lock.acquire():
                 raise DownloadError(f"{job.model_id} is being downloaded by another Ember process")
             if self.store.get(job.model_id) is not None:  # another process finished it meanwhile
-                self._set(job, "done")
+                self._set(job, JobState.DONE)
                 return
-            self._set(job, "running")
+            self._set(job, JobState.RUNNING)
             self._transfer(job)
-            self._set(job, "verifying")
+            self._set(job, JobState.VERIFYING)
             self._finish(job)
-            self._set(job, "done")
+            self._set(job, JobState.DONE)
         except Stopped:
             with self._lock:
                 how = self._stop.get(job.job_id)
             if how == "cancel":
                 self._delete_parts(job)
-                self._set(job, "cancelled")
+                self._set(job, JobState.CANCELLED)
             else:
-                self._set(job, "paused")
+                self._set(job, JobState.PAUSED)
         except (DownloadError, ModelFileError) as e:
             self._prune_empty(job)
-            self._set(job, "failed", error=str(e))
+            self._set(job, JobState.FAILED, error=str(e))
         except Exception as e:  # a bug must not kill the worker silently
             log.exception("download %s crashed", job.job_id)
-            self._set(job, "failed", error=f"{type(e).__name__}: {e}")
+            self._set(job, JobState.FAILED, error=f"{type(e).__name__}: {e}")
         finally:
             if lock is not None:
                 lock.release()
@@ -386,4 +386,4 @@ class DownloadManager:
             shutil.rmtree(d, ignore_errors=True)
 
 
-__all__ = ["DownloadManager", "DownloadEvent", "DownloadError", "RetryPolicy", "DownloadJob", "STATES"]
+__all__ = ["DownloadManager", "DownloadEvent", "DownloadError", "RetryPolicy", "DownloadJob", "JobState"]

@@ -1,10 +1,11 @@
 """`python -m app.engine_child --parent-pid P serve ...`: the engine server, ending with its parent.
 
-EngineSupervisor starts the engine through this wrapper so that an engine never outlives the
-app that started it: if the app is killed (no chance to call stop()), the engine would keep its
-port and its memory forever. A watchdog thread checks once a second that the parent is still
-there and otherwise asks the server to shut down (SIGTERM: uvicorn's graceful exit), then exits
-hard if that takes too long. Everything else is `python -m engine serve` unchanged.
+EngineProcess (app/engine_process.py) starts every engine through this wrapper, so that an engine
+never outlives the process that started it: if the app (or a test run, or a benchmark) is killed
+with no chance to call stop(), the engine would keep its port and its memory forever. A watchdog
+thread checks once a second that the parent is still there and otherwise asks the server to shut
+down (SIGTERM: uvicorn's graceful exit), then exits hard if that takes too long. Everything else
+is `python -m engine serve` unchanged.
 """
 from __future__ import annotations
 

@@ -1,40 +1,43 @@
-"""EngineSupervisor: runs `python -m engine serve` as a child process and keeps it alive.
+"""EngineSupervisor: keeps the desktop app's engine process alive; its policy, not its mechanics.
 
-The child is started through app/engine_child.py, which adds one thing: it exits when this
-process dies, so a killed app never leaves an engine holding its port and memory.
-
-A watcher thread starts the child, learns its port from the ready file, follows `/health`
+Spawning, the ready file, the log and stopping are app/engine_process.py's; the child's arguments
+come from the settings through `engine_args`. A watcher thread starts the child, follows `/health`
 (loading -> ready), restarts the child when it dies (backoff 0.5 s doubling to 8 s; more than
-`max_restarts` deaths within `restart_window` seconds is a crash loop and ends in state "error"),
-and stops it on request (terminate, then kill after a grace period). Qt-free: state changes go to
-callbacks, called from whichever thread changed the state (mostly the watcher).
-The child's stdout and stderr go to `<data_dir>/logs/engine.log`; errors quote its tail.
+`max_restarts` deaths within `restart_window` seconds is a crash loop and ends in ERROR), and
+stops it on request. Qt-free: state changes go to callbacks, called from whichever thread
+changed the state (mostly the watcher). The child's output goes to `<data_dir>/logs/engine.log`.
 """
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from pathlib import Path
 
 from app.client import EngineClient, EngineClientError
+from app.engine_process import EngineProcess, connect_url, engine_args, to_argv
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STATES = ("stopped", "starting", "ready", "crashed", "error")
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-MAX_LOG_BYTES = 5 << 20
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class SupervisorState(StrEnum):
+    """The supervised engine's state; str-valued, so callbacks and Qt signals carry plain names."""
+
+    STOPPED = "stopped"  # never started, or stopped on request
+    STARTING = "starting"  # spawned and loading, or restarting after a crash
+    READY = "ready"  # serving (a model, or none after /v1/engine/unload)
+    CRASHED = "crashed"  # died unexpectedly; restarts after a backoff
+    ERROR = "error"  # a crash loop, a spawn failure, or a model that failed to load
 
 
 class EngineSupervisor:
@@ -55,49 +58,51 @@ class EngineSupervisor:
         self._port = port  # None: settings.server_port, read at each start
         self._orig_path, self._path_model = self.model_path, None  # the file given, and the id the engine gave it
         self._ready_file = settings.data_dir / "run" / f"engine-{os.getpid()}-{id(self):x}.json"
-        self._state, self.message = "stopped", ""
+        self._state, self.message = SupervisorState.STOPPED, ""
         self.port: int | None = None
         self.restarts = 0  # unexpected deaths followed by a restart, over this object's life
-        self._callbacks: list[Callable[[str], None]] = []
+        self._callbacks: list[Callable[[SupervisorState], None]] = []
         self._cond = threading.Condition()
         self._lock = threading.Lock()  # guards _proc and the stop flag against spawn/stop races
-        self._proc: subprocess.Popen | None = None
+        self._proc: EngineProcess | None = None  # the running child
+        self._last: EngineProcess | None = None  # the latest child, whose log tail errors quote
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._log_offset = 0
         ref = weakref.ref(self)
         atexit.register(lambda: (s := ref()) is not None and s._kill_child())
 
     # ---- public state ----
     @property
-    def state(self) -> str:
+    def state(self) -> SupervisorState:
         return self._state
 
     @property
     def base_url(self) -> str | None:
-        if self.port is None or self._state in ("stopped",):
+        if self.port is None or self._state is SupervisorState.STOPPED:
             return None
-        host = self.settings.server_host
-        host = "127.0.0.1" if host in ("0.0.0.0", "", "localhost") else ("::1" if host == "::" else host)
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        return connect_url(self.settings.server_host, self.port)
 
     @property
     def pid(self) -> int | None:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def on_state_change(self, callback: Callable[[str], None]) -> Callable[[], None]:
+    def log_tail(self) -> str:
+        """The end of what the latest child wrote ("" before the first start)."""
+        return self._last.log_tail() if self._last is not None else ""
+
+    def on_state_change(self, callback: Callable[[SupervisorState], None]) -> Callable[[], None]:
         """`callback(state)` when the state or its message changes (mostly from the watcher thread);
         read `.message` for the detail. Returns an unsubscribe function."""
         self._callbacks.append(callback)
         return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Block until "ready" (True) or "error"/"stopped"/timeout (False)."""
+        """Block until READY (True) or ERROR/STOPPED/timeout (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._state != "ready":
-                if self._state in ("error", "stopped"):
+            while self._state is not SupervisorState.READY:
+                if self._state in (SupervisorState.ERROR, SupervisorState.STOPPED):
                     return False
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -111,7 +116,7 @@ class EngineSupervisor:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
-        self._set("starting", "starting the engine")
+        self._set(SupervisorState.STARTING, "starting the engine")
         self._thread = threading.Thread(target=self._watch_loop, name="engine-supervisor", daemon=True)
         self._thread.start()
 
@@ -124,7 +129,7 @@ class EngineSupervisor:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self.grace + 10)
         self.port = None
-        self._set("stopped", "")
+        self._set(SupervisorState.STOPPED, "")
 
     def restart(self) -> None:
         """Stop and start again (on purpose: not counted as a crash)."""
@@ -138,7 +143,7 @@ class EngineSupervisor:
             try:
                 proc = self._spawn()
             except OSError as e:
-                self._set("error", f"cannot start the engine: {e}")
+                self._set(SupervisorState.ERROR, f"cannot start the engine: {e}")
                 return
             if proc is None:  # stop() came first
                 return
@@ -150,20 +155,20 @@ class EngineSupervisor:
             deaths.append(now)
             while deaths and now - deaths[0] > self.restart_window:
                 deaths.popleft()
-            detail = f"{reason}{self._log_tail()}"
+            detail = f"{reason}{proc.log_tail()}"
             if len(deaths) > self.max_restarts:
-                self._set("error", f"the engine keeps failing ({len(deaths)} times in {self.restart_window:.0f} s); "
-                                   f"last: {detail}")
+                self._set(SupervisorState.ERROR, f"the engine keeps failing ({len(deaths)} times in "
+                                             f"{self.restart_window:.0f} s); last: {detail}")
                 return
             delay = min(self.backoff[0] * 2 ** (len(deaths) - 1), self.backoff[1])
             log.warning("engine died (%s); restarting in %.1f s", reason, delay)
-            self._set("crashed", f"{detail}\nrestarting in {delay:.1f} s")
+            self._set(SupervisorState.CRASHED, f"{detail}\nrestarting in {delay:.1f} s")
             if self._stop.wait(delay):
                 return
             self.restarts += 1
-            self._set("starting", "restarting the engine")
+            self._set(SupervisorState.STARTING, "restarting the engine")
 
-    def _follow(self, proc: subprocess.Popen) -> str:
+    def _follow(self, proc: EngineProcess) -> str:
         """Watch one child until it dies or is stopped; returns why it ended."""
         t0 = time.monotonic()
         client: EngineClient | None = None
@@ -174,7 +179,7 @@ class EngineSupervisor:
                 if rc is not None:
                     return f"the engine exited with code {rc}"
                 if client is None:
-                    port = self._read_ready_file(proc.pid)
+                    port = proc.read_port()
                     if port is not None:
                         self.port = port  # kept from the last child until then: base_url stays usable
                         client = EngineClient(self.base_url, api_key=self.api_key, timeout=2.0)
@@ -191,63 +196,41 @@ class EngineSupervisor:
                 if status in ("ready", "unloaded"):  # unloaded: serving, no model (after /v1/engine/unload)
                     ever_ready = True
                     self._track_model(health.get("model"))
-                    self._set("ready", f"serving {health.get('model') or 'no model'} at {self.base_url}")
+                    self._set(SupervisorState.READY, f"serving {health.get('model') or 'no model'} at {self.base_url}")
                 elif status == "loading":
-                    self._set("starting", message or "loading the model")
+                    self._set(SupervisorState.STARTING, message or "loading the model")
                     if not ever_ready and time.monotonic() - t0 > self.load_timeout:
                         return f"the model did not load within {self.load_timeout:.0f} s"
                 elif status == "error":
-                    self._set("error", message or "the engine reported an error")
+                    self._set(SupervisorState.ERROR, message or "the engine reported an error")
                 elif not ever_ready and time.monotonic() - t0 > self.startup_timeout:
                     return f"the engine did not answer /health within {self.startup_timeout:.0f} s ({message})"
-                self._stop.wait(1.0 if self._state in ("ready", "error") else 0.1)
+                self._stop.wait(1.0 if self._state in (SupervisorState.READY, SupervisorState.ERROR) else 0.1)
             return "stopped"
         finally:
             if client is not None:
                 client.close()
 
-    def _command(self, port: int) -> list[str]:
-        """`python -m engine serve` with the settings as flags, wrapped so that the engine ends
-        when this process dies (app/engine_child.py)."""
-        cmd = [sys.executable, "-m", "app.engine_child", "--parent-pid", str(os.getpid()), "serve",
-               *self._model_args(), "--models-dir", str(self.settings.models_dir), "--host", self.settings.server_host,
-               "--port", str(port), "--ready-file", str(self._ready_file),
-               "--backend", self.settings.backend, "--device", self.settings.device, "--dtype", self.settings.dtype,
-               "--kv-memory-fraction", str(self.settings.kv_memory_fraction)]
-        if self.settings.server_host not in LOOPBACK:
-            cmd.append("--allow-remote")  # set explicitly in the settings, and a key is always set
-        if self.settings.threads:
-            cmd += ["--threads", str(self.settings.threads)]
-        return cmd + list(self.extra_args)
+    def _engine(self, port: int) -> EngineProcess:
+        """The child of one (re)start: the settings' engine arguments with this supervisor's model."""
+        args = {**engine_args(self.settings), **self._model_args(),
+                # set explicitly in the settings, and a key is always set
+                "allow_remote": self.settings.server_host not in LOOPBACK}
+        del args["port"], args["api_key"]  # the launcher's --port; the key goes in the environment
+        return EngineProcess([*to_argv(args), *self.extra_args], api_key=self.api_key, log_path=self.log_path,
+                             port=port, ready_file=self._ready_file, cwd=self.settings.data_dir, grace=self.grace)
 
-    def _spawn(self) -> subprocess.Popen | None:
-        port = self._pick_port()
-        self._ready_file.parent.mkdir(parents=True, exist_ok=True)
-        self._ready_file.unlink(missing_ok=True)
-        cmd = self._command(port)
-        env = dict(os.environ)
+    def _command(self, port: int) -> list[str]:
+        return self._engine(port).command
+
+    def _spawn(self) -> EngineProcess | None:
         self.api_key = self.settings.api_key  # a key changed in the settings takes effect at (re)start
-        env["EMBER_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        # The engine shares the cores with the GUI: OpenMP threads that spin while they wait
-        # starve it (a decode step measured 1.5 s spinning, 0.27 s passive on a busy 2-core box).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        logf = self._open_log()
-        try:
-            with self._lock:
-                if self._stop.is_set():
-                    return None
-                logf.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: "
-                           f"{' '.join(cmd)}\n".encode())
-                logf.flush()
-                self._log_offset = logf.tell()
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                              env=env, cwd=str(self.settings.data_dir))
-        finally:
-            logf.close()
-        log.info("engine started (pid %d, port %s), log: %s", self._proc.pid, port or "auto", self.log_path)
-        return self._proc
+        proc = self._engine(self._pick_port())
+        with self._lock:
+            if self._stop.is_set():
+                return None
+            self._proc = self._last = proc.spawn()
+        return proc
 
     def _track_model(self, model: str | None) -> None:
         """A model switched through the API is the one a restarted engine loads."""
@@ -261,8 +244,8 @@ class EngineSupervisor:
             log.info("engine switched to model %s; a restart will load it", model)
             self.model_id, self.model_path = model, None
 
-    def _model_args(self) -> list[str]:
-        return ["--model", str(self.model_path)] if self.model_path else ["--model-id", str(self.model_id)]
+    def _model_args(self) -> dict:
+        return {"model": str(self.model_path), "model_id": None} if self.model_path else {"model_id": self.model_id}
 
     def _pick_port(self) -> int:
         """The configured (or last used) port when it is free, else 0: the engine picks one and reports it."""
@@ -272,50 +255,14 @@ class EngineSupervisor:
             return 0
         return port
 
-    def _read_ready_file(self, pid: int) -> int | None:
-        try:
-            info = json.loads(self._ready_file.read_text())
-            port = int(info["port"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # not written yet, or half written
-        if info.get("pid", pid) != pid or not 0 < port < 65536:
-            return None
-        return port
-
     def _kill_child(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=self.grace)
-        except subprocess.TimeoutExpired:
-            log.warning("engine (pid %d) did not stop within %.0f s; killing it", proc.pid, self.grace)
-            proc.kill()
-            proc.wait(timeout=10)
-        self._ready_file.unlink(missing_ok=True)
+        if proc is not None:
+            proc.stop(self.grace)
 
-    # ---- logs and state ----
-    def _open_log(self):
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.log_path.exists() and self.log_path.stat().st_size > MAX_LOG_BYTES:
-            os.replace(self.log_path, self.log_path.with_name(self.log_path.name + ".1"))
-        return open(self.log_path, "ab")
-
-    def _log_tail(self, max_lines: int = 15, max_chars: int = 2000) -> str:
-        """The last lines this child wrote, to quote in an error message."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(self._log_offset, f.seek(0, os.SEEK_END) - 16384))
-                text = f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        lines = [ln for ln in text.splitlines() if ln.strip()][-max_lines:]
-        tail = "\n".join(lines)[-max_chars:]
-        return f"\n--- engine log ({self.log_path}) ---\n{tail}" if tail else ""
-
-    def _set(self, state: str, message: str) -> None:
+    # ---- state ----
+    def _set(self, state: SupervisorState, message: str) -> None:
         with self._cond:
             changed = (state, message) != (self._state, self.message)  # "loading X" -> "serving X" counts too
             self._state, self.message = state, message

@@ -1,7 +1,11 @@
-"""One frozen configuration for the engine; values derived from it live in the runtime objects."""
+"""One frozen configuration for the engine; values derived from it live in the runtime objects.
+
+A field's `help` metadata is its description for `python -m engine serve --help`, whose engine
+flags are generated from these fields (engine/server/cli.py): one declaration, one default.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -10,15 +14,19 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16": dense weights and KV
     device: str = "cpu"  # "cpu" | "cuda" | "mps"
     block_size: int = 16  # tokens per KV block; 16 suits CPUs (vLLM's default too)
-    max_num_seqs: int = 64  # sequences in one step
+    max_num_seqs: int = field(default=64, metadata={"help": "sequences batched in one step"})
     max_num_batched_tokens: int = 1024  # token budget of one step (decodes + prefill chunks)
     max_prefill_chunk: int = 256  # a prompt is prefilled in chunks of at most this many tokens
-    max_model_len: int | None = None  # None: the model's own context length, capped at 4096
-    kv_memory_fraction: float = 0.25  # of memory free after the weights are loaded
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "context length (default: the model's own, capped at 4096)"})
+    kv_memory_fraction: float = field(default=0.25, metadata={
+        "help": "share of the memory free after the weights are loaded that the KV cache takes"})
     kv_cache_max_bytes: int = 1 << 30  # cap on the KV pool (zeroed up front: keep it modest)
-    num_kv_blocks: int | None = None  # fixed pool size (tests, benchmarks); overrides the two above
+    num_kv_blocks: int | None = field(default=None, metadata={
+        "help": "fixed KV pool size in blocks (tests, benchmarks); overrides the memory share and the byte cap"})
     enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    num_threads: int | None = field(default=None, metadata={
+        "help": "CPU threads of the kernels (default: torch's own; all cores for llama.cpp)"})
     seed: int = 0
 
     def __post_init__(self) -> None:

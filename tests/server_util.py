@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.server.launch import EngineProcess
+from app.engine_process import EngineProcess
 
 TINY_CTX = 512
 LONG_CTX = 4096  # a tiny model with this context: room for replies that outlast any test's moment
@@ -15,16 +15,12 @@ LONG_CTX = 4096  # a tiny model with this context: room for replies that outlast
 
 def start_engine(model: Path, tmp_dir: Path, *extra: str, api_key: str | None = "auto",
                  backend: str = "torch") -> EngineProcess:
+    """A ready engine on `model` (its errors quote the engine's log); the caller stops it."""
     key = secrets.token_urlsafe(16) if api_key == "auto" else api_key
     if "--num-kv-blocks" not in extra:  # the default pool is a share of free RAM: gigabytes
         extra = ("--num-kv-blocks", "512", *extra)
-    proc = EngineProcess(["--model", str(model), "--backend", backend, "--threads", "1", *extra],
-                         api_key=key, log_path=tmp_dir / "engine.log")
-    try:
-        return proc.start(timeout=240)
-    except Exception:
-        log = (tmp_dir / "engine.log").read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"engine failed to start; log tail:\n{log}") from None
+    return EngineProcess(["--model", str(model), "--backend", backend, "--threads", "1", *extra],
+                         api_key=key, log_path=tmp_dir / "engine.log").start(timeout=240)
 
 
 def tiny_model(factory) -> Path:

@@ -11,20 +11,25 @@ import time
 import pytest
 
 from app.client import ChatDelta, EngineClient, EngineClientError, sse_events
-from engine_process import EngineProcess, write_manifest
-from server_util import LONG_CTX, long_max_tokens
+from engine_process import write_manifest
+from server_util import LONG_CTX, long_max_tokens, start_engine
 
 PROMPT = [{"role": "user", "content": "Hello, how are you today?"}]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_factory, tmp_path_factory):
+def models_dir(tmp_path_factory):
+    """The engine's model store: empty until a test installs a model into it."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_factory, tmp_path_factory, models_dir):
     # a small fixed KV pool: sizing it from free RAM would allocate a GiB for a tiny model; a long
     # context (256 blocks hold it), so that a reply can outlast any moment a test acts in
-    proc = EngineProcess(tiny_model_factory(ctx=LONG_CTX), tmp_path_factory.mktemp("engine"),
-                         extra=("--num-kv-blocks", "256"))
+    proc = start_engine(tiny_model_factory(ctx=LONG_CTX), tmp_path_factory.mktemp("engine"),
+                        "--models-dir", str(models_dir), "--device", "cpu", "--num-kv-blocks", "256")
     try:
-        proc.wait_ready()
         yield proc
     finally:
         proc.stop()
@@ -157,9 +162,9 @@ def test_unreachable_server_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_load_and_unload_by_id(client, engine, tiny_model_factory):
+def test_load_and_unload_by_id(client, engine, models_dir, tiny_model_factory):
     other = tiny_model_factory(seed=7, hidden=32, n_heads=2, n_kv_heads=1, ctx=LONG_CTX)
-    write_manifest(engine.models_dir, "tiny-other", other)
+    write_manifest(models_dir, "tiny-other", other)
     original = client.status()["model"]
     try:
         assert client.load_model("tiny-other")["status"] == "ready"
@@ -182,7 +187,7 @@ def test_load_and_unload_by_id(client, engine, tiny_model_factory):
         with pytest.raises(EngineClientError):
             client.chat(PROMPT, max_tokens=4)
     finally:
-        write_manifest(engine.models_dir, "tiny-main", engine.model)
+        write_manifest(models_dir, "tiny-main", tiny_model_factory(ctx=LONG_CTX))  # the engine's model
         client.load_model("tiny-main")
     assert client.health()["status"] == "ready" and original
 

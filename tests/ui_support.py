@@ -36,12 +36,13 @@ def make_settings(root: Path, **overrides) -> Settings:
 
 
 def start_engine(settings: Settings, model_path: Path, **kwargs) -> EngineSupervisor:
+    """A supervised engine (the GUI's own kind), ready; its failure quotes the engine's log."""
     sup = EngineSupervisor(settings, model_path=model_path, port=0, **kwargs)
     sup.start()
     if not sup.wait_ready(ENGINE_READY_TIMEOUT_S):
-        tail = sup.log_path.read_text(errors="replace")[-3000:] if sup.log_path.exists() else ""
+        tail = sup.log_tail()
         sup.stop()
-        pytest.fail(f"engine did not become ready ({sup.state}: {sup.message})\n{tail}")
+        pytest.fail(f"engine did not become ready ({sup.state}: {sup.message}){tail}")
     return sup
 
 

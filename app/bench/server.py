@@ -99,7 +99,7 @@ def _rounds(name: str, base_url: str, headers: dict, conc: list[int], max_tokens
 
 def bench_backend(backend: str, model_args: list[str], conc: list[int], max_tokens: int, extra: list[str],
                   log_path: Path) -> dict:
-    from engine.server.launch import EngineProcess
+    from app.engine_process import EngineProcess
 
     key = secrets.token_urlsafe(16)
     proc = EngineProcess([*model_args, "--backend", backend, *extra], api_key=key, log_path=log_path)
@@ -165,10 +165,11 @@ def run(args) -> int:
     else:
         from engine.loaders.default_model import default_model_path
         model_args = ["--model", str(default_model_path())]
+    from app.engine_process import to_argv
+
     conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    extra = ["--dtype", args.dtype, "--device", args.device, "--max-num-seqs", str(max(conc + [16]))]
-    if args.threads:
-        extra += ["--threads", str(args.threads)]
+    extra = to_argv({"dtype": args.dtype, "device": args.device, "max_num_seqs": max(conc + [16]),
+                     "threads": args.threads})
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"
     import os
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -4,10 +4,14 @@ The socket is bound here (not by uvicorn), so `--port 0` gets a free port from t
 port is known before serving starts: it is logged and written to `--ready-file` as
 {"port", "pid", "host"} (atomically), which is how a parent process learns it. The model loads
 on the engine thread after the server is listening; /health says loading → ready | error.
+
+The engine's knobs are EngineConfig's fields: their flags, types, defaults and help are generated
+from it (`CONFIG_FLAGS`), so `python -m engine serve` and `ember serve` default to EngineConfig.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -15,36 +19,74 @@ import socket
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 from engine.backends.cli_args import add_backend_args
+from engine.config import EngineConfig
 from engine.server.auth import check_bind, is_loopback
 
 log = logging.getLogger("engine.server")
 
+# EngineConfig field -> its `serve` flag (the argparse dest is the flag's name)
+CONFIG_FLAGS = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+                "num_kv_blocks": "--num-kv-blocks", "kv_memory_fraction": "--kv-memory-fraction",
+                "num_threads": "--threads"}
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _base_type(annotation) -> type:
+    """`int | None` -> int."""
+    return next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+
+
+def add_config_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """The CONFIG_FLAGS options, each with its EngineConfig field's type, default and help."""
+    d = defaults or {}
+    hints = typing.get_type_hints(EngineConfig)
+    for name, flag in CONFIG_FLAGS.items():
+        kind, field = _base_type(hints[name]), CONFIG_FIELDS[name]
+        kw = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        p.add_argument(flag, dest=_dest(flag), default=d.get(_dest(flag), field.default),
+                       help=field.metadata.get("help"), **kw)
+
+
+def config_kwargs(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields that the flags in `args` set (dtype is one of the backend flags)."""
+    return {"dtype": args.dtype, **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
+
 
 def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    d = defaults or {}
+    """`defaults` (by dest) replace the declared ones; `argparse.SUPPRESS` leaves an untyped flag out of args."""
+    d = {"host": "127.0.0.1", "port": 8765, "allow_remote": False, "allowed_host": [], "cors_origin": [],
+         "log_level": "info", "dtype": CONFIG_FIELDS["dtype"].default, **(defaults or {})}
     g = p.add_mutually_exclusive_group()
     g.add_argument("--model-id", default=d.get("model_id"), help="model id from the store (default: the bundled model)")
-    g.add_argument("--model", default=None, metavar="PATH", help="a .gguf file or GPTQ/AWQ directory")
+    g.add_argument("--model", default=d.get("model"), metavar="PATH", help="a .gguf file or GPTQ/AWQ directory")
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
-    p.add_argument("--host", default=d.get("host", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=d.get("port", 8765), help="0 picks a free port")
+    p.add_argument("--host", default=d["host"])
+    p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--api-key", default=d.get("api_key"),
                    help="required Bearer key (also EMBER_API_KEY; --api-key-file keeps it out of `ps`)")
-    p.add_argument("--api-key-file", default=None, help="read the API key from this file")
+    p.add_argument("--api-key-file", default=d.get("api_key_file"), help="read the API key from this file")
     add_backend_args(p, d)
-    p.add_argument("--ready-file", default=None, help='write {"port", "pid"} here once listening')
-    p.add_argument("--allow-remote", action="store_true", help="allow binding a non-loopback address (needs a key)")
-    p.add_argument("--allowed-host", action="append", default=[], help="extra Host header names to accept")
-    p.add_argument("--cors-origin", action="append", default=[], help="browser origin allowed by CORS")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's, ≤ 4096)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences batched together")
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="fixed KV pool size in blocks")
-    p.add_argument("--kv-memory-fraction", type=float, default=d.get("kv_memory_fraction", 0.25))
-    p.add_argument("--threads", type=int, default=d.get("threads"))
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--ready-file", default=d.get("ready_file"), help='write {"port", "pid"} here once listening')
+    p.add_argument("--allow-remote", action="store_true", default=d["allow_remote"],
+                   help="allow binding a non-loopback address (needs a key)")
+    p.add_argument("--allowed-host", action="append", default=d["allowed_host"],
+                   help="extra Host header names to accept")
+    p.add_argument("--cors-origin", action="append", default=d["cors_origin"], help="browser origin allowed by CORS")
+    add_config_args(p, d)
+    p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"))
+
+
+def serve_defaults() -> dict:
+    """Every `serve` flag's default, by dest (EngineConfig's for the engine's knobs)."""
+    return {k: v for k, v in vars(build_parser().parse_args(["serve"])).items() if k != "command"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,10 +142,7 @@ def serve(args) -> int:
         return 2
     if not api_key:
         log.warning("no API key set: any program on this machine can use the server")
-    config_kw = {"dtype": args.dtype, "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-                 "num_kv_blocks": args.num_kv_blocks, "kv_memory_fraction": args.kv_memory_fraction,
-                 "num_threads": args.threads}
-    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kw))
+    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)))
     # a remote bind is protected by its key; its Host names are whatever the network calls it
     remote = args.allow_remote and not is_loopback(args.host)
     allowed = tuple(args.allowed_host) or (("*",) if remote else ())

@@ -1,0 +1,80 @@
+"""One declaration per engine setting: the `serve` flags come from EngineConfig, and one mapping
+(`engine_args`) turns the user's settings into the engine's arguments for the desktop app's
+engine (the supervisor) and `ember serve` alike. Parsing only: no engine starts here."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+import pytest
+
+from app.cli import build_parser as ember_parser
+from app.cli_serve import serve_args
+from app.engine_process import engine_args, to_argv
+from app.settings import Settings
+from app.supervisor import EngineSupervisor
+from engine.config import EngineConfig
+from engine.server.cli import CONFIG_FLAGS, add_serve_args, config_kwargs
+from engine.server.cli import build_parser as engine_parser
+
+CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+
+
+def test_serve_defaults_are_engine_config_defaults():
+    want = {name: CONFIG_DEFAULTS[name] for name in ("dtype", *CONFIG_FLAGS)}
+    engine = engine_parser().parse_args(["serve"])  # python -m engine serve: the GUI's engine
+    assert config_kwargs(engine) == want
+    ember = ember_parser().parse_args(["serve"])
+    assert config_kwargs(ember) == want
+    # ...and with the user's settings applied, as `ember serve` runs: fresh settings change none of them
+    assert config_kwargs(serve_args(ember, Settings.load())) == want
+
+
+def test_every_serve_knob_is_declared_by_its_engine_config_field():
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    hints = typing.get_type_hints(EngineConfig)
+    for name, flag in CONFIG_FLAGS.items():
+        field = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+        action = next(a for a in parser._actions if flag in a.option_strings)
+        assert action.help == field.metadata["help"] and action.default == field.default, name
+        assert action.type in typing.get_args(hints[name]) or action.type is hints[name], name
+
+
+def test_ember_serve_takes_the_settings_where_no_flag_is_typed(tmp_path):
+    s = Settings(data_dir=tmp_path, server_port=9100, threads=3, dtype="float32", backend="torch",
+                 kv_memory_fraction=0.5)
+    args = serve_args(ember_parser().parse_args(["serve", "--threads", "1", "--max-num-seqs", "8"]), s)
+    assert (args.port, args.dtype, args.backend, args.kv_memory_fraction) == (9100, "float32", "torch", 0.5)
+    assert (args.threads, args.max_num_seqs) == (1, 8)  # typed: the command line wins
+    assert (args.model_id, args.models_dir, args.api_key) == (s.default_model, str(s.models_dir), s.api_key)
+
+
+def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path):
+    s = Settings(data_dir=tmp_path, server_port=9100, threads=2, dtype="bfloat16", device="cpu")
+    cmd = EngineSupervisor(s, model_id="some-model")._command(port=0)
+    served = serve_args(ember_parser().parse_args(["serve"]), s)
+    for dest, value in engine_args(s).items():
+        if dest in ("port", "api_key"):  # the launcher's own --port; the key travels in the environment
+            continue
+        flag = "--" + dest.replace("_", "-")
+        want = "some-model" if dest == "model_id" else str(value)
+        assert cmd[cmd.index(flag) + 1] == want, dest
+        assert getattr(served, dest) == value, dest
+    assert s.api_key not in cmd
+    assert cmd[cmd.index("--port") + 1] == "0" and "--ready-file" in cmd
+
+
+def test_to_argv_keeps_the_key_off_the_command_line():
+    assert to_argv({"max_num_seqs": 16, "allow_remote": True, "threads": None, "x": False}) == \
+        ["--max-num-seqs", "16", "--allow-remote"]
+    with pytest.raises(ValueError, match="environment"):
+        to_argv({"api_key": "secret-key"})
+
+
+def test_settings_defaults_match_engine_config_where_they_overlap(tmp_path):
+    s = Settings(data_dir=tmp_path)
+    assert s.kv_memory_fraction == CONFIG_DEFAULTS["kv_memory_fraction"]
+    assert s.dtype == CONFIG_DEFAULTS["dtype"]
+    assert s.threads == CONFIG_DEFAULTS["num_threads"]
