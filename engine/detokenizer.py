@@ -39,9 +39,6 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(t) for t in token_ids)
-
     def flush(self) -> str:
         """Ends the stream: an unfinished character at the end becomes U+FFFD."""
         delta = self._decoder.decode(b"", final=True)

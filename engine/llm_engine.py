@@ -1,8 +1,8 @@
 """The engine loop: add requests, step, stream deltas. One thread owns an LLMEngine.
 
-``step()`` is schedule → one forward over the paged KV pool → sample → detokenize → stop
-checks, for every running request at once (continuous batching: requests join and leave
-at any step).
+``step()`` is schedule → the runner's forward and sampling → detokenize → stop checks, for
+every running request at once (continuous batching: requests join and leave at any step).
+No torch: the runner (engine/runner.py) hands back plain token ids and logprob records.
 """
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from engine.layers.sampler import Sampler
 from engine.loaders.chat_template import ChatTemplate
 from engine.loaders.tokenizer import Tokenizer
+from engine.runner import Runner, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -39,8 +37,8 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     num_prompt_tokens: int
     num_cached_tokens: int
-    logprobs: list | None = None  # the sampler's TokenLogprobs for new tokens, when asked
-    prompt_logprobs: list | None = None  # [None, lp(t1|t0), ...] once the prompt is scored
+    logprobs: list[TokenLogprobs] | None = None  # for the new tokens, when asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # [None, lp(t1|t0), ...] once scored
     arrival_time: float = 0.0
     first_token_time: float | None = None
 
@@ -62,15 +60,14 @@ class _Request:
     seq: Sequence
     detok: IncrementalDetokenizer
     stops: StopStringMatcher | None
-    generator: torch.Generator | None
     text: str = ""
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
-    prompt_logprobs: list = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner=None, tokenizer: Tokenizer | None = None,
+    def __init__(self, config: EngineConfig, runner: Runner | None = None, tokenizer: Tokenizer | None = None,
                  chat_template: ChatTemplate | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer or Tokenizer.from_gguf(config.model_path)
@@ -78,17 +75,15 @@ class LLMEngine:
         if runner is None:
             from engine.model_runner import ModelRunner
             runner = ModelRunner(config)
-        self.runner = runner
-        self.model_config = getattr(runner, "model_config", None)
+        self.runner: Runner = runner
         self.max_model_len = runner.max_model_len
         # Block-hash prefix caching needs a runner whose KV the block tables address (torch);
         # a runner with its own prompt cache (llama.cpp's slots) serves prefixes instead.
-        block_caching = config.enable_prefix_caching and getattr(runner, "supports_prefix_caching", True)
+        caching = config.enable_prefix_caching
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
-                                          enable_prefix_caching=block_caching)
-        prompt_cache = runner if hasattr(runner, "match_prompt") and config.enable_prefix_caching else None
-        self.scheduler = Scheduler(config, self.block_manager, prompt_cache)
-        self.sampler = Sampler()
+                                          enable_prefix_caching=caching and runner.paged_kv)
+        self.prompt_cache = runner.prompt_cache if caching else None
+        self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache)
         self._requests: dict[str, _Request] = {}
         self._pending_aborts: list[str] = []
         self._ids = itertools.count()
@@ -109,12 +104,9 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         seq = Sequence(ids, params, request_id=request_id)
-        gen = None
-        if params.seed is not None and not params.is_greedy:
-            gen = torch.Generator().manual_seed(params.seed)
         self._requests[request_id] = _Request(
             seq, IncrementalDetokenizer(self.tokenizer),
-            StopStringMatcher(params.stop) if params.stop else None, gen)
+            StopStringMatcher(params.stop) if params.stop else None)
         self.scheduler.add(seq)
         return request_id
 
@@ -138,49 +130,34 @@ class LLMEngine:
         for seq in out.preempted:
             self.runner.release(seq)
         for seq in out.finished:  # could not fit the pool even alone: end it, say why
+            self.runner.release(seq)
             req = self._requests[seq.request_id]
             outputs.append(self._finish(seq.request_id, "length", new_text=self._flush(req)))
         if not out.seqs:
             return outputs
-        logits = self.runner.execute(out)
-        sample_rows, sampled = [], []
-        row = 0
-        for seq, n, is_sampled in zip(out.seqs, out.num_new_tokens, out.is_sampled):
-            if seq.params.prompt_logprobs is not None:
-                self._score_prompt(seq, logits[row:row + n], n)
-                row += n
-                if is_sampled:
-                    sample_rows.append(row - 1)
-            elif is_sampled:
-                sample_rows.append(row)
-                row += 1
-            if is_sampled:
-                sampled.append(seq)
-        reqs = [self._requests[s.request_id] for s in sampled]
-        result = self.sampler(
-            logits[sample_rows], [s.params for s in sampled], [r.generator for r in reqs],
-            [s.token_ids for s in sampled], [s.num_prompt_tokens for s in sampled])
+        result = self.runner.execute(out)
+        for seq in out.seqs:  # before postprocess: positions count from num_computed_tokens
+            scored = result.prompt_logprobs.get(seq.seq_id)
+            if scored is not None:
+                self._add_prompt_logprobs(seq, scored)
+        sampled = out.sampled_seqs()
         self.scheduler.postprocess(out, result.token_ids)
         now = time.monotonic()
-        for i, (seq, req, token) in enumerate(zip(sampled, reqs, result.token_ids)):
+        for seq, token, lp in zip(sampled, result.token_ids, result.logprobs):
+            req = self._requests[seq.request_id]
             if req.first_token_time is None:
                 req.first_token_time = now
-            lp = result.logprobs[i] if seq.params.logprobs is not None else None
             outputs.append(self._on_token(req, token, lp))
         return outputs
 
-    def _score_prompt(self, seq: Sequence, logits: torch.Tensor, n: int) -> None:
-        """Row j predicts position c+j+1; keep the prompt's own tokens, once each."""
+    def _add_prompt_logprobs(self, seq: Sequence, scored: list[TokenLogprobs]) -> None:
+        """scored[j] is position c+j+1; keep each prompt position once (a recompute scores again)."""
         req = self._requests[seq.request_id]
         if not req.prompt_logprobs:
             req.prompt_logprobs.append(None)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        c = seq.num_computed_tokens
-        for j in range(n):
-            pos = c + j + 1
-            if pos < seq.num_prompt_tokens and pos == len(req.prompt_logprobs):
-                req.prompt_logprobs.append(self.sampler.token_logprobs(
-                    logp[j], seq.token_ids[pos], seq.params.prompt_logprobs))
+        for pos, lp in enumerate(scored, seq.num_computed_tokens + 1):
+            if pos == len(req.prompt_logprobs):
+                req.prompt_logprobs.append(lp)
 
     def _on_token(self, req: _Request, token: int, lp) -> RequestOutput:
         seq, params = req.seq, req.seq.params
@@ -242,10 +219,14 @@ class LLMEngine:
         return [final[i] for i in ids]
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
+        bm, pc = self.block_manager, self.prompt_cache
         return EngineStats(
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
-            cached_tokens=getattr(self.runner, "num_cached_tokens", bm.num_cached_tokens),
+            cached_tokens=pc.num_cached_tokens if pc is not None else bm.num_cached_tokens,
             prefix_hit_rate=bm.prefix_hit_rate,
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             block_size=self.config.block_size, max_model_len=self.max_model_len)
+
+    def close(self) -> None:
+        """Release the runner: its model and KV memory are freed now (idempotent)."""
+        self.runner.close()

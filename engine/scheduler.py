@@ -32,7 +32,18 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)  # their KV was freed this step
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy before the forward
     finished: list[Sequence] = field(default_factory=list)  # ended here: cannot fit even alone
-    is_sampled: list[bool] = field(default_factory=list)  # per seq: all known tokens computed after this step
+    # Which rows get logits, decided here once for the runners and the engine (at construction:
+    # postprocess moves num_computed_tokens on afterwards).
+    is_sampled: list[bool] = field(init=False)  # per seq: all known tokens computed after this step
+    num_logits: list[int] = field(init=False)  # per seq: logits for its last num_logits new tokens
+
+    def __post_init__(self) -> None:
+        # A sequence yields a token once every known token has K/V: the logits of its last new
+        # token. One that scores its prompt needs every new token's logits (row j predicts c+j+1).
+        self.is_sampled = [s.num_computed_tokens + n == len(s.token_ids)
+                           for s, n in zip(self.seqs, self.num_new_tokens)]
+        self.num_logits = [n if s.params.prompt_logprobs is not None else int(sampled)
+                           for s, n, sampled in zip(self.seqs, self.num_new_tokens, self.is_sampled)]
 
     @property
     def num_batched_tokens(self) -> int:
@@ -43,14 +54,29 @@ class SchedulerOutput:
         return not self.seqs
 
     def sampled_seqs(self) -> list[Sequence]:
-        """The sequences that yield a token this step, in seqs order (one logits row each)."""
+        """The sequences that yield a token this step, in seqs order."""
         return [s for s, is_sampled in zip(self.seqs, self.is_sampled) if is_sampled]
+
+    def logit_rows(self) -> list[int]:
+        """Indices into the step's flattened new tokens whose logits the runner computes, in
+        seqs order: each sequence's last num_logits new tokens."""
+        rows: list[int] = []
+        start = 0
+        for n, k in zip(self.num_new_tokens, self.num_logits):
+            rows.extend(range(start + n - k, start + n))
+            start += n
+        return rows
 
 
 class PromptCache(Protocol):
     """KV kept outside the block manager that a new prompt can start from (the llama.cpp
     runner's slots): `match_prompt` says how many leading tokens are there (no side effects),
     `claim_prompt` hands them to the sequence and returns how many it got (at most the match)."""
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Tokens held for later prompts (the cache's size, for stats)."""
+        ...
 
     def match_prompt(self, seq: Sequence) -> int: ...
 
@@ -67,7 +93,7 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_prefill_chunk = config.max_prefill_chunk
         self.max_model_len = config.max_model_len
-        self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.waiting: list[Sequence] = []  # in (priority, arrival) order: _by_key
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}  # unfinished, by request id
         self.num_preemptions = 0  # since start, for stats and tests
@@ -131,7 +157,9 @@ class Scheduler:
         bm = self.block_manager
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}  # new tokens per sequence, in scheduling order
-        out = SchedulerOutput([], [], 0)
+        preempted: list[Sequence] = []
+        finished: list[Sequence] = []
+        block_copies: list[tuple[int, int]] = []
 
         def preempt(victim: Sequence) -> None:
             nonlocal budget
@@ -142,7 +170,7 @@ class Scheduler:
             victim.num_preemptions += 1
             self.num_preemptions += 1
             bisect.insort(self.waiting, victim, key=_by_key)
-            out.preempted.append(victim)
+            preempted.append(victim)
 
         # 1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order.
         running, chunk = SequenceStatus.RUNNING, self.max_prefill_chunk
@@ -155,16 +183,14 @@ class Scheduler:
                 continue
             if seq.num_computed_tokens + n > pool_tokens:
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
-                out.finished.append(seq)
+                finished.append(seq)
                 continue
             while not bm.can_append(seq, n):
                 preempt(max(self.running, key=_by_key))  # the least urgent; may be seq itself
                 if seq.status is not running:
                     break
             else:
-                copies = bm.append_slots(seq, n)
-                if copies:
-                    out.block_copies += copies
+                block_copies += bm.append_slots(seq, n)
                 scheduled[seq] = n
                 budget -= n
 
@@ -172,7 +198,7 @@ class Scheduler:
         #    overtaking) unless running work of strictly lower priority can make room.
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if seq in out.preempted:
+            if seq in preempted:
                 break  # preempted in this very step: it resumes in a later one
             cached = bm.match_prefix(seq)
             reused = self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached else 0
@@ -200,16 +226,13 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
 
-        if out.preempted and out.block_copies:  # drop copies into blocks a victim gave back
+        if preempted and block_copies:  # drop copies into blocks a victim gave back
             live = {b for s in scheduled for b in s.block_table}
-            out.block_copies = [(src, dst) for src, dst in out.block_copies if dst in live]
+            block_copies = [(src, dst) for src, dst in block_copies if dst in live]
         decodes = [s for s, n in scheduled.items() if n == 1]
-        out.seqs = decodes + [s for s, n in scheduled.items() if n != 1]
-        out.num_new_tokens = [scheduled[s] for s in out.seqs]
-        out.num_decodes = len(decodes)
-        out.is_sampled = [s.num_computed_tokens + n == len(s.token_ids)
-                          for s, n in zip(out.seqs, out.num_new_tokens)]
-        return out
+        seqs = decodes + [s for s, n in scheduled.items() if n != 1]
+        return SchedulerOutput(seqs, [scheduled[s] for s in seqs], len(decodes), preempted,
+                               block_copies, finished)
 
     def _room_without(self, victims: list[Sequence], seq: Sequence, n: int, cached: list[int]) -> bool:
         """Whether seq would fit once all victims gave their blocks back (so that a priority

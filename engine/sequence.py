@@ -21,7 +21,6 @@ class SequenceStatus(Enum):
     FINISHED_STOPPED = auto()  # EOS, a stop token or a stop string
     FINISHED_LENGTH = auto()  # max_tokens, the context or the KV pool is full
     FINISHED_ABORTED = auto()  # the client went away or cancelled
-    FINISHED = FINISHED_STOPPED  # alias: "finished, the engine knows why"
 
     @property
     def is_finished(self) -> bool:
@@ -77,10 +76,6 @@ class Sequence:
         return self.token_ids[:self.num_prompt_tokens]
 
     @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
-    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
 
@@ -88,11 +83,6 @@ class Sequence:
     def is_prefill(self) -> bool:
         """More than one known token still lacks K/V (a prompt, or a recompute after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1
-
-    @property
-    def sort_key(self) -> tuple[int, float, int]:
-        """Scheduling order: priority, then arrival (first come, first served)."""
-        return (self.priority, self.arrival_time, self.seq_id)
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

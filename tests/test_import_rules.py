@@ -139,3 +139,16 @@ def test_relative_imports_resolve(tmp_path):
     _write(tmp_path, {"engine/server/app.py": "from ..layers import attention\nfrom . import auth\n"})
     names = imports_of(tmp_path, tmp_path / "engine/server/app.py")
     assert {"engine.layers", "engine.layers.attention", "engine.server", "engine.server.auth"} <= names
+
+
+def test_the_engine_core_imports_no_torch():
+    """DESIGN.md's table: the core imports no torch, runners do. Each module is imported alone in
+    a fresh interpreter, so whatever it pulls in transitively counts."""
+    import subprocess
+    import sys
+
+    for mod in ("engine.sequence", "engine.block_manager", "engine.scheduler", "engine.llm_engine", "engine.runner"):
+        code = f"import sys, {mod}; print('torch' in sys.modules)"
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "False", f"{mod} imports torch"

@@ -18,6 +18,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from engine.backends.llamacpp_runner import LlamaCppError, LlamaCppRunner  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.scheduler import SchedulerOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 REL_TOL = 1e-2  # max |runner - oracle| / max |oracle| per row (float and Q8_0 tiny models)
@@ -42,20 +43,11 @@ class Seq:
         return len(self.token_ids)
 
 
-@dataclass
-class Out:
-    """The SchedulerOutput fields a runner reads: seqs (decodes first) and tokens per seq."""
-    seqs: list
-    num_new_tokens: list[int]
-    num_decodes: int = 0
-    preempted: list = field(default_factory=list)
-
-
 def step(runner: LlamaCppRunner, seqs: list[Seq], chunk: int | None = None) -> torch.Tensor:
     """Run one step over `seqs` (each computes all its pending tokens, or `chunk` of them) and
     advance their counters as the scheduler's postprocess would."""
     n = [min(s.num_tokens - s.num_computed_tokens, chunk or 10**9) for s in seqs]
-    logits = runner.execute(Out(seqs, n))
+    logits = runner.run_model(SchedulerOutput(seqs, n, num_decodes=0))
     for s, k in zip(seqs, n):
         s.num_computed_tokens += k
     return logits

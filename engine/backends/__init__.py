@@ -15,6 +15,7 @@ import logging
 from engine.backends.device import (BackendDecision, BackendError, MachineInfo, ModelFootprint,
                                     choose_backend, model_footprint, probe_machine)
 from engine.config import EngineConfig
+from engine.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
     return dataclasses.replace(config, **changes)
 
 
-def create_runner(config: EngineConfig, decision: BackendDecision):
+def create_runner(config: EngineConfig, decision: BackendDecision) -> Runner:
     """Build the runner for `decision`: a LlamaCppRunner or the torch ModelRunner."""
     if decision.backend == "llama.cpp":
         from engine.backends.llamacpp_runner import LlamaCppRunner

@@ -25,7 +25,10 @@ import torch
 
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
-from engine.model_runner import num_kv_blocks
+from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
+from engine.layers.step_sampler import StepSampler
+from engine.runner import RunnerOutput
+from engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,9 @@ def _llama():
 
 
 class LlamaCppRunner:
-    """Runner interface over llama.cpp: `execute(out) -> f32 logits [rows, vocab]`, `release(seq)`,
-    `vocab_size`, `max_model_len`, `kv_capacity_blocks()`."""
+    """The Runner (engine/runner.py) over llama.cpp; its slots are the prompt cache."""
 
-    supports_prefix_caching = False
+    paged_kv = False  # llama.cpp's cells: block tables do not address them
 
     def __init__(self, config: EngineConfig, *, n_gpu_layers: int = 0, flash_attn: bool = False,
                  kv_unified: bool = True, prompt_cache: bool | None = None, verbose: bool = False) -> None:
@@ -69,15 +71,14 @@ class LlamaCppRunner:
         n_train = int(ll.llama_model_n_ctx_train(self._model)) or MAX_DEFAULT_CONTEXT
         self.max_model_len = min(config.max_model_len or min(n_train, MAX_DEFAULT_CONTEXT), n_train)
 
-        # Size the unified KV buffer like the torch pool: a fraction of free RAM, capped, and never
-        # less than one full-length sequence. Cells = blocks * block_size (the engine's accounting).
+        # Size the unified KV buffer by the torch pool's rule (kv_sizing), so the block manager's
+        # admission matches llama.cpp's cells: cells = blocks * block_size.
         B = config.block_size
-        n_layer = int(ll.llama_model_n_layer(self._model))
-        n_embd = int(ll.llama_model_n_embd(self._model))
-        n_head = int(ll.llama_model_n_head(self._model))
-        n_head_kv = int(ll.llama_model_n_head_kv(self._model))
-        self.kv_bytes_per_token = 2 * n_layer * n_head_kv * (n_embd // n_head) * KV_ITEMSIZE
-        self.num_blocks = self._num_blocks(config, self.kv_bytes_per_token * B)
+        n_layer, n_embd, n_head, n_head_kv = (int(f(self._model)) for f in (
+            ll.llama_model_n_layer, ll.llama_model_n_embd, ll.llama_model_n_head, ll.llama_model_n_head_kv))
+        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, n_embd // n_head, KV_ITEMSIZE)
+        free = psutil.virtual_memory().available
+        self.num_blocks = max(num_kv_blocks(config, block_bytes, free, self.max_model_len), 1)
         self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()))
         self.n_batch = config.max_num_batched_tokens
 
@@ -110,7 +111,8 @@ class LlamaCppRunner:
 
         # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
-        self.prompt_cache = (config.enable_prefix_caching if prompt_cache is None else prompt_cache) and not recurrent
+        self.caches_prompts = (config.enable_prefix_caching if prompt_cache is None else prompt_cache) and not recurrent
+        self.sampler = StepSampler()
         self.n_cells = self.num_blocks * B
         self._slots = SlotCache(self.n_seq_max, min_match=B)
         self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id (live slots)
@@ -118,16 +120,16 @@ class LlamaCppRunner:
         self._kv_len: dict[int, int] = {}  # live llama seq_id -> number of positions in llama's KV
         log.info("llama.cpp runner: %s, %d threads, %d KV cells (%d blocks, %.1f MiB f16), "
                  "%d slots, max_model_len %d", path.name, threads, cparams.n_ctx, self.num_blocks,
-                 self.num_blocks * B * self.kv_bytes_per_token / 2**20, self.n_seq_max,
-                 self.max_model_len)
-
-    def _num_blocks(self, config: EngineConfig, block_bytes: int) -> int:
-        """Sized like the torch pool, so the block manager's admission matches llama.cpp's cells."""
-        return max(num_kv_blocks(config, block_bytes, psutil.virtual_memory().available, self.max_model_len), 1)
+                 self.num_blocks * block_bytes / 2**20, self.n_seq_max, self.max_model_len)
 
     # ---- Runner interface ---------------------------------------------------------------------
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks
+
+    @property
+    def prompt_cache(self) -> LlamaCppRunner | None:
+        """The slots themselves (match_prompt, claim_prompt), unless prompt caching is off."""
+        return self if self.caches_prompts else None
 
     @property
     def num_cached_tokens(self) -> int:
@@ -137,19 +139,20 @@ class LlamaCppRunner:
     def release(self, seq) -> None:
         """The sequence is done (finished, aborted or preempted): with the prompt cache its slot
         goes idle with its cells, else they are dropped. A no-op for unknown sequences."""
+        self.sampler.release(seq)
         slot = self._slot_of.pop(seq.seq_id, None)
         if slot is None:
             return
         self._live.pop(slot, None)
         n = self._kv_len.pop(slot, 0)
-        n = n if self.prompt_cache else 0
+        n = n if self.caches_prompts else 0
         if not n:
             self._clear(slot)
         self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
 
     def match_prompt(self, seq) -> int:
         """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
-        if not self.prompt_cache or getattr(seq.params, "prompt_logprobs", None) is not None:
+        if not self.caches_prompts or seq.params.prompt_logprobs is not None:
             return 0
         m = self._match(seq)
         return m.num_tokens if m else 0
@@ -195,13 +198,11 @@ class LlamaCppRunner:
                 return
             self._clear(slot)
 
-    def execute(self, out) -> torch.Tensor:
-        """One llama_decode over every scheduled sequence; float32 logits, one row per sampled
-        sequence in `out.seqs` order (every new token's row for prompt-logprob sequences)."""
+    def run_model(self, out: SchedulerOutput) -> torch.Tensor:
+        """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
         n = sum(out.num_new_tokens)
         if n > self.n_batch:
             raise LlamaCppError(f"step of {n} tokens exceeds n_batch {self.n_batch}")
-        rows: list[int] = []  # batch indices whose logits the engine wants, in seqs order
         i = 0
         for seq, k in zip(out.seqs, out.num_new_tokens):
             slot = self._slot(seq)
@@ -211,14 +212,10 @@ class LlamaCppRunner:
             self._pos[i:i + k] = np.arange(c, c + k)
             for row in range(i, i + k):
                 self._seq_id_rows[row][0] = slot
-            self._logits_flag[i:i + k] = 0
-            if getattr(seq.params, "prompt_logprobs", None) is not None:
-                self._logits_flag[i:i + k] = 1
-                rows.extend(range(i, i + k))
-            elif c + k == seq.num_tokens:
-                self._logits_flag[i + k - 1] = 1
-                rows.append(i + k - 1)
             i += k
+        rows = out.logit_rows()  # batch indices whose logits are wanted, in seqs order
+        self._logits_flag[:n] = 0
+        self._logits_flag[rows] = 1
         self._batch.n_tokens = n
         if n:
             self._make_room(n)
@@ -226,6 +223,9 @@ class LlamaCppRunner:
         for seq, k in zip(out.seqs, out.num_new_tokens):
             self._kv_len[self._slot_of[seq.seq_id]] = seq.num_computed_tokens + k
         return self._gather_logits(rows)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.sampler(out, self.run_model(out))
 
     # ---- helpers ------------------------------------------------------------------------------
     def _slot(self, seq) -> int:

@@ -14,24 +14,16 @@ row, written plainly; it is the fallback and the reference.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from engine.runner import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 REPETITION_WINDOW = 64  # llama.cpp's penalty_last_n default
 _TOP_P_WINDOW = 256  # window for top-p without top-k (truncate() widens it 4x until it holds)
 _RACE_HEAD = 256  # window of rows without top-k/top-p; the race has two stages (sample_rows)
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """The chosen token's log-probability and the `top` most likely alternatives."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
 
 
 @dataclass(slots=True)
@@ -221,8 +213,6 @@ class Sampler:
     def __init__(self, seed: int | None = None) -> None:
         self._seed = seed
         self._generators: dict[str, torch.Generator] = {}  # per device, for rows without a seed
-
-    token_logprobs = staticmethod(token_logprobs)
 
     def _default_generator(self, device: torch.device) -> torch.Generator | None:
         if self._seed is None:

@@ -1,11 +1,12 @@
 """One thread owns the LLMEngine; HTTP handlers post commands and await their own queue.
 
 The shape of llama.cpp's server (`server_queue` / `server_response`), not llama-cpp-python's
-global lock: handlers never touch the engine. They post `add`/`abort`/`load`/`unload` commands to
+global lock: handlers never touch the engine. They post `Add`/`Abort`/`Load`/`Unload` commands to
 a thread-safe queue; the loop drains it, runs `engine.step()` while anything is unfinished, and
 hands each RequestOutput to its request's sink, which forwards it into the handler's
 asyncio.Queue with `loop.call_soon_threadsafe`. When idle the loop blocks on the queue.
-Model loading runs on this thread too, so a load never races a step.
+Model loading runs on this thread too, so a load never races a step, and only this thread
+writes the engine's state: it publishes one immutable `EngineStatus` that handlers read.
 """
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
+from engine.sampling_params import SamplingParams
 from engine.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from engine.llm_engine import EngineStats, LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ class ModelSpec:
 class LoadedModel:
     """What an engine factory returns: the engine plus the backend decision (shown on /health)."""
     spec: ModelSpec
-    engine: Any  # LLMEngine
+    engine: LLMEngine
     backend: str
     device: str
     decision: dict = field(default_factory=dict)
@@ -53,19 +59,69 @@ class LoadedModel:
 EngineFactory = Callable[[ModelSpec], LoadedModel]
 
 
+class EngineState(StrEnum):
+    """What /health says, like llama.cpp's server_state (the values are the HTTP API's)."""
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    READY = "ready"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus:
+    """The engine thread's state, replaced whole so that a reader never sees half a change."""
+    state: EngineState
+    message: str
+    loading: ModelSpec | None = None  # the model being loaded
+    model: LoadedModel | None = None  # the model in service (set only when READY)
+
+
+# ---- commands: handler threads -> engine thread ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    engine: LLMEngine  # the one the prompt was tokenized for
+    sink: Sink
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    spec: ModelSpec
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the loop: the server is shutting down."""
+
+
+Command = Add | Abort | Load | Unload | Stop
+
+
 class EngineThread:
-    """Owns the engine; `state` is unloaded | loading | ready | error, like llama.cpp's server_state."""
+    """Owns the engine. Handlers call the methods above the loop; only the loop writes state."""
 
     def __init__(self, factory: EngineFactory, metrics: Metrics | None = None) -> None:
         self._factory = factory
         self.metrics = metrics or Metrics()
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._loaded: LoadedModel | None = None
-        self.state = "unloaded"
-        self.message = "no model loaded"
-        self.loading: ModelSpec | None = None
-        self.stats = None  # EngineStats snapshot, refreshed by the loop after every change
+        self._status = EngineStatus(EngineState.UNLOADED, "no model loaded")
+        self._last_load: Load | None = None  # the newest load posted (handler side)
+        self.stats: EngineStats | None = None  # snapshot, refreshed by the loop after every change
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._started = False
 
@@ -76,32 +132,44 @@ class EngineThread:
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._commands.put(("stop",))
+        self._commands.put(Stop())
         if self._started:
             self._thread.join(timeout)
 
     @property
-    def model(self) -> LoadedModel | None:
-        return self._loaded if self.state == "ready" else None
+    def status(self) -> EngineStatus:
+        """The loop's status; LOADING from the moment a load is posted, before the loop takes it
+        (so that /health never shows the old state for a queued load)."""
+        load = self._last_load
+        if load is not None and not (load.future.running() or load.future.done()):
+            return EngineStatus(EngineState.LOADING, f"loading {load.spec.id}", load.spec)
+        return self._status  # read after the future: the loop writes it before starting one
 
-    def submit_sink(self, prompt_ids: list[int], params, request_id: str, engine: Any, sink: Sink) -> None:
+    # status's fields, one snapshot each
+    state = property(lambda self: self.status.state)
+    message = property(lambda self: self.status.message)
+    loading = property(lambda self: self.status.loading)
+    model = property(lambda self: self.status.model)
+
+    def submit_sink(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                    engine: LLMEngine, sink: Sink) -> None:
         """Queue a request for `engine` (the one its prompt was tokenized for); its outputs, or
         an exception that ends it, go to `sink` on the engine thread."""
-        self._commands.put(("add", request_id, prompt_ids, params, engine, sink))
+        self._commands.put(Add(request_id, prompt_ids, params, engine, sink))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(Abort(request_id))
 
     def load(self, spec: ModelSpec) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.state, self.loading, self.message = "loading", spec, f"loading {spec.id}"
-        self._commands.put(("load", spec, fut))
-        return fut
+        cmd = Load(spec, concurrent.futures.Future())
+        self._last_load = cmd
+        self._commands.put(cmd)
+        return cmd.future
 
     def unload(self) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("unload", fut))
-        return fut
+        cmd = Unload(concurrent.futures.Future())
+        self._commands.put(cmd)
+        return cmd.future
 
     @property
     def num_requests(self) -> int:
@@ -116,7 +184,7 @@ class EngineThread:
             except queue.Empty:
                 cmd = None
             while cmd is not None:
-                if cmd[0] == "stop":
+                if isinstance(cmd, Stop):
                     self._drop_model("the server is shutting down")
                     return
                 self._handle(cmd)
@@ -128,29 +196,30 @@ class EngineThread:
                 self._step()
             self._refresh_stats()
 
-    def _handle(self, cmd: tuple) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, rid, ids, params, engine, sink = cmd
-            if self._loaded is None or engine is not self._loaded.engine:
-                sink(EngineUnavailable("the model was unloaded or switched; send the request again"))
-                return
-            try:
-                engine.add_request(ids, params, request_id=rid)
-            except Exception as e:  # a bad request the handler's checks missed: its error, not ours
-                sink(e)
-                return
-            self._sinks[rid] = sink
-        elif kind == "abort":
-            if self._loaded is not None and cmd[1] in self._sinks:
-                self._loaded.engine.abort(cmd[1])  # its final output arrives on the next step
-                self.metrics.aborts.inc()
-        elif kind == "load":
-            self._load(cmd[1], cmd[2])
-        elif kind == "unload":
-            self._drop_model("the model was unloaded")
-            self.state, self.message = "unloaded", "no model loaded"
-            cmd[1].set_result(None)
+    def _handle(self, cmd: Command) -> None:
+        match cmd:
+            case Add(rid, ids, params, engine, sink):
+                if self._loaded is None or engine is not self._loaded.engine:
+                    sink(EngineUnavailable("the model was unloaded or switched; send the request again"))
+                    return
+                try:
+                    engine.add_request(ids, params, request_id=rid)
+                except Exception as e:  # a bad request the handler's checks missed: its error, not ours
+                    sink(e)
+                    return
+                self._sinks[rid] = sink
+            case Abort(rid):
+                if self._loaded is not None and rid in self._sinks:
+                    self._loaded.engine.abort(rid)  # its final output arrives on the next step
+                    self.metrics.aborts.inc()
+            case Load(spec, fut):
+                self._load(spec, fut)
+            case Unload(fut):
+                waited = fut.set_running_or_notify_cancel()  # False: its caller went away
+                self._status = EngineStatus(EngineState.UNLOADED, "no model loaded")
+                self._drop_model("the model was unloaded")
+                if waited:
+                    fut.set_result(None)
 
     def _step(self) -> None:
         engine = self._loaded.engine
@@ -162,14 +231,11 @@ class EngineThread:
             self._fail_all(RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
             return
         dt = time.perf_counter() - t0
-        new_tokens = 0
         for out in outputs:
-            new_tokens += len(out.new_token_ids)
-            sink = self._sinks.get(out.request_id)
-            if out.finished:
-                self._sinks.pop(out.request_id, None)
+            sink = (self._sinks.pop if out.finished else self._sinks.get)(out.request_id, None)
             if sink is not None:
                 sink(out)
+        new_tokens = sum(len(out.new_token_ids) for out in outputs)
         self.metrics.on_step(batch_size=len(outputs), new_tokens=new_tokens, seconds=dt)
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -188,8 +254,8 @@ class EngineThread:
                     engine.step()
             except Exception:
                 log.exception("the engine could not drain its aborted requests; dropping it")
+                self._status = EngineStatus(EngineState.ERROR, f"the engine failed: {exc}")
                 self._drop_model("the engine failed")
-                self.state, self.message = "error", f"the engine failed: {exc}"
 
     def _drop_model(self, why: str) -> None:
         if self._loaded is None:
@@ -198,29 +264,30 @@ class EngineThread:
             sink(EngineUnavailable(why))
         self._sinks.clear()
         engine, self._loaded, self.stats = self._loaded.engine, None, None
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
+        engine.close()  # the runner's model and KV now, not whenever the collector runs
         del engine
         gc.collect()
 
     def _load(self, spec: ModelSpec, fut: concurrent.futures.Future) -> None:
+        self._status = EngineStatus(EngineState.LOADING, f"loading {spec.id}", spec)
+        waited = fut.set_running_or_notify_cancel()  # False: its caller went away; load anyway
         self._drop_model(f"switching to {spec.id}")
-        self.state, self.loading, self.message = "loading", spec, f"loading {spec.id}"
         t0 = time.perf_counter()
         try:
             loaded = self._factory(spec)
         except Exception as e:
             log.error("loading %s failed: %s", spec.id, e)
-            self.state, self.loading = "error", None
-            self.message = f"loading {spec.id} failed: {e}"
-            fut.set_exception(e)
+            self._status = EngineStatus(EngineState.ERROR, f"loading {spec.id} failed: {e}")
+            if waited:
+                fut.set_exception(e)
             return
-        self._loaded, self.loading = loaded, None
-        self.state, self.message = "ready", f"{spec.id} loaded in {time.perf_counter() - t0:.1f}s"
+        self._loaded = loaded
+        self._status = EngineStatus(EngineState.READY, f"{spec.id} loaded in {time.perf_counter() - t0:.1f}s",
+                                    model=loaded)
         log.info("%s ready on %s (%s): %s", spec.id, loaded.backend, loaded.device,
                  loaded.decision.get("reason", ""))
-        fut.set_result(loaded)
+        if waited:
+            fut.set_result(loaded)
 
     def _refresh_stats(self) -> None:
         if self._loaded is None:

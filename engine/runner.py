@@ -1,0 +1,66 @@
+"""What a runner is to the engine: the one contract every runner implements. No torch.
+
+A runner owns a model and its KV memory (the torch ModelRunner, llama.cpp's LlamaCppRunner; a
+draft model or a remote engine next). LLMEngine reads nothing else of it: its context, its KV
+capacity for the block manager's admission, an optional prompt cache for the scheduler, and one
+`execute` per step that runs the scheduled batch and samples, as nano-vllm's runner does, so the
+engine loop handles plain Python results and never a tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.scheduler import PromptCache, SchedulerOutput
+from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """The chosen token's log-probability and the `top` most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """One step's results, in `out.sampled_seqs()` order."""
+
+    token_ids: list[int]  # the token each sampled sequence appends
+    logprobs: list[TokenLogprobs | None]  # per sampled sequence, when its request asks
+    # seq_id -> logprobs of prompt positions c+1, c+2, ... scored this step (c: the sequence's
+    # num_computed_tokens before it), for every scheduled sequence that scores its prompt
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+class Runner(Protocol):
+    max_model_len: int  # context length in tokens: prompt + reply
+    # The KV lives in the block manager's blocks (block tables address it), so block-hash prefix
+    # caching can hand a sequence cached blocks. A runner whose KV is its own (llama.cpp's cells)
+    # says False and may offer a prompt cache instead.
+    paged_kv: bool
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        """KV outside the block manager that new prompts may start from; None: no such cache."""
+        ...
+
+    def kv_capacity_blocks(self) -> int:
+        """How many blocks of block_size tokens its KV memory holds (the block manager's pool)."""
+        ...
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """Compute out's new tokens, then sample each sampled sequence (the rows out.num_logits
+        says) and score the prompt rows of sequences that ask for prompt logprobs."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);
+        a finished sequence's per-request state goes with it. A no-op for unknown sequences."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and its memory now, not at garbage collection (idempotent)."""
+        ...

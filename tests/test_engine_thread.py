@@ -1,0 +1,74 @@
+"""EngineThread: typed commands in, one status written by the engine thread alone, and a model it
+drops is closed at once (its runner's memory freed, not left to the garbage collector)."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+
+import pytest
+
+from engine.sampling_params import SamplingParams
+from engine.server.engine_thread import (EngineState, EngineThread, EngineUnavailable, LoadedModel,
+                                         ModelSpec)
+from test_runner import make_engine
+
+
+class Factory:
+    """Builds engines over the counting runner; `gate` holds a load until the test opens it."""
+
+    def __init__(self) -> None:
+        self.engines = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, spec: ModelSpec) -> LoadedModel:
+        self.gate.wait(10)
+        if spec.path == "missing":
+            raise FileNotFoundError("no such model file")
+        self.engines.append(make_engine())
+        return LoadedModel(spec, self.engines[-1], "test", "cpu", {"reason": "a test"})
+
+
+def outputs(sink: queue.Queue) -> list:
+    got = []
+    while not (got and (isinstance(got[-1], Exception) or got[-1].finished)):
+        got.append(sink.get(timeout=10))
+    return got
+
+
+def test_status_commands_and_close_on_drop():
+    factory = Factory()
+    t = EngineThread(factory)
+    assert t.state is EngineState.UNLOADED and json.dumps(t.state) == '"unloaded"'
+    fut = t.load(ModelSpec("a", "a.gguf"))
+    # posted, not yet taken (the thread is not even running): reads as loading at once
+    assert t.state == "loading" and t.loading.id == "a" and t.model is None
+    t.start()
+    try:
+        assert fut.result(10).spec.id == "a"
+        assert t.state is EngineState.READY and t.model.engine is factory.engines[0] and t.loading is None
+        sink: queue.Queue = queue.Queue()
+        t.submit_sink([5], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), "r1",
+                      factory.engines[0], sink.put)
+        assert outputs(sink)[-1].output_token_ids == [6, 7, 8]
+
+        factory.gate.clear()  # hold the next load: the old model is dropped and closed first
+        fut = t.load(ModelSpec("b", "b.gguf"))
+        assert t.state == "loading" and t.loading.id == "b" and t.model is None
+        stale: queue.Queue = queue.Queue()
+        t.submit_sink([5], SamplingParams(max_tokens=2), "r2", factory.engines[0], stale.put)
+        factory.gate.set()
+        assert fut.result(10).spec.id == "b" and factory.engines[0].runner.closed
+        assert isinstance(outputs(stale)[-1], EngineUnavailable)  # for a's engine: ask again
+
+        with pytest.raises(FileNotFoundError):
+            t.load(ModelSpec("c", "missing")).result(10)
+        assert t.state is EngineState.ERROR and "loading c failed" in t.message
+        assert factory.engines[1].runner.closed and t.model is None
+
+        t.unload().result(10)
+        assert t.state is EngineState.UNLOADED and t.message == "no model loaded"
+    finally:
+        t.stop()
+    assert not t._thread.is_alive()
