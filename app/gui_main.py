@@ -54,7 +54,8 @@ class EmberApp:
 
     def open_model_manager(self, parent: QWidget | None = None) -> ModelManagerDialog:
         if self.model_manager is None:
-            self.model_manager = ModelManagerDialog(self.store, self.catalog, self.downloads, self.settings,
+            catalog = self.catalog or Catalog([])  # build_app falls back to [] when the catalog cannot load
+            self.model_manager = ModelManagerDialog(self.store, catalog, self.downloads, self.settings,
                                                     advise=_advisor(), parent=self.window)
             self.model_manager.model_installed.connect(lambda _id: self.controller.refresh_models())
         self.model_manager.show()

@@ -1,11 +1,14 @@
 """The catalog of known models: size, quantization, license and whether it fits this machine."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.catalog import Catalog, CatalogEntry
+from app.fit import FitAdvice
 
 COLUMNS = ("Model", "Parameters", "Quantization", "Size", "License", "This machine", "")
 
@@ -20,21 +23,21 @@ def human_size(n: int | None) -> str:
     return str(n)
 
 
-def fit_badge(advice: Any) -> QLabel:
+def fit_badge(advice: FitAdvice | None) -> QLabel:
     """A green "fits" or red "too big" label; the reason is the tooltip."""
     if advice is None:
         label = QLabel("size unknown")
         label.setProperty("badge", "unknown")
         label.setToolTip("The catalog does not list this model's size; the download tells")
     else:
-        fits = bool(getattr(advice, "fits", False))
+        fits = advice.fits
         text = "fits" if fits else "too big"
-        ctx = getattr(advice, "max_context", None)
+        ctx = advice.max_context
         if fits and ctx:
             text += f" · {ctx // 1024}k ctx" if ctx >= 1024 else f" · {ctx} ctx"
         label = QLabel(text)
         label.setProperty("badge", "fits" if fits else "nofit")
-        label.setToolTip(getattr(advice, "reason", "") or "")
+        label.setToolTip(advice.reason)
     label.setAlignment(Qt.AlignCenter)
     return label
 
@@ -53,7 +56,7 @@ class CatalogTable(QWidget):
 
     download_requested = Signal(object)
 
-    def __init__(self, catalog: Any, advise: Callable[[Any], Any] | None = None,
+    def __init__(self, catalog: Catalog, advise: Callable[[CatalogEntry], FitAdvice] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.catalog = catalog
@@ -74,9 +77,9 @@ class CatalogTable(QWidget):
         self.search.textChanged.connect(self.refresh)
         self.refresh()
 
-    def entries(self) -> list[Any]:
+    def entries(self) -> list[CatalogEntry]:
         query = self.search.text().strip()
-        return list(self.catalog.search(query)) if hasattr(self.catalog, "search") else list(self.catalog)
+        return self.catalog.search(query)
 
     def set_installed(self, ids: set[str]) -> None:
         """Update the Download/Installed buttons in place."""
@@ -93,7 +96,7 @@ class CatalogTable(QWidget):
         self.table.setRowCount(len(entries))
         for row, e in enumerate(entries):
             name = QTableWidgetItem(e.name)
-            name.setToolTip(f"{e.id}\n{getattr(e, 'notes', '') or ''}".strip())
+            name.setToolTip(f"{e.id}\n{e.notes or ''}".strip())
             name.setData(Qt.UserRole, e.id)
             self.table.setItem(row, 0, name)
             self.table.setItem(row, 1, QTableWidgetItem(str(e.parameters)))
@@ -113,7 +116,7 @@ class CatalogTable(QWidget):
                 return self.table.cellWidget(row, 6)
         return None
 
-    def _safe_advice(self, entry: Any) -> Any:
+    def _safe_advice(self, entry: CatalogEntry) -> FitAdvice | None:
         if self._advise is None:
             return None
         try:

@@ -1,13 +1,12 @@
 """The list of chats: search, new, rename, delete. Reads and writes through app.history.ChatStore."""
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLineEdit, QListWidget, QListWidgetItem,
                                QMessageBox, QPushButton, QVBoxLayout, QWidget)
 
-from ui.chat_view import DEFAULT_TITLE, field
+from app.history import ChatStore
+from ui.chat_view import DEFAULT_TITLE
 
 ITEM_HEIGHT = 30
 
@@ -18,7 +17,7 @@ class ChatListPanel(QWidget):
     chat_selected = Signal(int)
     chat_deleted = Signal(int)
 
-    def __init__(self, chat_store: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, chat_store: ChatStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.chat_store = chat_store
         self.streaming: set[int] = set()  # chats whose reply is streaming now (marked in the list)
@@ -55,13 +54,13 @@ class ChatListPanel(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         for chat in self.chat_store.list_chats(search=self.search.text().strip() or None):
-            title = field(chat, "title", "") or DEFAULT_TITLE
-            item = QListWidgetItem(("● " if field(chat, "id") in self.streaming else "") + title)
-            item.setToolTip(title + ("  (replying…)" if field(chat, "id") in self.streaming else ""))
-            item.setData(Qt.UserRole, field(chat, "id"))
+            title = chat.title or DEFAULT_TITLE
+            item = QListWidgetItem(("● " if chat.id in self.streaming else "") + title)
+            item.setToolTip(title + ("  (replying…)" if chat.id in self.streaming else ""))
+            item.setData(Qt.UserRole, chat.id)
             item.setSizeHint(QSize(0, ITEM_HEIGHT))
             self.list.addItem(item)
-            if field(chat, "id") == current:
+            if chat.id == current:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
         has = self.list.currentItem() is not None
@@ -81,7 +80,6 @@ class ChatListPanel(QWidget):
 
     def new_chat(self) -> int:
         chat_id = self.chat_store.create_chat(DEFAULT_TITLE)
-        chat_id = field(chat_id, "id", chat_id)  # create_chat may return the row or its id
         self.search.clear()
         self.refresh()
         self.select(chat_id)
@@ -100,7 +98,7 @@ class ChatListPanel(QWidget):
         if self.list.count() and self.list.currentItem() is None:
             self.list.setCurrentRow(0)
 
-    def _on_current_changed(self, current: QListWidgetItem | None, _previous: Any) -> None:
+    def _on_current_changed(self, current: QListWidgetItem | None, _previous: QListWidgetItem | None) -> None:
         self.rename_button.setEnabled(current is not None)
         self.delete_button.setEnabled(current is not None)
         if current is not None:

@@ -1,13 +1,11 @@
-"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens, speculation."""
+"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens."""
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
-                               QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QPlainTextEdit, QSpinBox,
+                               QVBoxLayout, QWidget)
 
-DEFAULTS = {"system_prompt": "", "temperature": 0.7, "top_p": 0.95, "max_tokens": 512, "speculative": False}
+DEFAULTS = {"system_prompt": "", "temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
 
 
 class ChatSettingsPanel(QWidget):
@@ -28,8 +26,6 @@ class ChatSettingsPanel(QWidget):
         self.temperature.setToolTip("0 = always the most likely token (greedy)")
         self.top_p = QDoubleSpinBox(self, minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2)
         self.max_tokens = QSpinBox(self, minimum=1, maximum=131072, singleStep=64)
-        self.speculative = QCheckBox("Speculative decoding", self)
-        self.set_speculative_available(False)
 
         box = QGroupBox("Chat settings", self)
         form = QFormLayout(box)
@@ -38,7 +34,6 @@ class ChatSettingsPanel(QWidget):
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
-        form.addRow(self.speculative)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
         layout.addWidget(box)
@@ -48,7 +43,6 @@ class ChatSettingsPanel(QWidget):
         self.temperature.valueChanged.connect(self._on_edited)
         self.top_p.valueChanged.connect(self._on_edited)
         self.max_tokens.valueChanged.connect(self._on_edited)
-        self.speculative.toggled.connect(self._on_edited)
         self.model.currentTextChanged.connect(self._on_model_edited)
         self.load({}, None)
 
@@ -60,14 +54,12 @@ class ChatSettingsPanel(QWidget):
         self.temperature.setValue(float(s["temperature"]))
         self.top_p.setValue(float(s["top_p"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
-        self.speculative.setChecked(bool(s["speculative"]) and self.speculative.isEnabled())
         self.model.setCurrentText(model or "")
         self._loading = False
 
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
-                "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value(),
-                "speculative": self.speculative.isChecked()}
+                "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value()}
 
     def set_models(self, model_ids: list[str]) -> None:
         current = self.model.currentText()
@@ -77,22 +69,7 @@ class ChatSettingsPanel(QWidget):
         self.model.setCurrentText(current)
         self._loading = False
 
-    def set_speculative_available(self, available: bool) -> None:
-        """The toggle is enabled only when the engine says it can speculate (status `speculative`)."""
-        self.speculative.setEnabled(available)
-        self.speculative.setToolTip("" if available else "The engine has no draft model loaded")
-        if not available:
-            self.speculative.setChecked(False)
-
-    def update_from_status(self, status: dict[str, Any]) -> None:
-        """Available when the engine reports a drafter (`speculative`) or its acceptance rate."""
-        spec = status.get("speculative")
-        available = bool(spec.get("available", True)) if isinstance(spec, dict) else bool(spec)
-        available = available or status.get("spec_acceptance_rate") is not None
-        if available != self.speculative.isEnabled():
-            self.set_speculative_available(available)
-
-    def _on_edited(self, *_: Any) -> None:
+    def _on_edited(self, *_: object) -> None:
         if not self._loading:
             self.settings_changed.emit(self.values())
 

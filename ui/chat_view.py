@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app.client import ChatDelta, EngineClientError
+from app.history import ChatStore
+from ui.engine_controller import EngineController
 from ui.message_input import MessageInput
 from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptMessage, TranscriptView
@@ -23,13 +25,6 @@ PERSIST_INTERVAL_S = 1.0  # partial replies reach SQLite this often, so a crash 
 DEFAULT_TITLE = "New chat"
 
 
-def field(obj: Any, name: str, default: Any = None) -> Any:
-    """Read `name` from a dataclass-like object or a dict (history rows come as either)."""
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
 class ChatView(QWidget):
     """The open chat. `reply_stats` reports TTFT and tok/s of the reply in flight."""
 
@@ -38,7 +33,8 @@ class ChatView(QWidget):
     reply_stats = Signal(dict)  # {"chat_id", "ttft_s", "tok_s", "tokens"}
     title_changed = Signal(int, str)
 
-    def __init__(self, chat_store: Any, chat_id: int, engine: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, chat_store: ChatStore, chat_id: int, engine: EngineController,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.chat_store = chat_store
         self.chat_id = chat_id
@@ -131,8 +127,8 @@ class ChatView(QWidget):
             self._finish("error", "The engine is not running. Start it from the Server menu or the tray.")
             return
         chat = self.chat_store.get_chat(self.chat_id)
-        settings = dict(field(chat, "settings", None) or {})
-        model = field(chat, "model", None)  # None: whatever the server has loaded
+        settings = dict(chat.settings)
+        model = chat.model  # None: whatever the server has loaded
         loaded = self.engine.last_status.get("model")
         load_first = bool(model and loaded and model != loaded and not self.engine.is_remote)
         self._stream = ReplyStream(client, history, load_first=load_first, model=model, **_sampling(settings))
@@ -148,7 +144,7 @@ class ChatView(QWidget):
 
     def _api_messages(self) -> list[dict]:
         chat = self.chat_store.get_chat(self.chat_id)
-        system = (field(chat, "settings", None) or {}).get("system_prompt")
+        system = chat.settings.get("system_prompt")
         out = [{"role": "system", "content": system}] if system else []
         out += [{"role": m.role, "content": m.content} for m in self.transcript.messages
                 if m.role in ("user", "assistant") and m.content and m.status != "error"]
@@ -158,26 +154,25 @@ class ChatView(QWidget):
         """Signals from a worker this view has already let go of (stopped, replaced) are ignored."""
         return self._worker is not None and self.sender() is self._worker.signals
 
-    def _on_delta(self, delta: Any) -> None:
+    def _on_delta(self, delta: ChatDelta) -> None:
         if not self._is_current() or self._reply is None:
             return
-        text = field(delta, "text", "") or ""
+        text = delta.text
         now = time.monotonic()
         if text:
             if not self._t_first:
                 self._t_first = now
             self._tokens += 1
             self._reply.content += text
-        usage = field(delta, "usage", None)
-        if usage:
-            self._tokens = field(usage, "completion_tokens", self._tokens) or self._tokens
-        self._emit_stats(field(delta, "tok_s", None))
+        if delta.usage:
+            self._tokens = delta.usage.completion_tokens or self._tokens
+        self._emit_stats(delta.tok_s)
         self.transcript.schedule_render()
         if now - self._last_persist >= PERSIST_INTERVAL_S:
             self._last_persist = now
             self.chat_store.update_message(self._reply_id, self._reply.content, "streaming")
 
-    def _on_returned(self, _value: Any) -> None:
+    def _on_returned(self, _value: object) -> None:
         if self._is_current():
             self._finish("done")
 
@@ -186,7 +181,8 @@ class ChatView(QWidget):
             return
         log.info("reply in chat %s failed: %s", self.chat_id, error)
         text = str(error) or type(error).__name__
-        if getattr(error, "status_code", 0) is None and not self.engine.is_remote:  # lost the connection
+        lost = isinstance(error, EngineClientError) and error.status_code is None  # lost the connection
+        if lost and not self.engine.is_remote:
             text += ". If the engine stopped, Ember restarts it: press Regenerate to try again."
         self._finish("error", text)
 
@@ -222,23 +218,23 @@ class ChatView(QWidget):
     def _load(self) -> None:
         msgs = []
         for m in self.chat_store.messages(self.chat_id):
-            status = field(m, "status", "done") or "done"
+            status = m.status
             if status == "streaming":  # a reply cut off by a previous crash of the app
                 status = "stopped"
-            msgs.append(TranscriptMessage(field(m, "role"), field(m, "content", "") or "", status,
+            msgs.append(TranscriptMessage(m.role, m.content, status,
                                           "the reply was interrupted" if status == "error" else None))
         self.transcript.set_messages(msgs)
         self._update_buttons()
 
     def _last_assistant_id(self) -> int | None:
         for m in reversed(self.chat_store.messages(self.chat_id)):
-            if field(m, "role") == "assistant":
-                return field(m, "id")
+            if m.role == "assistant":
+                return m.id
         return None
 
     def _maybe_title_from(self, text: str) -> None:
         chat = self.chat_store.get_chat(self.chat_id)
-        if (field(chat, "title", "") or DEFAULT_TITLE) == DEFAULT_TITLE:
+        if (chat.title or DEFAULT_TITLE) == DEFAULT_TITLE:
             title = " ".join(text.split())[:48] or DEFAULT_TITLE
             self.chat_store.rename_chat(self.chat_id, title)
             self.title_changed.emit(self.chat_id, title)
@@ -256,7 +252,4 @@ class ChatView(QWidget):
 
 def _sampling(settings: dict) -> dict:
     """The chat's settings as `chat_stream` keyword arguments (only the ones that are set)."""
-    out = {k: settings[k] for k in ("temperature", "top_p", "max_tokens") if settings.get(k) is not None}
-    if settings.get("speculative"):
-        out["speculative"] = True
-    return out
+    return {k: settings[k] for k in ("temperature", "top_p", "max_tokens") if settings.get(k) is not None}

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.client import EngineClient
+from app.settings import Settings
+from app.supervisor import EngineSupervisor, SupervisorState
 from ui.workers import FunctionWorker
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_MS = 1000
+REMOTE = "remote"  # the controller's state while a remote server is used (no supervisor state)
 
 
 class EngineController(QObject):
     """Owns the engine's lifecycle for the GUI and polls `/v1/engine/status` without blocking.
 
-    `state` is the supervisor's (stopped|starting|ready|crashed|error) or "remote".
+    `state` is the supervisor's (a SupervisorState) or REMOTE.
     """
 
     state_changed = Signal(str)
@@ -33,7 +36,7 @@ class EngineController(QObject):
     quit_requested = Signal()
     _supervisor_state = Signal(str)  # from the supervisor's watcher thread
 
-    def __init__(self, settings: Any, supervisor: Any | None = None, parent: QObject | None = None,
+    def __init__(self, settings: Settings, supervisor: EngineSupervisor | None = None, parent: QObject | None = None,
                  poll_interval_ms: int = POLL_INTERVAL_MS) -> None:
         super().__init__(parent)
         self.settings = settings
@@ -45,12 +48,12 @@ class EngineController(QObject):
         self._poll_worker: FunctionWorker | None = None
         self._models_worker: FunctionWorker | None = None
         self._action_worker: FunctionWorker | None = None
-        self._state = "remote" if self.is_remote else "stopped"
+        self._state: str = REMOTE if self.is_remote else SupervisorState.STOPPED
         self._supervisor_state.connect(self._on_supervisor_state)
-        self._unsubscribe = None
+        self._unsubscribe: Callable[[], None] | None = None
         if supervisor is not None:
             self._unsubscribe = supervisor.on_state_change(self._supervisor_state.emit)
-            self._state = getattr(supervisor, "state", "stopped")
+            self._state = supervisor.state
         self._poll_timer = QTimer(self)
         self._poll_timer.setInterval(poll_interval_ms)
         self._poll_timer.timeout.connect(self.poll)
@@ -58,7 +61,7 @@ class EngineController(QObject):
     # ---- read-only state (the tray and status bar build from these) ----
     @property
     def is_remote(self) -> bool:
-        return bool(getattr(self.settings, "connection_url", None))
+        return bool(self.settings.connection_url)
 
     @property
     def state(self) -> str:
@@ -68,20 +71,20 @@ class EngineController(QObject):
     def base_url(self) -> str | None:
         if self.is_remote:
             return self.settings.connection_url
-        return getattr(self.supervisor, "base_url", None) if self.supervisor else None
+        return self.supervisor.base_url if self.supervisor is not None else None
 
     @property
     def api_key(self) -> str | None:
         if self.is_remote:
             return self.settings.connection_key
-        if self.supervisor is not None and getattr(self.supervisor, "api_key", None):
+        if self.supervisor is not None and self.supervisor.api_key:
             return self.supervisor.api_key
-        return getattr(self.settings, "api_key", None)
+        return self.settings.api_key
 
     @property
     def current_model(self) -> str | None:
         return self.last_status.get("model") or (self.models[0] if self.models else None) \
-            or getattr(self.settings, "default_model", None)
+            or self.settings.default_model
 
     def client(self) -> EngineClient | None:
         """A client for the current address (the supervisor may pick a new port on restart)."""
@@ -98,7 +101,7 @@ class EngineController(QObject):
         """Start polling and, for the local engine, the engine process (in a worker)."""
         self._poll_timer.start()
         if self.is_remote:
-            self._set_state("remote")
+            self._set_state(REMOTE)
             self.poll()
             self.refresh_models()
         elif self.supervisor is not None:
@@ -123,13 +126,13 @@ class EngineController(QObject):
         self.models, self.last_status = [], {}
         self.models_changed.emit([])
         if self.is_remote:
-            if self.supervisor is not None and self.supervisor.state != "stopped":
+            if self.supervisor is not None and self.supervisor.state is not SupervisorState.STOPPED:
                 self._run_action(self.supervisor.stop)
-            self._set_state("remote")
+            self._set_state(REMOTE)
             self.poll()
             self.refresh_models()
         else:
-            self._set_state(getattr(self.supervisor, "state", "stopped"))
+            self._set_state(self.supervisor.state if self.supervisor is not None else SupervisorState.STOPPED)
             self.start_server()
 
     def load_model(self, model_id: str) -> None:
@@ -143,7 +146,7 @@ class EngineController(QObject):
         for w in (self._poll_worker, self._models_worker, self._action_worker):
             if w is not None:
                 w.quit()
-        if callable(self._unsubscribe):
+        if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
 
@@ -198,7 +201,7 @@ class EngineController(QObject):
         if self.is_remote:  # the local engine stopping is not news while a remote server is used
             return
         self._set_state(state)
-        if state == "ready":
+        if state == SupervisorState.READY:
             self.poll()
             self.refresh_models()
 
@@ -210,7 +213,7 @@ class EngineController(QObject):
     def _on_status(self, status: dict) -> None:
         self.last_status = dict(status)
         if self.supervisor is not None and not self.is_remote:
-            self._set_state(getattr(self.supervisor, "state", self._state))
+            self._set_state(self.supervisor.state)
         if not self.models and status.get("status") == "ready":
             self.refresh_models()
         self.status_changed.emit(self.last_status)
@@ -219,9 +222,8 @@ class EngineController(QObject):
         self.last_status = {"status": "unreachable", "message": str(error)}
         self.status_changed.emit(self.last_status)
 
-    def _on_models(self, models: Any) -> None:
-        ids = [m if isinstance(m, str) else (m.get("id") if isinstance(m, dict) else getattr(m, "id", str(m)))
-               for m in (models or [])]
+    def _on_models(self, models: list[dict]) -> None:
+        ids = [m["id"] for m in models]  # client.models() keeps only entries with an id
         if ids != self.models:
             self.models = ids
             self.models_changed.emit(ids)
@@ -229,7 +231,4 @@ class EngineController(QObject):
 
 def _timed_status(client: EngineClient) -> dict:
     """`client.status()` plus when it was taken (runs on a worker thread)."""
-    status = client.status()
-    status = dict(status) if not isinstance(status, dict) else status
-    status.setdefault("polled_at", time.monotonic())
-    return status
+    return {"polled_at": time.monotonic(), **client.status()}

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.settings import Settings
+from app.store import ModelManifest, ModelStore
 from ui.catalog_table import human_size
 from ui.workers import FunctionWorker
 
@@ -20,7 +21,7 @@ class InstalledTable(QWidget):
     default_changed = Signal(str)
     changed = Signal()
 
-    def __init__(self, store: Any, settings: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, store: ModelStore, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.store = store
         self.settings = settings
@@ -124,7 +125,7 @@ class InstalledTable(QWidget):
         self._worker.start()
         return self._worker
 
-    def _on_worker_returned(self, value: Any) -> None:
+    def _on_worker_returned(self, value: object) -> None:
         self._on_done(value)
 
     def _on_worker_errored(self, error: Exception) -> None:
@@ -137,7 +138,7 @@ class InstalledTable(QWidget):
         self.message.setText(f"{model_id}: {self._status[model_id]}")
         self.refresh()
 
-    def _on_imported(self, manifest: Any) -> None:
+    def _on_imported(self, manifest: ModelManifest) -> None:
         self.message.setText(f"Installed {manifest.name} as {manifest.id}.")
         self.refresh()
         self.select(manifest.id)

@@ -6,19 +6,23 @@ several chats stream at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QSplitter,
                                QStackedWidget, QWidget)
 
+from app.history import ChatStore
+from app.settings import Settings
 from ui.chat_list import ChatListPanel
 from ui.chat_settings_panel import ChatSettingsPanel
-from ui.chat_view import ChatView, field
+from ui.chat_view import ChatView
+from ui.engine_controller import EngineController
 from ui.resources import icon
 from ui.status_bar import EngineStatusBar
+from ui.tray import TrayIcon
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ class MainWindow(QMainWindow):
 
     hidden_to_tray = Signal()
 
-    def __init__(self, settings: Any, chat_store: Any, engine: Any,
+    def __init__(self, settings: Settings, chat_store: ChatStore, engine: EngineController,
                  open_model_manager: Callable[[QWidget], None] | None = None,
                  open_settings: Callable[[QWidget], None] | None = None,
                  parent: QWidget | None = None) -> None:
@@ -36,7 +40,7 @@ class MainWindow(QMainWindow):
         self.settings = settings
         self.chat_store = chat_store
         self.engine = engine
-        self.tray: Any = None  # set by the app when a tray icon exists
+        self.tray: TrayIcon | None = None  # set by the app when a tray icon exists
         self._open_model_manager = open_model_manager
         self._open_settings = open_settings
         self._views: dict[int, ChatView] = {}
@@ -65,7 +69,6 @@ class MainWindow(QMainWindow):
         self.settings_panel.settings_changed.connect(self._on_chat_settings_changed)
         self.settings_panel.model_changed.connect(self._on_chat_model_changed)
         engine.models_changed.connect(self.settings_panel.set_models)
-        engine.status_changed.connect(self.settings_panel.update_from_status)
         engine.message.connect(self._on_engine_message)
         self.settings_panel.set_models(list(engine.models))
         if self.chat_list.list.count():
@@ -96,7 +99,7 @@ class MainWindow(QMainWindow):
             self.stack.addWidget(view)
         self.stack.setCurrentWidget(view)
         chat = self.chat_store.get_chat(chat_id)
-        self.settings_panel.load(field(chat, "settings", None) or {}, field(chat, "model", None))
+        self.settings_panel.load(chat.settings, chat.model)
         if self.chat_list.current_chat_id() != chat_id:
             self.chat_list.select(chat_id)
         view.input.setFocus()
@@ -147,7 +150,7 @@ class MainWindow(QMainWindow):
         view = self.current_view()
         if view is None:
             return
-        title = field(self.chat_store.get_chat(view.chat_id), "title", "chat") or "chat"
+        title = self.chat_store.get_chat(view.chat_id).title or "chat"
         suffix, name = (".md", "Markdown (*.md)") if fmt == "md" else (".json", "JSON (*.json)")
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", title + suffix, name)
         if path:
@@ -187,7 +190,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
         """With close_to_tray, closing hides the window and the engine keeps serving."""
-        if getattr(self.settings, "close_to_tray", False) and self.tray is not None and self.tray.isVisible():
+        if self.settings.close_to_tray and self.tray is not None and self.tray.isVisible():
             event.ignore()
             self.hide()
             self.hidden_to_tray.emit()

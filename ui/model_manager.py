@@ -1,11 +1,17 @@
 """The model manager: catalog (with fit badges), downloads, and installed models, as three tabs."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTabWidget, QVBoxLayout, QWidget
 
+from app.catalog import Catalog, CatalogEntry
+from app.download_jobs import JobState
+from app.downloads import DownloadManager
+from app.fit import FitAdvice
+from app.settings import Settings
+from app.store import ModelStore
 from ui.catalog_table import CatalogTable
 from ui.download_bridge import DownloadBridge
 from ui.downloads_panel import DownloadsPanel
@@ -20,8 +26,8 @@ class ModelManagerDialog(QDialog):
 
     model_installed = Signal(str)
 
-    def __init__(self, store: Any, catalog: Any, downloads: Any | None, settings: Any,
-                 advise: Callable[[Any], Any] | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, store: ModelStore, catalog: Catalog, downloads: DownloadManager | None, settings: Settings,
+                 advise: Callable[[CatalogEntry], FitAdvice] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(900, 520)
@@ -49,17 +55,17 @@ class ModelManagerDialog(QDialog):
         self.installed.changed.connect(self._on_installed_changed)
         self._on_installed_changed()
 
-    def start_download(self, entry: Any) -> str:
+    def start_download(self, entry: CatalogEntry) -> str | None:
         assert self.downloads_panel is not None, "no DownloadManager was given"
         job_id = self.downloads_panel.start(entry)
         self.tabs.setCurrentWidget(self.downloads_panel)
         return job_id
 
-    def _on_download_requested(self, entry: Any) -> None:
+    def _on_download_requested(self, entry: CatalogEntry) -> None:
         self.start_download(entry)
 
     def _on_download_finished(self, _job_id: str, state: str) -> None:
-        if state == "done":
+        if state == JobState.DONE:
             before = set(self.installed.model_ids())
             self.installed.refresh()
             self._on_installed_changed()

@@ -1,7 +1,10 @@
 """One streamed reply as a plain, Qt-free generator that the GUI thread can cancel at once."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
+
+from app.client import ChatDelta, ChatStream, EngineClient
 
 
 class ReplyStream:
@@ -11,13 +14,13 @@ class ReplyStream:
     is blocked waiting for the next token returns at once and the engine aborts the sequence.
     """
 
-    def __init__(self, client: Any, messages: list[dict], load_first: bool = False, **kwargs: Any) -> None:
+    def __init__(self, client: EngineClient, messages: list[dict], load_first: bool = False, **kwargs: Any) -> None:
         self._client, self._messages, self._kwargs = client, messages, kwargs
         self._load_first = load_first  # the chat's model is installed but another one is loaded
-        self._stream: Any = None
+        self._stream: ChatStream | None = None
         self._cancelled = False
 
-    def run(self) -> Iterator[Any]:
+    def run(self) -> Iterator[ChatDelta]:
         if self._load_first and not self._cancelled:
             self._client.load_model(self._kwargs["model"])  # blocks this worker until loaded
         if self._cancelled:
@@ -34,5 +37,5 @@ class ReplyStream:
     def cancel(self) -> None:
         self._cancelled = True
         stream = self._stream
-        if stream is not None and hasattr(stream, "cancel"):
+        if stream is not None:
             stream.cancel()

@@ -9,6 +9,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPalette
 from PySide6.QtWidgets import QApplication
 
+from app.supervisor import SupervisorState
+from ui.engine_controller import REMOTE
+
 
 def resource_path(name: str) -> Path:
     """Absolute path of `resources/<name>`; inside a PyInstaller bundle, next to the executable."""
@@ -23,11 +26,10 @@ def icon(name: str) -> QIcon:
 
 
 def engine_state_icon(state: str) -> QIcon:
-    """The tray/status icon for an engine state (stopped|starting|ready|crashed|error|remote)."""
-    known = {"stopped", "starting", "ready", "crashed", "error"}
-    if state == "remote":
+    """The tray/status icon for an engine state (a SupervisorState or REMOTE)."""
+    if state == REMOTE:
         return icon("remote")
-    return icon(f"engine-{state if state in known else 'stopped'}")
+    return icon(f"engine-{state if state in set(SupervisorState) else SupervisorState.STOPPED}")
 
 
 def _dark_palette() -> QPalette:

@@ -6,13 +6,15 @@ single source of truth) and shows the error instead of closing when a value is r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from pydantic import ValidationError
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
                                QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from app.settings import Settings
 
 
 class PathEdit(QWidget):
@@ -42,7 +44,7 @@ class SettingsDialog(QDialog):
 
     settings_saved = Signal(object)
 
-    def __init__(self, settings: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
         self.setMinimumWidth(520)
@@ -145,8 +147,7 @@ class SettingsDialog(QDialog):
         self.api_key.setEchoMode(QLineEdit.Normal if shown else QLineEdit.Password)
 
 
-def _short_error(e: Exception) -> str:
-    errors = getattr(e, "errors", None)
-    if callable(errors):
-        return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in errors())
+def _short_error(e: ValueError) -> str:
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
     return str(e)

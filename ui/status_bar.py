@@ -1,18 +1,19 @@
 """The main window's status bar: engine state, model, backend/device, the reply's speed, KV, RAM."""
 from __future__ import annotations
 
-from typing import Any
-
 import psutil
 from PySide6.QtCore import QSize
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
+from app.supervisor import SupervisorState
+from ui.engine_controller import REMOTE, EngineController
 from ui.resources import engine_state_icon
 from ui.sparkline import Sparkline
 
-STATE_TEXT = {"stopped": "Engine stopped", "starting": "Loading model…", "ready": "Ready",
-              "crashed": "Engine crashed, restarting…", "error": "Engine error", "remote": "Remote server",
-              "unreachable": "Server unreachable"}
+STATE_TEXT = {SupervisorState.STOPPED: "Engine stopped", SupervisorState.STARTING: "Loading model…",
+              SupervisorState.READY: "Ready", SupervisorState.CRASHED: "Engine crashed, restarting…",
+              SupervisorState.ERROR: "Engine error", REMOTE: "Remote server",
+              "unreachable": "Server unreachable"}  # the polled status when the server did not answer
 
 
 def _gib(n: float) -> str:
@@ -22,7 +23,7 @@ def _gib(n: float) -> str:
 class EngineStatusBar(QStatusBar):
     """Fed by EngineController signals (state, polled status) and by chat views (reply stats)."""
 
-    def __init__(self, engine: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, engine: EngineController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.engine = engine
         self.state_icon = QLabel(self)
@@ -51,16 +52,16 @@ class EngineStatusBar(QStatusBar):
     def _on_state_changed(self, state: str) -> None:
         self.state_icon.setPixmap(engine_state_icon(state).pixmap(QSize(16, 16)))
         self.state_label.setText(STATE_TEXT.get(state, state))
-        self.loading.setVisible(state == "starting")
+        self.loading.setVisible(state == SupervisorState.STARTING)
 
     def _on_status_changed(self, status: dict) -> None:
         state = status.get("status")
-        if state == "unreachable" or (state and self.engine.state == "remote"):
+        if state == "unreachable" or (state and self.engine.state == REMOTE):
             self.state_label.setText(STATE_TEXT.get(state, state) if state != "ready" else "Remote server")
         elif state == "loading":
-            self.state_label.setText(status.get("message") or STATE_TEXT["starting"])
+            self.state_label.setText(status.get("message") or STATE_TEXT[SupervisorState.STARTING])
             self.loading.setVisible(True)
-        elif state == "ready" and self.engine.state == "ready":
+        elif state == "ready" and self.engine.state == SupervisorState.READY:
             self.loading.setVisible(False)
         model = status.get("model")
         self.model_label.setText(f"Model: {model}" if model else "")

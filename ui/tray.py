@@ -1,15 +1,18 @@
 """The tray icon: shows the engine's state; its menu is rebuilt from current state each time it opens."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
 
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
+from app.supervisor import SupervisorState
+from ui.engine_controller import REMOTE, EngineController
 from ui.resources import engine_state_icon
 
-TOOLTIPS = {"ready": "serving", "starting": "loading a model", "stopped": "stopped",
-            "crashed": "restarting the engine", "error": "engine error", "remote": "remote server"}
+TOOLTIPS = {SupervisorState.READY: "serving", SupervisorState.STARTING: "loading a model",
+            SupervisorState.STOPPED: "stopped", SupervisorState.CRASHED: "restarting the engine",
+            SupervisorState.ERROR: "engine error", REMOTE: "remote server"}
 
 
 class TrayIcon(QSystemTrayIcon):
@@ -18,7 +21,7 @@ class TrayIcon(QSystemTrayIcon):
     `save_settings` persists that the close-to-tray notice was shown.
     """
 
-    def __init__(self, controller: Any, save_settings: Callable[[], None] | None = None) -> None:
+    def __init__(self, controller: EngineController, save_settings: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.controller = controller
         self._save_settings = save_settings
@@ -44,7 +47,7 @@ class TrayIcon(QSystemTrayIcon):
         self.copy_key_action = self._add("Copy API key", self.copy_api_key)
         self.copy_key_action.setEnabled(bool(c.api_key))
         if not c.is_remote:
-            if c.state in ("stopped", "error"):
+            if c.state in (SupervisorState.STOPPED, SupervisorState.ERROR):
                 self.server_action = self._add("Start server", c.start_server)
             else:
                 self.server_action = self._add("Stop server", c.stop_server)
@@ -66,8 +69,8 @@ class TrayIcon(QSystemTrayIcon):
 
     def on_window_hidden(self) -> None:
         """The first time the window closes to the tray, say that the engine keeps serving."""
-        settings = getattr(self.controller, "settings", None)
-        if settings is None or getattr(settings, "tray_notice_shown", False):
+        settings = self.controller.settings
+        if settings.tray_notice_shown:
             return
         self.showMessage("Ember is still running",
                          "The server keeps serving from the tray. Choose Quit Ember in this menu to stop it.",
