@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from app.store import validate_model_id
+from engine.model_files.fit import FORMATS
+from engine.model_files.manifest import validate_model_id
 
 DEFAULT_HUB = "https://huggingface.co"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-FORMATS = ("gguf", "gptq", "awq")
 # average bits per weight of each quantization (llama.cpp's quantize table; GPTQ/AWQ int4 with
 # group 128: 4 bits + an f16 scale and a 4-bit zero per 128 weights) — for size *estimates* only
 BITS_PER_WEIGHT = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "Q4_K_S": 4.58,

@@ -34,7 +34,7 @@ def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
     from engine.config import EngineConfig
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
     config = EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads, max_model_len=args.ctx)

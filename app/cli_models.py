@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = action("rm", cmd_rm, "remove an installed model")
     p.add_argument("model")
-    p = action("import", cmd_import, "import a local GGUF file or GPTQ/AWQ directory")
+    p = action("import", cmd_import, "import a local GGUF file (GPTQ/AWQ checkpoints are not loadable yet)")
     p.add_argument("path", type=Path)
     p.add_argument("--id", dest="model_id", help="model id (default: from the file's metadata)")
     mode = p.add_mutually_exclusive_group()
@@ -86,11 +86,11 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def cmd_list(args) -> int:
-    from app.fit import fit_advice, probe_machine
+    from app.fit import fit_advice, probe_host
 
     _, store = _setup(args)
     store.ensure_default()
-    machine = probe_machine(use_torch=False)
+    machine = probe_host()
     models = store.list()
     if args.json:
         print(json.dumps([m.to_dict() | {"fit": vars(fit_advice(m.size_bytes, m, machine))} for m in models],
@@ -108,11 +108,11 @@ def cmd_list(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from app.fit import fit_advice, probe_machine
+    from app.fit import fit_advice, probe_host
 
     settings, store = _setup(args)
     entries = _catalog(args, settings).search(" ".join(args.query))
-    machine = probe_machine(use_torch=False)
+    machine = probe_host()
     installed = {m.id for m in store.list()}
     if args.json:
         print(json.dumps([e.to_dict() | {"url": e.url, "installed": e.id in installed} for e in entries], indent=2))
@@ -212,7 +212,7 @@ def cmd_rm(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from app.model_meta import ModelFileError
+    from app.store import ModelFileError
 
     _, store = _setup(args)
     try:

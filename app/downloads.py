@@ -24,7 +24,7 @@ from app.catalog import CatalogEntry, check_hub_url, hub_file_url
 from app.download_fetch import DownloadError, RetryableError, Stopped, fetch_to_part
 from app.download_jobs import (ACTIVE, FINISHED, RESUMABLE, DownloadEvent, DownloadJob, JobState, ProcessLock,
                                RateMeter, RetryPolicy, file_record, mib, read_queue, write_queue)
-from app.store import ModelFileError, ModelStore, fsync_dir, sha256_file
+from app.store import MANIFEST, ModelFileError, ModelStore, fsync_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +382,7 @@ class DownloadManager:
             target = self._target(job, f)
             target.with_name(target.name + ".part").unlink(missing_ok=True)
         d = self.store.model_dir(job.model_id)
-        if not (d / "manifest.json").exists():
+        if not (d / MANIFEST).exists():
             shutil.rmtree(d, ignore_errors=True)
 
 

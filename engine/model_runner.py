@@ -13,18 +13,16 @@ from collections.abc import Sequence as Seq
 import psutil
 import torch
 
-from engine.backends.device import auto_dtype, cpu_has_fast_bf16
 from engine.config import EngineConfig
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.attention import AttentionMetadata
 from engine.layers.step_sampler import StepSampler
 from engine.loaders.gguf_loader import load_model
+from engine.model_files.fit import MAX_DEFAULT_CONTEXT, auto_dtype, cpu_has_fast_bf16
 from engine.runner import RunnerOutput
 from engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-MAX_DEFAULT_CONTEXT = 4096
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

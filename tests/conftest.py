@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers such as gguf_fa
 
 @pytest.fixture(scope="session")
 def bundled_model_path() -> Path:
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     return default_model_path()
 

@@ -86,7 +86,7 @@ def gptq_dir_params(in_f: int = 64, out_f: int = 32) -> int:
 def bundled_model_or_skip() -> Path:
     """The bundled SmolLM2 file; the test is skipped where the package is not installed."""
     import pytest
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     try:
         return default_model_path()

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from engine.backends.device import (GiB, MiB, BackendDecision, BackendError, MachineInfo,
-                                    ModelFootprint, choose_backend, estimate_bytes,
-                                    max_context_that_fits, probe_machine)
+from engine.backends.device import probe_machine
+from engine.model_files.fit import (GiB, MiB, BackendDecision, BackendError, MachineInfo, ModelFootprint,
+                                    choose_backend, estimate_bytes, max_context_that_fits)
 
 # SmolLM2-135M Q4_1: 30 layers, 3 KV heads of 64 → 23,040 bytes of f16 KV per token.
 SMOL = ModelFootprint("gguf", 92 * MiB, 30, 3, 64, 8192)
@@ -142,7 +142,7 @@ def test_probe_machine_reads_this_machine():
 
 def test_footprint_of_the_bundled_model():
     from engine.backends.device import model_footprint
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     pytest.importorskip("engine.loaders.gguf_loader")
     path = default_model_path()

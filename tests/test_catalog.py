@@ -96,8 +96,8 @@ def test_bad_catalogs_are_refused(tmp_path, change, problem):
 
 def test_bundled_entry_matches_the_real_file_and_downloads_end_to_end(tmp_path):
     bundled_model_or_skip()
-    from engine.loaders.default_model import default_model_path
-    from app.model_meta import read_gguf_meta
+    from engine.model_files.bundled import default_model_path
+    from engine.model_files.meta import read_gguf_meta
 
     path = default_model_path()
     meta = read_gguf_meta(path)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from app.model_meta import ModelFileError
-from app.store import DEFAULT_MODEL_ID, ModelStore, sha256_file
+from app.store import DEFAULT_MODEL_ID, ModelFileError, ModelStore, sha256_file
+from engine.model_files.meta import NOT_LOADABLE, read_meta
 from store_helpers import bundled_model_or_skip, gptq_dir_params, tiny_gguf_params, write_gptq_dir, write_tiny_gguf
 
 MANIFEST_KEYS = {"id", "name", "path", "format", "architecture", "sha256", "size_bytes", "context_length",
@@ -84,15 +84,23 @@ def test_broken_file_is_refused_and_nothing_registered(store, tmp_path, make, pr
     assert not store.root.exists() or not any(store.root.iterdir())
 
 
-def test_import_gptq_and_awq_directories(store, tmp_path):
-    g = store.import_path(write_gptq_dir(tmp_path / "g", method="gptq"), model_id="tiny-gptq")
+def test_gptq_and_awq_directories_are_read_then_refused(store, tmp_path):
+    """The layout is read from the files (what the refusal names), but nothing installs: the
+    engine's loader opens GGUF files only, so such a model would install and then fail to load."""
+    g = read_meta(write_gptq_dir(tmp_path / "g", method="gptq"))
     assert (g.format, g.architecture, g.quantization) == ("gptq", "qwen2", "GPTQ-INT4-G32")
     assert g.parameter_count == gptq_dir_params()
     assert g.context_length == 4096 and (g.num_layers, g.num_kv_heads, g.head_dim) == (1, 2, 16)
-    assert os.path.isdir(g.path) and store.verify("tiny-gptq")
-    (tmp_path / "g" / "config.json").unlink()
-    a = store.import_path(write_gptq_dir(tmp_path / "a", method="awq"), model_id="tiny-awq")
+    a = read_meta(write_gptq_dir(tmp_path / "a", method="awq"))
     assert a.format == "awq" and a.quantization == "AWQ-INT4-G32"
+    for src, model_id in ((tmp_path / "g", "tiny-gptq"), (tmp_path / "a", "tiny-awq")):
+        with pytest.raises(ModelFileError, match="GPTQ/AWQ checkpoints are not loadable yet") as e:
+            store.import_path(src, model_id=model_id)
+        assert NOT_LOADABLE in str(e.value) and str(src) in str(e.value)
+        with pytest.raises(ModelFileError, match="not loadable yet"):
+            store.register(src, model_id=model_id, source="download")
+    assert store.list() == [] and (not store.root.exists() or not any(store.root.iterdir()))
+    assert (tmp_path / "g" / "config.json").exists()  # the user's folder is left alone
 
 
 def test_directory_without_quantization_config_is_refused(store, tmp_path):
@@ -131,7 +139,7 @@ def test_delete_removes_copied_files(store, tmp_path):
 
 def test_bundled_default_registered_in_place(store):
     bundled_model_or_skip()
-    from engine.loaders.default_model import DEFAULT_MODEL_SHA256, default_model_path
+    from engine.model_files.bundled import DEFAULT_MODEL_SHA256, default_model_path
 
     m = store.ensure_default()
     assert m.id == DEFAULT_MODEL_ID and m.source == "bundled"
@@ -150,9 +158,18 @@ def test_the_engines_read_only_view_reads_what_the_store_writes(store, tmp_path)
     """The engine reads `<root>/<id>/manifest.json` without importing app: same layout, same answers."""
     engine_view = pytest.importorskip("engine.server.model_store")
     g = store.import_path(write_tiny_gguf(tmp_path / "a.gguf", name="Shared"))
-    q = store.import_path(write_gptq_dir(tmp_path / "q"), model_id="shared-gptq")
+    q = store.import_path(write_tiny_gguf(tmp_path / "q.gguf", name="Other", seed=1), model_id="shared-q")
     view = engine_view.ModelStore(store.root)
     specs = {s.id: s for s in view.list()}
-    assert specs.keys() == {g.id, "shared-gptq"}
+    assert specs.keys() == {g.id, "shared-q"}
     assert (specs[g.id].path, specs[g.id].format, specs[g.id].context_length) == (g.path, "gguf", 512)
-    assert (view.get("shared-gptq").path, view.get("shared-gptq").format) == (q.path, "gptq")
+    assert (view.get("shared-q").path, view.get("shared-q").format) == (q.path, "gguf")
+
+
+def test_the_engine_refuses_a_gptq_directory_on_the_command_line(tmp_path):
+    """`--model DIR` reads the directory (no guessing from a suffix) and refuses it as the store does."""
+    engine_view = pytest.importorskip("engine.server.model_store")
+    with pytest.raises(ModelFileError, match="GPTQ/AWQ checkpoints are not loadable yet"):
+        engine_view.spec_from_path(write_gptq_dir(tmp_path / "q"))
+    spec = engine_view.spec_from_path(write_tiny_gguf(tmp_path / "Tiny.Model.bin"))  # any suffix: the load reads it
+    assert (spec.id, spec.format) == ("tiny.model", "gguf")

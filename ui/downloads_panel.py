@@ -6,9 +6,8 @@ from typing import Any
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QGridLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
+from app.download_jobs import ACTIVE, JobState
 from ui.catalog_table import human_size
-
-ACTIVE = ("queued", "running", "verifying")
 
 
 def describe(event: Any) -> str:
@@ -54,7 +53,7 @@ class DownloadRow:
         self.detail.setText(describe(event))
         self.pause_button.setText("Resume" if event.state == "paused" else "Pause")
         self.pause_button.setEnabled(event.state in ("running", "queued", "paused"))
-        self.cancel_button.setEnabled(event.state in (*ACTIVE, "paused"))
+        self.cancel_button.setEnabled(event.state in ACTIVE | {JobState.PAUSED})
 
 
 class DownloadsPanel(QWidget):

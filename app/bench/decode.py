@@ -62,7 +62,7 @@ def run(args) -> int:
 
     from engine.backends import load_engine
     from engine.config import EngineConfig
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
     torch.set_num_threads(args.threads)

@@ -163,7 +163,7 @@ def run(args) -> int:
     elif args.model_id:
         model_args = ["--model-id", args.model_id] + (["--models-dir", args.models_dir] if args.models_dir else [])
     else:
-        from engine.loaders.default_model import default_model_path
+        from engine.model_files.bundled import default_model_path
         model_args = ["--model", str(default_model_path())]
     from app.engine_process import to_argv
 

@@ -82,7 +82,7 @@ def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
 def run(args) -> int:
     import llama_cpp
 
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
     engines = {b: build_engine(path, args, b) for b in args.backend}

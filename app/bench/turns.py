@@ -63,7 +63,7 @@ def run(args) -> int:
     import llama_cpp
 
     from app.bench.throughput import build_engine
-    from engine.loaders.default_model import default_model_path
+    from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
     args.concurrency = [1]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from engine.backends.device import (BackendDecision, BackendError, MachineInfo, ModelFootprint,
-                                    choose_backend, model_footprint, probe_machine)
+from engine.backends.device import model_footprint, probe_machine
 from engine.config import EngineConfig
+from engine.model_files.fit import (BackendDecision, BackendError, MachineInfo, ModelFootprint, choose_backend,
+                                    default_context)
 from engine.runner import Runner
 
 log = logging.getLogger(__name__)
-
-MAX_DEFAULT_CONTEXT = 4096  # the runners' default: the model's own context, capped
 
 __all__ = ["BackendDecision", "BackendError", "MachineInfo", "ModelFootprint", "choose_backend",
            "config_for", "create_runner", "decide", "load_engine", "model_footprint", "probe_machine"]
@@ -29,7 +28,7 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
            machine: MachineInfo | None = None) -> BackendDecision:
     """Probe the machine (unless given) and the model file, choose, and log the decision."""
     fp = model_footprint(config.model_path)
-    ctx = config.max_model_len or min(fp.context_length, MAX_DEFAULT_CONTEXT)
+    ctx = default_context(fp.context_length, config.max_model_len)
     decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
                               context_length=ctx, dtype=config.dtype)
     log.info("backend: %s on %s, %s — %s", decision.backend, decision.device, decision.dtype, decision.reason)

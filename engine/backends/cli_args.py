@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.backends.device import BACKENDS, DEVICES, DTYPES
+from engine.model_files.fit import BACKENDS, DEVICES, DTYPES
 
 
 def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, backend: bool = True) -> None:

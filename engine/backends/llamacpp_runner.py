@@ -27,12 +27,12 @@ from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.step_sampler import StepSampler
+from engine.model_files.fit import MAX_DEFAULT_CONTEXT  # as the torch ModelRunner: the model's context, capped
 from engine.runner import RunnerOutput
 from engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-MAX_DEFAULT_CONTEXT = 4096  # as the torch ModelRunner: the model's context, capped, unless configured
 KV_ITEMSIZE = 2  # llama.cpp's default KV type is f16
 
 

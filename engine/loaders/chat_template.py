@@ -139,7 +139,7 @@ def _normalize(messages: list[dict]) -> list[dict]:
 
 def read_template_metadata(path: str | Path) -> dict:
     """`tokenizer.chat_template`, BOS/EOS token text and whether <|im_start|> is a token."""
-    from engine.loaders.gguf_file import GGUFFile
+    from engine.model_files.gguf_file import GGUFFile
 
     try:
         f = GGUFFile(path)

@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine.loaders.dequant import SUPPORTED_TYPES, dequantize
-from engine.loaders.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
+from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.llama import LlamaForCausalLM
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.model_files.fit import kv_bytes_per_token
+
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
@@ -43,5 +45,5 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, itemsize: int) -> int:
-        """K and V for one token across all layers: 2 * L * n_kv * hd * itemsize."""
-        return 2 * self.num_layers * self.kv_size * itemsize
+        """K and V for one token across all layers (the fit rule's arithmetic)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, itemsize)

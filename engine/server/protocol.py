@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from engine.model_files.manifest import MODEL_ID_PATTERN
+
 INT32_MAX = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_PROMPTS = 64
@@ -200,5 +202,5 @@ class CompletionRequest(SamplingRequest):
 
 class LoadModelRequest(BaseModel):
     model_config = _config
-    model: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+    model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
     wait: bool = Field(True, description="Answer once the model is loaded (or failed).")

@@ -1,5 +1,6 @@
 """Model metadata read from the model files themselves (GGUF header, or config.json + safetensors
-headers for GPTQ/AWQ directories) — never guessed from a file name."""
+headers for GPTQ/AWQ directories) — never guessed from a file name. The store's import, the
+engine's `--model PATH` and its footprint all read a model through here."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,13 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-GGUF_MAGIC = b"GGUF"
+import gguf  # constants only (file types, block sizes); no torch
+
+from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
+
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
+NOT_LOADABLE = ("GPTQ/AWQ checkpoints are not loadable yet (Ember's loader opens GGUF files only); "
+                "use a GGUF file of this model")
 
 
 class ModelFileError(ValueError):
@@ -38,34 +44,50 @@ def read_meta(path: Path) -> ModelMeta:
     raise ModelFileError(f"{path}: no such file or directory")
 
 
+def require_loadable(meta: ModelMeta, path: Path) -> ModelMeta:
+    """Refuse what would install and then fail to load: the engine loads GGUF files only."""
+    if meta.format != "gguf":
+        raise ModelFileError(f"{path}: a {meta.format.upper()} checkpoint ({meta.quantization}, "
+                             f"{meta.architecture}): {NOT_LOADABLE}")
+    return meta
+
+
+def read_loadable_meta(path: Path) -> ModelMeta:
+    """`read_meta`, refusing what the engine cannot load: the store's import, `--model PATH`."""
+    return require_loadable(read_meta(path), Path(path))
+
+
 # --- GGUF -------------------------------------------------------------------------------------
 
 def read_gguf_meta(path: Path) -> ModelMeta:
-    import gguf  # constants only (file types, block sizes)
-
-    from app.gguf_header import GGUFHeaderError, read_gguf_header
-
     path = Path(path)
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     try:
-        header = read_gguf_header(path)
-    except GGUFHeaderError as e:
+        with GGUFFile(path) as header:
+            return _gguf_meta(path, header)
+    except (GGUFFormatError, OSError) as e:
         raise ModelFileError(f"{path}: corrupt or truncated GGUF: {e}") from e
-    field = header.fields.get
 
+
+def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
+    field = header.get
     arch = field("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ModelFileError(f"{path}: GGUF metadata has no general.architecture")
-    if not header.tensors:
+    tensors = list(header.tensors.values())
+    if not tensors:
         raise ModelFileError(f"{path}: GGUF file holds no tensors")
-    for t in header.tensors:
-        end = t.offset + t.n_bytes
-        if end > header.file_size:
+    for t in tensors:
+        if t.nbytes is None:
+            raise ModelFileError(f"{path}: tensor {t.name!r} has type {t.type_name} or a shape "
+                                 "that is not a whole number of its blocks")
+        end = t.offset + t.nbytes
+        if end > header.size:
             raise ModelFileError(f"{path}: truncated: tensor {t.name!r} ends at byte {end} "
-                                 f"but the file has {header.file_size} bytes")
+                                 f"but the file has {header.size} bytes")
 
     n_heads = _scalar_max(field(f"{arch}.attention.head_count"))
     n_kv = _scalar_max(field(f"{arch}.attention.head_count_kv")) or n_heads
@@ -78,9 +100,9 @@ def read_gguf_meta(path: Path) -> ModelMeta:
         format="gguf",
         name=name if isinstance(name, str) and name else None,
         architecture=arch,
-        parameter_count=sum(t.n_elements for t in header.tensors),
+        parameter_count=sum(t.n_elements for t in tensors),
         context_length=_scalar_max(field(f"{arch}.context_length")),
-        quantization=_gguf_quantization(field("general.file_type"), header.tensors, gguf),
+        quantization=_gguf_quantization(field("general.file_type"), tensors),
         num_layers=_scalar_max(field(f"{arch}.block_count")),
         num_kv_heads=n_kv,
         head_dim=head_dim,
@@ -91,26 +113,29 @@ def _scalar_max(value) -> int | None:
     """GGUF ints may be per-layer arrays (e.g. head_count_kv); the max sizes the KV cache."""
     if value is None:
         return None
-    if isinstance(value, (list, tuple)):
-        return max((int(v) for v in value), default=None)
-    return int(value)
+    try:
+        if isinstance(value, (list, tuple)):
+            return max((int(v) for v in value), default=None)
+        return int(value)
+    except (TypeError, ValueError, OverflowError):  # a damaged header: a string or an array where a count belongs
+        raise ModelFileError(f"corrupt GGUF metadata: {value!r} is not a count") from None
 
 
-def _gguf_quantization(file_type, tensors, gguf) -> str:
+def _gguf_quantization(file_type, tensors) -> str:
     """general.file_type's name (Q4_K_M...) when set; else the type holding most tensor bytes."""
     if file_type is not None:
         try:
             ft = gguf.LlamaFileType(int(file_type))
-        except ValueError:
+        except (TypeError, ValueError, OverflowError):  # unknown or damaged: judge by the tensors
             ft = None
         if ft is not None and ft != gguf.LlamaFileType.GUESSED:
             return ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
     by_type: dict[str, int] = {}
     for t in tensors:
         if len(t.shape) >= 2:  # 1-d norms/biases are always f32 and say nothing
-            by_type[t.ggml_type] = by_type.get(t.ggml_type, 0) + t.n_bytes
+            by_type[t.qtype] = by_type.get(t.qtype, 0) + t.nbytes
     if not by_type:
-        by_type = {t.ggml_type: 1 for t in tensors}
+        by_type = {t.qtype: 1 for t in tensors}
     return gguf.GGMLQuantizationType(max(by_type, key=by_type.get)).name
 
 

@@ -1,10 +1,12 @@
-"""A small, defensive GGUF container reader: metadata and tensor directory over an mmap.
+"""The one GGUF container reader (app, ui and engine): metadata and tensor directory over an mmap.
 
 Why not gguf-py's GGUFReader: it builds numpy views for every element of every array up front,
 so a 49k-token vocabulary with 49k merges costs seconds before a single weight is read, and it
 fails on damaged files with errors that do not say what is wrong. Here every length and offset
 is checked against the file size before it is used (nothing is allocated from a size the file
-claims), and large arrays (token lists, merges) stay unread until someone asks for them.
+claims), and large arrays (token lists, merges) stay unread until someone asks for them, so
+listing or importing a model reads a dozen keys in milliseconds. numpy and gguf-py's constants
+only: no torch. Tests compare it with GGUFReader (tests/test_gguf_header.py).
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv;
 n_kv x (string key, u32 type, value); n_tensors x (string name, u32 n_dims, u64 dims[n_dims]
@@ -24,6 +26,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+GGUF_MAGIC = b"GGUF"
 EAGER_ARRAY_MAX = 1024  # arrays up to this many items are decoded at once; longer ones on demand
 
 
@@ -120,7 +123,7 @@ class GGUFFile:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             magic = f.read(4)
-            if magic != b"GGUF":
+            if magic != GGUF_MAGIC:
                 raise GGUFFormatError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
             self.size = f.seek(0, 2)
             self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -131,7 +134,7 @@ class GGUFFile:
         n_tensors, n_kv = cur.unpack("<Q", "tensor count"), cur.unpack("<Q", "metadata count")
         # Each metadata entry takes >= 12 bytes and each tensor entry >= 24: refuse absurd counts.
         if 24 + 12 * n_kv + 24 * n_tensors > self.size:
-            raise GGUFFormatError(f"truncated or corrupt: the header claims {n_kv} metadata entries and "
+            raise GGUFFormatError(f"implausible counts: the header claims {n_kv} metadata entries and "
                                   f"{n_tensors} tensors, more than a {self.size}-byte file holds")
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
@@ -148,10 +151,20 @@ class GGUFFile:
         align = self.metadata.get("general.alignment", 32)
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise GGUFFormatError(f"corrupt: general.alignment = {align!r}")
-        data_start = -(-cur.pos // align) * align
+        self.data_offset = -(-cur.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, qtype, rel in infos:
-            self.tensors[name] = TensorInfo(name, shape, qtype, data_start + rel, _nbytes(qtype, shape))
+            self.tensors[name] = TensorInfo(name, shape, qtype, self.data_offset + rel, _nbytes(qtype, shape))
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unmap now (a header read for the store), not when the object is collected."""
+        self._buf.close()
 
     def get(self, key: str, default: Any = None) -> Any:
         """A metadata value, decoding a long array on first use."""
