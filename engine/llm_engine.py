@@ -83,7 +83,7 @@ class LLMEngine:
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
                                           enable_prefix_caching=caching and runner.paged_kv)
         self.prompt_cache = runner.prompt_cache if caching else None
-        self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache)
+        self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
         self._requests: dict[str, _Request] = {}
         self._pending_aborts: list[str] = []
         self._ids = itertools.count()

@@ -43,6 +43,7 @@ class ModelRunner:
     """The Runner (engine/runner.py) over Ember's torch models and paged KV pool."""
 
     paged_kv = True  # the pool is the block manager's blocks
+    max_scoring_seqs = None  # batch-invariant: scored prompts batch like any other
     prompt_cache = None  # block-hash prefix caching serves prefixes
 
     def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:

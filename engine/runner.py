@@ -41,6 +41,9 @@ class Runner(Protocol):
     # caching can hand a sequence cached blocks. A runner whose KV is its own (llama.cpp's cells)
     # says False and may offer a prompt cache instead.
     paged_kv: bool
+    # How many sequences that score their prompt may run at once (None: any number); a runner
+    # whose scores depend on what shares its batch keeps them apart (llama.cpp: 1).
+    max_scoring_seqs: int | None
 
     @property
     def prompt_cache(self) -> PromptCache | None:

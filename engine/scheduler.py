@@ -11,6 +11,11 @@ recompute: its blocks are freed (their hashes stay, so the recompute mostly hits
 cache), num_computed_tokens goes back to 0, and it waits again ahead of everything that came
 after it. A waiting sequence may also preempt running ones of strictly lower priority, so an
 interactive chat never queues behind background jobs.
+
+A prompt whose logprobs are asked for (echo, scoring) is computed the same way every time: never
+from a cache, each chunk in a step of its own (oneDNN's bf16 GEMMs and llama.cpp's round a row
+differently in another batch shape), and no more at once than the runner keeps apart (llama.cpp:
+one, in a context of its own, engine/backends/llamacpp_batch.py); the other chats wait a step.
 """
 from __future__ import annotations
 
@@ -85,10 +90,11 @@ class PromptCache(Protocol):
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None, max_scoring_seqs: int | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
         self.prompt_cache = prompt_cache
+        self.max_scoring_seqs = max_scoring_seqs  # prompt-logprob sequences at once (None: any)
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_prefill_chunk = config.max_prefill_chunk
@@ -154,6 +160,30 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        return self._scoring_step() or self._step()
+
+    def _scoring_step(self) -> SchedulerOutput | None:
+        """A step of one scored prompt's next chunk, alone; None when there is none to run."""
+        bm, chunk = self.block_manager, self.max_prefill_chunk
+        seq = next((s for s in sorted(self.running, key=_by_key) if s.is_scoring_prompt), None)
+        if seq is not None:
+            n = min(seq.num_prompt_tokens - seq.num_computed_tokens, chunk)
+            if not bm.can_append(seq, n):
+                return None  # it waits for blocks while the others run
+            return SchedulerOutput([seq], [n], int(n == 1), block_copies=bm.append_slots(seq, n))
+        seq, limit = (self.waiting or [None])[0], self.max_scoring_seqs
+        n = min(seq.num_tokens, chunk) if seq is not None and seq.is_scoring_prompt else 0
+        scoring = sum(s.params.prompt_logprobs is not None for s in self.running)
+        if not n or len(self.running) >= self.max_num_seqs or (limit is not None and scoring >= limit) \
+                or not bm.can_allocate(seq, n, []):
+            return None
+        self.waiting.pop(0)
+        bm.allocate(seq, n, [])
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return SchedulerOutput([seq], [n], int(n == 1))
+
+    def _step(self) -> SchedulerOutput:
         bm = self.block_manager
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}  # new tokens per sequence, in scheduling order
@@ -179,6 +209,8 @@ class Scheduler:
             if seq.status is not running:
                 continue  # preempted earlier in this loop
             n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, budget)
+            if seq.is_scoring_prompt:
+                continue  # in a step of its own
             if n <= 0:
                 continue
             if seq.num_computed_tokens + n > pool_tokens:
@@ -203,6 +235,8 @@ class Scheduler:
             cached = bm.match_prefix(seq)
             reused = self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached else 0
             n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, budget)
+            if seq.is_scoring_prompt:
+                break  # in a step of its own (no overtaking)
             has_room = bm.can_allocate(seq, reused + n, cached)
             if len(self.running) >= self.max_num_seqs or not has_room:
                 lower = [s for s in self.running if s.priority > seq.priority]

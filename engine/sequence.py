@@ -80,6 +80,12 @@ class Sequence:
         return self.status.is_finished
 
     @property
+    def is_scoring_prompt(self) -> bool:
+        """Its prompt's logprobs are asked for and not all computed yet: the scheduler gives such
+        a prefill fixed chunks and the start of a batch, so its scores never depend on the load."""
+        return self.params.prompt_logprobs is not None and self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
     def is_prefill(self) -> bool:
         """More than one known token still lacks K/V (a prompt, or a recompute after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1

@@ -17,6 +17,7 @@ class CountingRunner:
     position p scores logprob -p."""
 
     paged_kv = True
+    max_scoring_seqs = None
     prompt_cache = None
 
     def __init__(self, num_blocks: int = 64, max_model_len: int = 256) -> None:
@@ -82,10 +83,10 @@ def test_a_third_runner_plugs_in_without_touching_the_step():
 
 def test_prompt_logprobs_come_from_the_runner_once_per_position():
     """Scored in chunks of 4, and scored again when a preempted sequence is recomputed (a pool of
-    5 blocks for two that need 3 each): still [None, lp(t1|t0), ...], each position once."""
+    5 blocks for two that need 4 each): still [None, lp(t1|t0), ...], each position once."""
     prompts = [list(range(20, 30)), list(range(40, 50))]
     engine = make_engine(CountingRunner(num_blocks=5), max_prefill_chunk=4)
-    outs = engine.generate(prompts, greedy(3, prompt_logprobs=0))
+    outs = engine.generate(prompts, greedy(6, prompt_logprobs=0))  # the first outgrows its blocks
     assert engine.scheduler.num_preemptions > 0
     for prompt, out in zip(prompts, outs):
         assert out.prompt_logprobs[0] is None

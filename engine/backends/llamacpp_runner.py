@@ -9,20 +9,19 @@ all sequences); the engine's BlockManager does the admission accounting against 
 blocks, so llama.cpp is never asked for more cells than it has. Block-hash prefix caching cannot
 point into llama.cpp's cells; a prompt cache of slots does its work instead (slot_cache.py): a
 released slot keeps its cells, a new prompt starts from the longest prefix some slot holds (taking
-an idle slot over, or sharing the cells with `llama_memory_seq_cp`), and idle slots are evicted
-(`llama_memory_seq_rm(mem, slot, 0, -1)`) whenever live + idle cells could overflow the buffer.
+an idle slot over, or sharing cells with `llama_memory_seq_cp`), and idle slots are evicted whenever
+live + idle cells could overflow the buffer. A scored prompt runs in a context of its own (llamacpp_batch.py).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import psutil
 import torch
 
+from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
@@ -49,6 +48,7 @@ class LlamaCppRunner:
     """The Runner (engine/runner.py) over llama.cpp; its slots are the prompt cache."""
 
     paged_kv = False  # llama.cpp's cells: block tables do not address them
+    max_scoring_seqs = 1  # a scored prompt runs alone in its own context (llamacpp_batch.py)
 
     def __init__(self, config: EngineConfig, *, n_gpu_layers: int = 0, flash_attn: bool = False,
                  kv_unified: bool = True, prompt_cache: bool | None = None, verbose: bool = False) -> None:
@@ -100,14 +100,9 @@ class LlamaCppRunner:
             raise LlamaCppError(f"llama.cpp could not create a context of {cparams.n_ctx} cells "
                                 "(out of memory? try a smaller --max-model-len or KV fraction)")
         self._mem = ll.llama_get_memory(self._ctx)
-        # One reusable batch of up to n_batch tokens, one seq_id per token.
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self._token = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
-        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self.n_batch,))
-        self._logits_flag = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
-        self._seq_id_rows = [self._batch.seq_id[i] for i in range(self.n_batch)]
-        self._n_seq_id[:] = 1
+        self._batch = LlamaBatch(ll, self.n_batch)  # reused every step
+        self._threads = threads
+        self._scoring: ScoringContext | None = None
 
         # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
@@ -140,6 +135,8 @@ class LlamaCppRunner:
         """The sequence is done (finished, aborted or preempted): with the prompt cache its slot
         goes idle with its cells, else they are dropped. A no-op for unknown sequences."""
         self.sampler.release(seq)
+        if self._scoring is not None and self._scoring.seq_id == seq.seq_id:
+            self._scoring.clear()
         slot = self._slot_of.pop(seq.seq_id, None)
         if slot is None:
             return
@@ -200,29 +197,40 @@ class LlamaCppRunner:
 
     def run_model(self, out: SchedulerOutput) -> torch.Tensor:
         """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
-        n = sum(out.num_new_tokens)
+        scored = [s.params.prompt_logprobs is not None for s in out.seqs]  # their own context
+        n = sum(k for k, x in zip(out.num_new_tokens, scored) if not x)
         if n > self.n_batch:
             raise LlamaCppError(f"step of {n} tokens exceeds n_batch {self.n_batch}")
-        i = 0
-        for seq, k in zip(out.seqs, out.num_new_tokens):
+        i, rows = 0, []  # batch indices whose logits are wanted, in seqs order
+        for seq, k, m, x in zip(out.seqs, out.num_new_tokens, out.num_logits, scored):
+            if x:
+                continue
             slot = self._slot(seq)
             c = seq.num_computed_tokens
             self._rollback(slot, c)
-            self._token[i:i + k] = seq.token_ids[c:c + k]
-            self._pos[i:i + k] = np.arange(c, c + k)
-            for row in range(i, i + k):
-                self._seq_id_rows[row][0] = slot
+            self._batch.put(i, slot, seq.token_ids[c:c + k], c)
+            rows.extend(range(i + k - m, i + k))
             i += k
-        rows = out.logit_rows()  # batch indices whose logits are wanted, in seqs order
-        self._logits_flag[:n] = 0
-        self._logits_flag[rows] = 1
-        self._batch.n_tokens = n
+        self._batch.finish(n, rows)
         if n:
             self._make_room(n)
             self._decode()
-        for seq, k in zip(out.seqs, out.num_new_tokens):
-            self._kv_len[self._slot_of[seq.seq_id]] = seq.num_computed_tokens + k
-        return self._gather_logits(rows)
+        for seq, k, x in zip(out.seqs, out.num_new_tokens, scored):
+            if not x:
+                self._kv_len[self._slot_of[seq.seq_id]] = seq.num_computed_tokens + k
+        logits = self._batch.logits(self._ctx, rows, self.vocab_size)
+        if not any(scored):
+            return logits
+        parts = list(logits.split([0 if x else m for m, x in zip(out.num_logits, scored)]))
+        for j in (j for j, x in enumerate(scored) if x):  # each scored sequence's rows at its place
+            parts[j] = self._scoring_context().run(out.seqs[j], out.num_new_tokens[j], out.num_logits[j])
+        return torch.cat(parts)
+
+    def _scoring_context(self) -> ScoringContext:  # made at the first scored prompt
+        if self._scoring is None:
+            self._scoring = ScoringContext(self._ll, self._model, self.max_model_len, self.n_batch,
+                                           self._threads, self.flash_attn, self.vocab_size)
+        return self._scoring
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         return self.sampler(out, self.run_model(out))
@@ -256,17 +264,17 @@ class LlamaCppRunner:
             self._kv_len[slot] = c
 
     def _decode(self) -> None:
-        ret = self._ll.llama_decode(self._ctx, self._batch)
+        ret = self._ll.llama_decode(self._ctx, self._batch.batch)
         if ret == 1 and self._slots.idle:  # no room after all (placement): drop the cache, retry
             while (slot := self._slots.evict_lru()) is not None:
                 self._clear(slot)
-            ret = self._ll.llama_decode(self._ctx, self._batch)
+            ret = self._ll.llama_decode(self._ctx, self._batch.batch)
         if ret == 0:
             return
         # On 1 (and -1) llama.cpp restores the memory state to what it was before the call.
         if ret == 1:
             raise LlamaCppError(
-                f"llama.cpp found no KV slot for a batch of {self._batch.n_tokens} tokens "
+                f"llama.cpp found no KV slot for a batch of {self._batch.batch.n_tokens} tokens "
                 f"({self.num_blocks * self.config.block_size} cells); lower max_num_seqs or "
                 "max_model_len, or raise the KV memory fraction")
         if ret == 2:
@@ -275,22 +283,15 @@ class LlamaCppRunner:
             raise LlamaCppError("llama_decode rejected the batch as invalid (positions/seq ids)")
         raise LlamaCppError(f"llama_decode failed with code {ret}")
 
-    def _gather_logits(self, rows: list[int]) -> torch.Tensor:
-        V = self.vocab_size
-        logits = torch.empty(len(rows), V, dtype=torch.float32)
-        for r, i in enumerate(rows):
-            ptr = self._ll.llama_get_logits_ith(self._ctx, i)
-            if not ptr:
-                raise LlamaCppError(f"llama.cpp has no logits for batch row {i}")
-            ctypes.memmove(logits[r].data_ptr(), ptr, V * 4)
-        return logits
-
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Free the batch, context and model (idempotent)."""
         ll = self._ll
+        if getattr(self, "_scoring", None) is not None:
+            self._scoring.close()
+            self._scoring = None
         if getattr(self, "_batch", None) is not None:
-            ll.llama_batch_free(self._batch)
+            self._batch.free()
             self._batch = None
         if getattr(self, "_ctx", None):
             ll.llama_free(self._ctx)
@@ -298,12 +299,6 @@ class LlamaCppRunner:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
-
-    def __enter__(self) -> "LlamaCppRunner":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __del__(self) -> None:
         try:
