@@ -74,10 +74,8 @@ class Settings(BaseModel):
                          description="Bearer key that clients of the local server must send")
     backend: Literal["auto", "torch", "llama.cpp"] = Field("auto", description="Inference backend")
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="Compute device")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Dense dtype of the torch engine (auto: bf16 where the hardware has it)")
-    kv_memory_fraction: float = Field(0.25, gt=0.0, le=0.95,
-                                      description="Share of free memory given to the KV cache")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Torch engine's dtype")
+    kv_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Share of free memory given to the KV cache")
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads for inference (default: automatic)")
     theme: Literal["system", "light", "dark"] = Field("system", description="Window colour theme")
     default_model: str = Field("smollm2-135m-instruct-q4_1", pattern=MODEL_ID_PATTERN,

@@ -375,20 +375,3 @@ def test_https_with_a_trusted_certificate_works_and_a_downgrade_redirect_is_refu
         with pytest.raises(DownloadError, match="refusing to leave TLS"):
             fetch_to_part(client, down, tmp_path / "down.part", **kw)
         assert not (tmp_path / "down.part").exists()
-
-
-def test_the_queue_file_keeps_plain_state_names(store, tmp_path):
-    """States are JobState members in memory and plain names on disk; a job in a state this
-    version does not know is ignored, not a crash."""
-    from app.download_jobs import JobState, read_queue, write_queue
-
-    state_dir = tmp_path / "state"
-    base = {"model_id": "tiny-a", "entry": {"format": "gguf"}, "files": []}
-    write_queue(state_dir, [{**base, "job_id": "a", "state": "paused"},
-                            {**base, "job_id": "b", "state": "running"},  # its process died
-                            {**base, "job_id": "c", "state": "exploded"}])
-    dm = DownloadManager(store, state_dir, "https://hub.example", autostart=False)
-    jobs = {e.job_id: e.state for e in dm.jobs()}
-    assert jobs == {"a": JobState.PAUSED, "b": JobState.QUEUED} and jobs["a"] == "paused"
-    dm.cancel("a")  # rewrites the file: the unknown job is carried over as it was
-    assert {j["job_id"]: j["state"] for j in read_queue(state_dir)} == {"b": "queued", "c": "exploded"}
