@@ -134,7 +134,7 @@ class BlockManager:
         """Cached blocks for seq's leading full blocks; never all of its tokens. No side effects.
         A sequence that scores its prompt (prompt_logprobs) needs logits at every position, so
         it computes them all (it still offers its blocks to others)."""
-        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+        if not self.enable_prefix_caching or seq.scores_prompt:
             return []
         B = self.block_size
         max_blocks = (seq.num_tokens - 1) // B  # the last token is always computed

@@ -18,7 +18,7 @@ from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.attention import AttentionMetadata
 from engine.layers.step_sampler import StepSampler
 from engine.loaders.gguf_loader import load_model
-from engine.model_files.fit import MAX_DEFAULT_CONTEXT, auto_dtype, cpu_has_fast_bf16
+from engine.model_files.fit import MAX_DEFAULT_CONTEXT, auto_dtype, cpu_has_fast_bf16, default_context
 from engine.runner import RunnerOutput
 from engine.scheduler import SchedulerOutput
 
@@ -57,7 +57,7 @@ class ModelRunner:
         mc = self.model.config
         self.vocab_size = mc.vocab_size
         ctx = mc.context_length or MAX_DEFAULT_CONTEXT
-        self.max_model_len = min(config.max_model_len or min(ctx, MAX_DEFAULT_CONTEXT), ctx)
+        self.max_model_len = default_context(ctx, config.max_model_len)
         B = config.block_size
         block_bytes = kv_bytes_per_block(mc.num_layers, B, mc.num_kv_heads, mc.head_dim,
                                          self.dtype.itemsize)

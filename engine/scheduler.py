@@ -12,10 +12,9 @@ cache), num_computed_tokens goes back to 0, and it waits again ahead of everythi
 after it. A waiting sequence may also preempt running ones of strictly lower priority, so an
 interactive chat never queues behind background jobs.
 
-A prompt whose logprobs are asked for (echo, scoring) is computed the same way every time: never
-from a cache, each chunk in a step of its own (oneDNN's bf16 GEMMs and llama.cpp's round a row
-differently in another batch shape), and no more at once than the runner keeps apart (llama.cpp:
-one, in a context of its own, engine/backends/llamacpp_batch.py); the other chats wait a step.
+A scored prompt (echo) is computed the same way every time: never from a cache, each chunk in a
+step of its own (oneDNN's bf16 and llama.cpp's GEMMs round a row differently in another batch),
+no more at once than the runner keeps apart (llama.cpp: one, backends/llamacpp_batch.py).
 """
 from __future__ import annotations
 
@@ -47,7 +46,7 @@ class SchedulerOutput:
         # token. One that scores its prompt needs every new token's logits (row j predicts c+j+1).
         self.is_sampled = [s.num_computed_tokens + n == len(s.token_ids)
                            for s, n in zip(self.seqs, self.num_new_tokens)]
-        self.num_logits = [n if s.params.prompt_logprobs is not None else int(sampled)
+        self.num_logits = [n if s.scores_prompt else int(sampled)
                            for s, n, sampled in zip(self.seqs, self.num_new_tokens, self.is_sampled)]
 
     @property
@@ -165,17 +164,18 @@ class Scheduler:
     def _scoring_step(self) -> SchedulerOutput | None:
         """A step of one scored prompt's next chunk, alone; None when there is none to run."""
         bm, chunk = self.block_manager, self.max_prefill_chunk
-        seq = next((s for s in sorted(self.running, key=_by_key) if s.is_scoring_prompt), None)
+        seq = min((s for s in self.running if s.is_scoring_prompt), key=_by_key, default=None)
         if seq is not None:
             n = min(seq.num_prompt_tokens - seq.num_computed_tokens, chunk)
             if not bm.can_append(seq, n):
                 return None  # it waits for blocks while the others run
             return SchedulerOutput([seq], [n], int(n == 1), block_copies=bm.append_slots(seq, n))
-        seq, limit = (self.waiting or [None])[0], self.max_scoring_seqs
-        n = min(seq.num_tokens, chunk) if seq is not None and seq.is_scoring_prompt else 0
-        scoring = sum(s.params.prompt_logprobs is not None for s in self.running)
-        if not n or len(self.running) >= self.max_num_seqs or (limit is not None and scoring >= limit) \
-                or not bm.can_allocate(seq, n, []):
+        seq = self.waiting[0] if self.waiting else None
+        if seq is None or not seq.is_scoring_prompt or len(self.running) >= self.max_num_seqs:
+            return None  # the common case: nothing to score, and no more work than a glance
+        n, limit = min(seq.num_tokens, chunk), self.max_scoring_seqs
+        full = limit is not None and sum(s.scores_prompt for s in self.running) >= limit
+        if full or not bm.can_allocate(seq, n, []):
             return None
         self.waiting.pop(0)
         bm.allocate(seq, n, [])

@@ -80,10 +80,15 @@ class Sequence:
         return self.status.is_finished
 
     @property
+    def scores_prompt(self) -> bool:
+        """Its request asks for the prompt's logprobs (echo): every prompt position needs logits."""
+        return self.params.prompt_logprobs is not None
+
+    @property
     def is_scoring_prompt(self) -> bool:
-        """Its prompt's logprobs are asked for and not all computed yet: the scheduler gives such
-        a prefill fixed chunks and the start of a batch, so its scores never depend on the load."""
-        return self.params.prompt_logprobs is not None and self.num_computed_tokens < self.num_prompt_tokens
+        """It scores its prompt and has not computed all of it: the scheduler runs each such chunk
+        in a step of its own, so its scores never depend on the load."""
+        return self.scores_prompt and self.num_computed_tokens < self.num_prompt_tokens
 
     @property
     def is_prefill(self) -> bool:

@@ -42,6 +42,10 @@ class Seq:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def scores_prompt(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
 
 def step(runner: LlamaCppRunner, seqs: list[Seq], chunk: int | None = None) -> torch.Tensor:
     """Run one step over `seqs` (each computes all its pending tokens, or `chunk` of them) and

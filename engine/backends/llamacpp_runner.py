@@ -26,13 +26,11 @@ from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.step_sampler import StepSampler
-from engine.model_files.fit import MAX_DEFAULT_CONTEXT  # as the torch ModelRunner: the model's context, capped
+from engine.model_files.fit import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
 from engine.runner import RunnerOutput
 from engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-KV_ITEMSIZE = 2  # llama.cpp's default KV type is f16
 
 
 class LlamaCppError(RuntimeError):
@@ -69,14 +67,15 @@ class LlamaCppRunner:
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.vocab_size = int(ll.llama_vocab_n_tokens(self._vocab))
         n_train = int(ll.llama_model_n_ctx_train(self._model)) or MAX_DEFAULT_CONTEXT
-        self.max_model_len = min(config.max_model_len or min(n_train, MAX_DEFAULT_CONTEXT), n_train)
+        self.max_model_len = default_context(n_train, config.max_model_len)
 
         # Size the unified KV buffer by the torch pool's rule (kv_sizing), so the block manager's
         # admission matches llama.cpp's cells: cells = blocks * block_size.
         B = config.block_size
         n_layer, n_embd, n_head, n_head_kv = (int(f(self._model)) for f in (
             ll.llama_model_n_layer, ll.llama_model_n_embd, ll.llama_model_n_head, ll.llama_model_n_head_kv))
-        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, n_embd // n_head, KV_ITEMSIZE)
+        itemsize = kv_itemsize("llama.cpp", config.dtype)  # f16, llama.cpp's KV type
+        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, n_embd // n_head, itemsize)
         free = psutil.virtual_memory().available
         self.num_blocks = max(num_kv_blocks(config, block_bytes, free, self.max_model_len), 1)
         self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()))
@@ -149,7 +148,7 @@ class LlamaCppRunner:
 
     def match_prompt(self, seq) -> int:
         """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
-        if not self.caches_prompts or seq.params.prompt_logprobs is not None:
+        if not self.caches_prompts or seq.scores_prompt:
             return 0
         m = self._match(seq)
         return m.num_tokens if m else 0
@@ -197,7 +196,7 @@ class LlamaCppRunner:
 
     def run_model(self, out: SchedulerOutput) -> torch.Tensor:
         """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
-        scored = [s.params.prompt_logprobs is not None for s in out.seqs]  # their own context
+        scored = [s.scores_prompt for s in out.seqs]  # they run in their own context
         n = sum(k for k, x in zip(out.num_new_tokens, scored) if not x)
         if n > self.n_batch:
             raise LlamaCppError(f"step of {n} tokens exceeds n_batch {self.n_batch}")

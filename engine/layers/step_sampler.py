@@ -32,7 +32,7 @@ class StepSampler:
         scored: dict[int, list[TokenLogprobs]] = {}
         row = 0
         for seq, k, is_sampled in zip(out.seqs, out.num_logits, out.is_sampled):
-            if seq.params.prompt_logprobs is not None:
+            if seq.scores_prompt:
                 scored[seq.seq_id] = self._score_prompt(seq, logits[row:row + k])
             row += k
             if is_sampled:
