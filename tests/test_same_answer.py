@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 CHATS = 15
 
 
-@pytest.fixture(scope="module", params=["llama.cpp", "torch", "torch/float32"])
+# both of the torch engine's dtypes on every CPU (bf16 is auto's choice only where it is fast)
+@pytest.fixture(scope="module", params=["llama.cpp", "torch/bfloat16", "torch/float32"])
 def server(request, bundled_model_path, tmp_path_factory):
     backend, _, dtype = request.param.partition("/")
     proc = start_engine(bundled_model_path, tmp_path_factory.mktemp(backend.replace(".", "")),
