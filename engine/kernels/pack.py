@@ -1,0 +1,119 @@
+"""Integer weights with group scales (`QuantWeight`) and their tile layout for the C++ kernels.
+
+A QuantWeight is the exact content of a quantized matrix [N, K]: integer codes q, one scale d
+per group of G input values and an optional min m, so that  w[n, k] = d[n, k // G] q[n, k] + m.
+The GGUF repacks (engine/loaders/repack.py) produce it; rows can be concatenated (fused qkv,
+gate_up) and permuted (RoPE rows) before it is packed, exactly as a dense weight would be.
+
+Formats (the ones engine/kernels/csrc/qlinear.cpp runs):
+  bits 4, G 32: q uint8 in 0..15, m present        (Q4_0 with m = -8d, Q4_1, Q4_K)
+  bits 8, G 32: q int8, m optional                (Q8_0, Q5_0, Q5_1, Q5_K)
+  bits 8, G 16: q int8, m optional                (Q6_K: d = super-scale * 8-bit sub-scale)
+A 4-bit weight widens to 8 bits and G 32 splits into G 16 exactly (`widen`), so mixed files
+(Q4_K q/k with a Q6_K v) still fuse into one matrix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+TILE = 16  # output columns per tile: one zmm of int32 sums
+
+
+@dataclass(frozen=True, slots=True)
+class QuantWeight:
+    bits: int
+    group: int
+    q: torch.Tensor  # [N, K] uint8 (4-bit codes) or int8
+    d: torch.Tensor  # float32 [N, K // group]
+    m: torch.Tensor | None  # float32 [N, K // group] or None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [N, K]: d q + m, one float32 multiply (and add) per weight."""
+        d = self.d.repeat_interleave(self.group, dim=1)
+        w = self.q.float() * d
+        return w if self.m is None else w + self.m.repeat_interleave(self.group, dim=1)
+
+    def rows(self, index: torch.Tensor) -> QuantWeight:
+        return QuantWeight(self.bits, self.group, self.q[index], self.d[index],
+                           None if self.m is None else self.m[index])
+
+
+def widen(w: QuantWeight, bits: int, group: int, with_min: bool) -> QuantWeight:
+    """The same weights in a wider format (more bits, smaller group, a zero min): exact."""
+    q = w.q.to(torch.int8) if bits == 8 and w.bits == 4 else w.q
+    d, m = w.d, w.m
+    if group != w.group:
+        d = d.repeat_interleave(w.group // group, dim=1)
+        m = None if m is None else m.repeat_interleave(w.group // group, dim=1)
+    if with_min and m is None:
+        m = torch.zeros_like(d)
+    return QuantWeight(bits, group, q, d, m)
+
+
+def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    """Row-concatenation [w0; w1; ...], in the narrowest format that holds every part."""
+    bits = max(p.bits for p in parts)
+    group = min(p.group for p in parts)
+    with_min = any(p.m is not None for p in parts)
+    parts = [widen(p, bits, group, with_min) for p in parts]
+    m = torch.cat([p.m for p in parts]) if with_min else None
+    return QuantWeight(bits, group, torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A QuantWeight in qlinear.cpp's tile layout, columns padded to a multiple of TILE."""
+
+    bits: int
+    group: int
+    out_features: int
+    in_features: int
+    qw: torch.Tensor  # uint8/int8 tiles
+    d: torch.Tensor  # float16 or float32 [N/16, K/G, 16]
+    m: torch.Tensor | None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qw, self.d, self.m) if t is not None)
+
+
+def _tiles(x: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """[N, G...] -> padded [N/16, 16, G...] (zero rows past N)."""
+    if n_pad:
+        x = torch.cat((x, x.new_zeros(n_pad, *x.shape[1:])))
+    return x.view(-1, TILE, *x.shape[1:])
+
+
+def _scales(s: torch.Tensor | None, n_pad: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """[N, K/G] -> [N/16, K/G, 16]: the 16 columns' scales of one group side by side."""
+    return None if s is None else _tiles(s.to(dtype), n_pad).transpose(1, 2).contiguous()
+
+
+def _exact_in_half(s: torch.Tensor | None) -> bool:
+    return s is None or torch.equal(s.half().float(), s)
+
+
+def pack(w: QuantWeight) -> PackedWeight:
+    """Interleave a QuantWeight into tiles (see the layout comment in qlinear.cpp)."""
+    N, K = w.shape
+    if K % 32:
+        raise ValueError(f"in_features {K} is not a multiple of 32")
+    n_pad = -N % TILE
+    if w.bits == 4:
+        # k = 32 b + 16 h + 4 g + j  ->  [tile, b, g, column, j] bytes, h = 0 low nibble, 1 high.
+        q = _tiles(w.q, n_pad).view(-1, TILE, K // 32, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
+        qw = (q[..., 0] | (q[..., 1] << 4)).contiguous().view(-1, K // 32, 4, 64)
+    elif w.bits == 8:
+        # k = 4 t + j  ->  [tile, t, column, j]
+        qw = _tiles(w.q, n_pad).view(-1, TILE, K // 4, 4).transpose(1, 2).contiguous()
+    else:
+        raise ValueError(f"{w.bits}-bit weights are not supported")
+    # Legacy GGUF scales are float16 already: kept so, they cost a quarter of the 4-bit bytes
+    # instead of half; K-quant sub-block scales (d * sc) need float32.
+    dtype = torch.float16 if _exact_in_half(w.d) and _exact_in_half(w.m) else torch.float32
+    return PackedWeight(w.bits, w.group, N, K, qw, _scales(w.d, n_pad, dtype), _scales(w.m, n_pad, dtype))

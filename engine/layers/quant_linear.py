@@ -1,0 +1,49 @@
+"""QuantLinear: y = x W^T + b with W kept 4- or 8-bit, through Ember's CPU kernels.
+
+The weight comes in as a QuantWeight (engine/kernels/pack.py: exact integer codes and group
+scales, e.g. a GGUF tensor repacked) and is interleaved once, at load, into the tiles that
+engine/kernels/csrc/qlinear.cpp reads; activations are quantized to int8 per row and per 32
+values inside the op. Every row gets the same bits whatever the batch around it, so batched
+greedy decoding stays identical to decoding alone, and every code path gives the same bits.
+
+`rows(ids)` reads whole rows back as float32: a tied embedding looks its tokens up in the
+quantized head, so the table exists once, at the file's own size.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import CpuPath, default_path, kernels
+from engine.kernels.pack import QuantWeight, pack
+from engine.layers.linear import LinearBase
+
+
+class QuantLinear(LinearBase):
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None,
+                 path: CpuPath | None = None) -> None:
+        super().__init__()
+        self.ops = kernels()
+        if self.ops is None:
+            raise RuntimeError("QuantLinear needs Ember's CPU kernels (engine/kernels), which are not available")
+        p = pack(weight)
+        self.out_features, self.in_features = p.out_features, p.in_features
+        self.bits, self.group = p.bits, p.group
+        self.path = int(default_path() if path is None else path)
+        self.qw = torch.nn.Parameter(p.qw, requires_grad=False)
+        self.scales = torch.nn.Parameter(p.d, requires_grad=False)
+        self.mins = None if p.m is None else torch.nn.Parameter(p.m, requires_grad=False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.float().contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        y = self.ops.qlinear(x2, self.qw, self.scales, self.mins, self.bias, self.out_features,
+                             self.bits, self.group, self.path)
+        return y.view(*shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), in_features]: rows `ids` of W, dequantized (w = d q + m)."""
+        return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.bits}-bit, group {self.group}"
