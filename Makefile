@@ -17,7 +17,7 @@ WHEELHOUSE ?= $(HOME)/.cache/ember/wheels/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU
 # Ember's own C++ kernels (engine/kernels/csrc), compiled against the pinned torch; rebuilt when
 # a source changes. A failed build leaves the engine on torch's kernels (it says so in the log).
 KERNELS := $(VENV)/lib/ember_kernels/ember_kernels.so
-KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernels/build.py
+KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernel_library.py engine/kernels/build.py
 
 .PHONY: install run test bench clean
 

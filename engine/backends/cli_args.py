@@ -1,4 +1,4 @@
-"""The `--backend`, `--device` and `--dtype` flags of every command that runs a model.
+"""The `--backend`, `--device`, `--dtype` and `--weights` flags of every command that runs a model.
 
 One declaration, so `ember chat`, `generate`, `serve`, `python -m engine serve` (the GUI's engine)
 and the benchmarks accept the same values and default to the same `auto`, which
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.config import WEIGHTS
 from engine.model_files.fit import BACKENDS, DEVICES, DTYPES
 
 
@@ -21,3 +22,6 @@ def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, b
                    help="auto: CUDA, then MPS, then the CPU, whichever the model fits")
     p.add_argument("--dtype", choices=DTYPES, default=d.get("dtype", "auto"),
                    help="the torch engine's weights and KV (auto: bf16 where the hardware has it)")
+    p.add_argument("--weights", choices=WEIGHTS, default=d.get("weights", "auto"),
+                   help="the torch engine's GGUF matrices: kept 4/8-bit for Ember's CPU kernels, or "
+                        "dequantized to --dtype (auto: quantized where the kernels run)")

@@ -42,10 +42,11 @@ def model_footprint(path: str | os.PathLike) -> ModelFootprint:
     loadable yet)."""
     p = Path(path)
     if p.is_file():
-        from engine.loaders.gguf_loader import read_model_config
-        cfg = read_model_config(p)
+        from engine.loaders.gguf_loader import config_from_file, kernels_cover, open_gguf
+        f = open_gguf(p)
+        cfg = config_from_file(f)
         return ModelFootprint("gguf", p.stat().st_size, cfg.num_layers, cfg.num_kv_heads,
-                              cfg.head_dim, cfg.context_length)
+                              cfg.head_dim, cfg.context_length, kernels_cover(f))
     if not p.is_dir() or not (p / "config.json").is_file():
         raise BackendError(f"{p} is neither a GGUF file nor a model directory with config.json")
     try:

@@ -1,8 +1,9 @@
 """Ember's compiled CPU kernels (engine/kernels/csrc), loaded once, with the code path to use.
 
-The library is built by `make install` (engine/kernels/build.py). Loading never compiles: when
+The library is built by `make install` (engine/kernel_library.py). Loading never compiles: when
 the file is missing, fails to load or the CPU has none of the paths, `kernels()` returns None,
-the reason is logged once, and callers use torch's own kernels.
+the reason is logged once, and callers use torch's own kernels. Importing this package does
+not import torch.
 """
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import enum
 import functools
 import logging
 import os
-
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +27,9 @@ class CpuPath(enum.IntEnum):
 @functools.cache
 def kernels():
     """torch.ops.ember when the library loads and the CPU can run it, else None (logged once)."""
-    from engine.kernels.build import library_path
+    import torch
+
+    from engine.kernel_library import library_path
 
     path = library_path()
     if not path.is_file():

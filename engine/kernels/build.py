@@ -9,25 +9,13 @@ torch's thread pool; without it every op silently runs on one thread.
 """
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 
-CSRC = Path(__file__).with_name("csrc")
-NAME = "ember_kernels"
-
-
-def library_dir() -> Path:
-    """Where the library lives: inside the environment, next to the torch it was built against
-    (EMBER_KERNELS_DIR, when set, moves it: a second build beside the installed one)."""
-    return Path(os.environ.get("EMBER_KERNELS_DIR") or Path(sys.prefix) / "lib" / NAME)
-
-
-def library_path() -> Path:
-    return library_dir() / f"{NAME}.so"
+from engine.kernel_library import CSRC, NAME, library_dir, library_path
 
 
 def build(verbose: bool = False) -> Path:
@@ -35,6 +23,7 @@ def build(verbose: bool = False) -> Path:
 
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"Ember's CPU kernels are x86-64 only (this machine: {platform.machine()})")
+    library_path().unlink(missing_ok=True)  # a failed build leaves no stale library behind
     work = library_dir() / "build"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

@@ -9,6 +9,10 @@ so every query reads its whole context (cached prefix + this step) from the pool
 GQA: the pool stores K/V once per KV head ``[num_blocks, B, n_kv, hd]``; query head h reads KV
 head ``h // (n_heads / n_kv)`` through ``scaled_dot_product_attention(enable_gqa=True)``; K/V
 are never repeated in memory.
+
+Decode rows on a CPU go to Ember's C++ kernel (engine/kernels/attention.py) when it is built:
+it reads the blocks in place instead of gathering a padded copy (2-8x faster). Gather + SDPA
+stays for prefill chunks, for GPUs and when the kernel is missing.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine.kernels.attention import decode_kernel_available, paged_decode
 
 
 @dataclass(slots=True)
@@ -28,8 +34,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # int64 [S, max_blocks], padded with 0 (masked by seq_lens)
     num_decodes: int  # the first num_decodes sequences have exactly one query token
     decode_seq_lens: torch.Tensor | None = None  # int64 [num_decodes], seq_lens of the decodes
-    # Built by the first layer that needs it and shared by the rest (the same for every layer):
-    # (max context length, block table cut to it, padding mask [num_decodes, 1, 1, L]).
+    # The fallback's, built by the first layer that needs it and shared by the rest (the same
+    # for every layer): (max context length, block table cut to it, padding mask [num_decodes, 1, 1, L]).
     decode_plan: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -74,6 +80,19 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.squeeze(2)
 
 
+def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                 scale: float) -> torch.Tensor:
+    """The first num_decodes rows of q, one token per sequence: the kernel, else gather + SDPA."""
+    nd = meta.num_decodes
+    if meta.decode_seq_lens is None:
+        meta.decode_seq_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.long, device=q.device)
+    if decode_kernel_available(k_cache):
+        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale)
+    if meta.decode_plan is None:
+        meta.decode_plan = decode_plan(meta.block_tables[:nd], meta.decode_seq_lens, k_cache.shape[1])
+    return _decode(q, k_cache, v_cache, meta.decode_plan, scale)
+
+
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
     """A chunk of n query tokens at positions [seq_len-n, seq_len) over a seq_len context."""
@@ -97,12 +116,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     nd = meta.num_decodes
     if nd:
-        if meta.decode_plan is None:
-            seq_lens = meta.decode_seq_lens
-            if seq_lens is None:
-                seq_lens = torch.tensor(meta.seq_lens[:nd], device=q.device)
-            meta.decode_plan = decode_plan(meta.block_tables[:nd], seq_lens, k_cache.shape[1])
-        decoded = _decode(q[:nd], k_cache, v_cache, meta.decode_plan, scale).to(q.dtype)
+        decoded = _decode_rows(q[:nd], k_cache, v_cache, meta, scale).to(q.dtype)
         if nd == meta.num_seqs:  # a pure decode step (the common one): no scatter into `out`
             return decoded
     out = torch.empty_like(q)

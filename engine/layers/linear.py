@@ -5,9 +5,9 @@ CPU float32 path. PackedLinear hands the weight to oneDNN once, at load, in its 
 (`mkldnn._reorder_linear_weight`), so no GEMM call re-packs it: on an AVX2 CPU at 16 rows that
 runs 2-3x faster than MKL's F.linear (576x49152 LM head: 15 ms against 40 ms), is never slower at
 1 row, and gives every row the same bits whatever the batch (no per-M kernel switch), which keeps
-batched greedy decoding identical to decoding alone. Int8/int4 kinds (same constructor contract: built from a float
-weight or from packed checkpoint tensors) plug in through `make_linear` later without touching
-model code. Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
+batched greedy decoding identical to decoding alone. A QuantWeight (4/8-bit codes and group
+scales) gives engine/layers/quant_linear.QuantLinear through the same `make_linear`, without
+touching model code. Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
 y = x @ [Wq; Wk; Wv]^T = [x Wq^T | x Wk^T | x Wv^T], split by the caller.
 """
 from __future__ import annotations
@@ -65,9 +65,16 @@ def packed_linear_available(weight: torch.Tensor) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, kind: str = "auto") -> LinearBase:
-    """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out]).
+def make_linear(weight, bias: torch.Tensor | None = None, kind: str = "auto") -> LinearBase:
+    """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out]),
+    or from a QuantWeight (engine/kernels/pack.py), which always gives a QuantLinear.
     "auto" packs float32 CPU weights for oneDNN and keeps everything else dense."""
+    from engine.kernels.pack import QuantWeight
+
+    if isinstance(weight, QuantWeight):
+        from engine.layers.quant_linear import QuantLinear
+
+        return QuantLinear(weight, bias)
     if kind == "auto":
         kind = "packed" if packed_linear_available(weight) else "dense"
     if kind == "dense":

@@ -8,7 +8,8 @@ Memory a loaded model needs (one sequence at the context the engine loads with):
     weights + KV per token × context + RUNTIME_OVERHEAD_BYTES  ≤  USABLE_FRACTION × free memory
     KV per token = 2 (K and V) × layers × KV heads × head_dim × bytes per element
 (GQA stores only the KV heads.) The rules (what LM Studio / Ollama users expect):
-- GGUF on a CPU → llama.cpp (its quantized kernels are the fastest here); GGUF on CUDA → torch
+- GGUF on a CPU → torch with Ember's own kernels when they are built and hold every matrix type
+  of the file quantized, else llama.cpp; GGUF on CUDA → torch
   (the paged-attention engine runs unchanged on the GPU); GPTQ/AWQ → torch everywhere.
 - auto device: CUDA if the model fits in free VRAM, else MPS if it fits, else the CPU if it fits
   in free RAM, else a refusal naming what would fit (a shorter context, a smaller quant).
@@ -21,6 +22,8 @@ import importlib.util
 import math
 import os
 from dataclasses import asdict, dataclass
+
+from engine.kernel_library import cpu_flags, kernels_installed
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -59,6 +62,7 @@ class MachineInfo:
     llama_cpp_available: bool = True
     llama_cpp_gpu_offload: bool = False  # this llama.cpp build can offload to a GPU (CUDA/Metal)
     cpu_fast_bf16: bool = False  # AVX512-BF16 or AMX: oneDNN's bf16 GEMMs beat float32
+    ember_kernels: bool = False  # Ember's CPU kernels are built and this CPU runs them (AVX2+)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int = 2) -> int:
@@ -75,6 +79,7 @@ class ModelFootprint:
     num_kv_heads: int
     head_dim: int
     context_length: int  # the model's trained context
+    kernels_cover: bool = False  # a GGUF whose every matrix type Ember's kernels hold quantized
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes)
@@ -185,15 +190,20 @@ def available_bytes(m: MachineInfo, device: str) -> int:
     return m.ram_free_bytes
 
 
-def _backend_for(fmt: str, device: str, requested: str, m: MachineInfo) -> str | None:
+def _ours(fp: ModelFootprint, device: str, m: MachineInfo) -> bool:
+    """Ember's kernels run here and hold every matrix of this GGUF (faster: `ember bench decode`)."""
+    return device == "cpu" and fp.format == "gguf" and fp.kernels_cover and m.ember_kernels
+
+
+def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo) -> str | None:
     """The backend to use for this format on this device, or None when none can."""
-    llama_ok = fmt == "gguf" and m.llama_cpp_available and (device == "cpu" or m.llama_cpp_gpu_offload)
+    llama_ok = fp.format == "gguf" and m.llama_cpp_available and (device == "cpu" or m.llama_cpp_gpu_offload)
     if requested == "llama.cpp":
         return "llama.cpp" if llama_ok else None
     if requested == "torch":
         return "torch"
-    # auto: llama.cpp's kernels on a CPU (and on Metal, when this build has it); torch elsewhere.
-    if llama_ok and (device == "cpu" or (device == "mps" and m.llama_cpp_gpu_offload)):
+    # auto: Ember's kernels, else llama.cpp's on a CPU (and on Metal, when this build has it); torch elsewhere.
+    if llama_ok and not _ours(fp, device, m) and (device == "cpu" or (device == "mps" and m.llama_cpp_gpu_offload)):
         return "llama.cpp"
     return "torch"
 
@@ -226,7 +236,7 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
     candidates = [device] if device != "auto" else [d for d in ("cuda", "mps", "cpu") if _device_ok(m, d)]
     skipped: list[str] = []
     for dev in candidates:
-        be = _backend_for(fp.format, dev, backend, m)
+        be = _backend_for(fp, dev, backend, m)
         if be is None:
             skipped.append(f"{dev}: llama.cpp in this build cannot run on {dev}")
             continue
@@ -234,14 +244,15 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
         dt, dt_why = choose_dtype(m, be, dev, dtype)
         need = estimate_bytes(fp, be, ctx, dt)
         if fits(fp, be, ctx, dt, avail):
-            why = (f"{fp.format.upper()} on {dev}: {be} "
+            ours = " on Ember's kernels, every matrix kept quantized" if be == "torch" and _ours(fp, dev, m) else ""
+            why = (f"{fp.format.upper()} on {dev}: {be}{ours} "
                    f"({_gib(need)} needed of {_gib(avail)} free, context {ctx}); {dt}: {dt_why}")
             if skipped:
                 why += "; skipped " + "; ".join(skipped)
             return BackendDecision(be, dev, why, need, ctx, avail, dt)
         skipped.append(f"{dev}: needs {_gib(need)}, {_gib(avail)} free")
 
-    if device != "auto" and _backend_for(fp.format, device, backend, m) is None:
+    if device != "auto" and _backend_for(fp, device, backend, m) is None:
         raise BackendError(f"the llama.cpp backend cannot run on {device} with this build; "
                            "use --backend torch or --device cpu")
     raise BackendError(_refusal(m, fp, backend, candidates, ctx, "float32" if dtype == "auto" else dtype, skipped))
@@ -251,7 +262,7 @@ def _refusal(m: MachineInfo, fp: ModelFootprint, backend: str, devices: list[str
              dtype: str, skipped: list[str]) -> str:
     """Say what would fit: the longest context on the roomiest device, or how small a quant must be."""
     best_dev = max(devices, key=lambda d: available_bytes(m, d))
-    be = _backend_for(fp.format, best_dev, backend, m) or "torch"
+    be = _backend_for(fp, best_dev, backend, m) or "torch"
     avail = available_bytes(m, best_dev)
     msg = (f"the model does not fit: {'; '.join(skipped)} "
            f"(weights {_gib(fp.weights_bytes)}, context {ctx}).")
@@ -272,13 +283,8 @@ def _refusal(m: MachineInfo, fp: ModelFootprint, backend: str, devices: list[str
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AVX512-BF16 or AMX, read from /proc/cpuinfo (Linux; elsewhere: no)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """AVX512-BF16 or AMX (Linux's CPU flags; elsewhere: no)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def probe_host() -> MachineInfo:
@@ -290,4 +296,4 @@ def probe_host() -> MachineInfo:
     return MachineInfo(ram_free_bytes=int(vm.available), ram_total_bytes=int(vm.total),
                        cpu_count=os.cpu_count() or 1,
                        llama_cpp_available=importlib.util.find_spec("llama_cpp") is not None,
-                       cpu_fast_bf16=cpu_has_fast_bf16())
+                       cpu_fast_bf16=cpu_has_fast_bf16(), ember_kernels=kernels_installed())

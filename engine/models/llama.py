@@ -9,8 +9,9 @@ q/k/v and gate/up are fused into one Linear each (one GEMM instead of three/two)
 stream is kept in float32 whatever the weight dtype. Attention goes through PagedAttention, so
 the KV pool layout and batching live in engine/layers/attention.py, not here.
 
-Weights are passed in by name (see `WEIGHT_NAMES`), already dequantized, un-permuted and fused by
-the loader; the model never sees a file format.
+Weights are passed in by name (see `WEIGHT_NAMES`), dense or as exact QuantWeights (4/8-bit
+codes with group scales), already un-permuted and fused by the loader; the model never sees a
+file format.
 """
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.pack import QuantWeight
 from engine.layers.activation import silu_and_mul
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.decoder_stack import build_stack, run_stack
 from engine.layers.linear import make_linear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.config import ModelConfig
 
-Take = Callable[[str], torch.Tensor | None]  # weight name -> tensor (None if absent)
+Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 
 # Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias.
 WEIGHT_NAMES = (
@@ -100,33 +103,52 @@ class LlamaDecoderLayer(torch.nn.Module):
 class LlamaForCausalLM(torch.nn.Module):
     """forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, d] (float32)."""
 
-    def __init__(self, config: ModelConfig, take: Take) -> None:
+    def __init__(self, config: ModelConfig, take: Take, dtype: torch.dtype) -> None:
         super().__init__()
-        self.config = config
-        self.embed_tokens = torch.nn.Parameter(take("embed_tokens.weight"), requires_grad=False)
+        self.config, self._dtype = config, dtype
+        table = take("embed_tokens.weight")
+        head = table if config.tie_word_embeddings else take("lm_head.weight")
+        if isinstance(table, QuantWeight):
+            # A quantized table is looked up through a QuantLinear's rows (the tied head itself,
+            # or a packing of its own): the codes stay at the file's size.
+            self.lm_head = make_linear(head)
+            self.embed_tokens = None
+            self._table = self.lm_head if config.tie_word_embeddings else make_linear(table)
+        else:
+            self.embed_tokens = torch.nn.Parameter(table, requires_grad=False)
+            # Tied heads share the table when the head stays dense; a packed head is a second
+            # copy of it (the lookup needs the plain rows), the price of the faster GEMM.
+            self.lm_head = make_linear(self.embed_tokens if config.tie_word_embeddings else head)
+            self._table = None
+        self.norm = _norm(config, take("norm.weight"))
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                       take("rope_freqs") if config.rope_freq_factors else None
-                                      ).to(self.embed_tokens.device)
+                                      ).to(self.device)
         self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
-        self.norm = _norm(config, take("norm.weight"))
-        # Tied heads share the table when the head stays dense; a packed head is a second copy
-        # of it (the embedding lookup needs the plain rows), the price of the faster GEMM.
-        self.lm_head = make_linear(self.embed_tokens if config.tie_word_embeddings else take("lm_head.weight"))
+        self.stack = build_stack(self)  # all matrices quantized: the layers run as one C++ op
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.dtype
+        """The dtype of activations, KV and the dense weights (quantized ones have their own)."""
+        return self._dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.device
+        return self.norm.weight.device
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._table is not None:
+            return self._table.rows(input_ids).to(self._dtype)
+        return F.embedding(input_ids, self.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.layers)} layers")
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         cos, sin = self.rotary(positions)
+        if self.stack is not None:
+            return run_stack(self.stack, hidden, (cos, sin), kv_caches, meta)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)

@@ -1,0 +1,36 @@
+"""Where Ember's compiled kernels live: torch-free, so the GUI's fit probe can ask
+`kernels_installed`. engine/kernels/build.py builds the library, engine/kernels loads it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("kernels") / "csrc"
+NAME = "ember_kernels"
+
+
+def library_dir() -> Path:
+    """Where the library lives: inside the environment, next to the torch it was built against
+    (EMBER_KERNELS_DIR, when set, moves it: a second build beside the installed one)."""
+    return Path(os.environ.get("EMBER_KERNELS_DIR") or Path(sys.prefix) / "lib" / NAME)
+
+
+def library_path() -> Path:
+    return library_dir() / f"{NAME}.so"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux; elsewhere: none known)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def kernels_installed() -> bool:
+    """The library is built and this CPU can run one of its paths (AVX2 at least)."""
+    return "avx2" in cpu_flags() and library_path().is_file()

@@ -1,0 +1,168 @@
+// A whole Llama-family decoder stack as one op: the forward pass of engine/models/llama.py with
+// every matrix quantized, for a flattened batch of decodes and prefill chunks.
+//
+//     h = embed(ids);  per layer:  r = r + h;  x = rms_norm(r) w_in
+//                                  q, k, v = split(x Wqkv^T + b);  q, k = rope(q), rope(k)
+//                                  K/V pool <- k, v;  o = attention(q, pool)
+//                                  r = r + o Wo^T;  x = rms_norm(r) w_post
+//                                  h = (silu(x Wg^T) * x Wu^T) Wd^T
+//     out = rms_norm(r + h) w_final
+//
+// Python dispatches some 40 small torch ops per layer; at one token per step that costs more
+// than the layer's arithmetic. Here the glue runs as plain loops between the kernels (qlinear.cpp,
+// paged_attention.cpp). Every step of a row depends on that row alone, so outputs are the same
+// whatever the batch, the prompt's chunking or the prefix cache.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ember.h"
+
+namespace ember {
+namespace {
+
+struct Linear {
+  at::Tensor qw, d;
+  c10::optional<at::Tensor> m, bias;
+  int64_t n, bits, group;
+  at::Tensor operator()(const at::Tensor& x, int64_t path) const {
+    return qlinear(x, qw, d, m, bias, n, bits, group, path);
+  }
+};
+
+// y = x / sqrt(mean(x^2) + eps) * w per row, float32 (the mean accumulated in double).
+__attribute__((target("avx2,fma"))) void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t d,
+                                                  float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * d;
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += (double)xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt((float)(ss / d) + eps);
+    for (int64_t i = 0; i < d; ++i) y[t * d + i] = xr[i] * inv * w[i];
+  }
+}
+
+__attribute__((target("avx2,fma"))) void add_(float* r, const float* h, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) r[i] += h[i];
+}
+
+// Rotate-half RoPE in place on `heads` heads of every row: with C = [cos | cos] and
+// S = [-sin | sin] (rotary.rotation_tables), x' = x C + roll(x, d/2) S.
+__attribute__((target("avx2,fma"))) void rope_(float* x, int64_t row_stride, const float* C, const float* S, int64_t T,
+                                               int64_t heads, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * hd;
+      const float* c = C + t * hd;
+      const float* s = S + t * hd;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] + b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+}
+
+// [gate | up] -> silu(gate) * up, silu(g) = g / (1 + e^-g).
+__attribute__((target("avx2,fma"))) void silu_mul(const float* gu, float* y, int64_t T, int64_t f) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < f; ++i) {
+      const float g = gu[t * 2 * f + i];
+      y[t * f + i] = g / (1.f + std::exp(-g)) * gu[t * 2 * f + f + i];
+    }
+}
+
+}  // namespace
+
+struct DecoderStack : torch::CustomClassHolder {
+  int64_t H, NKV, HD, D, F;
+  double eps, scale;
+  int64_t path = 0;
+  std::vector<Linear> linears;  // per layer: qkv, o, gate_up, down
+  std::vector<at::Tensor> norms;  // per layer: input, post-attention; then the final norm
+
+  DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps_)
+      : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_),
+        scale(1.0 / std::sqrt((double)head_dim)) {}
+
+  void add_linear(at::Tensor qw, at::Tensor d, c10::optional<at::Tensor> m, c10::optional<at::Tensor> bias, int64_t n,
+                  int64_t bits, int64_t group) {
+    linears.push_back({qw, d, m, bias, n, bits, group});
+  }
+  void add_norm(at::Tensor w) {
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == D, "norm weights must be float32 [hidden]");
+    norms.push_back(w.contiguous());
+  }
+  void set_path(int64_t p) { path = p; }
+
+  // hidden [T, D] float32 embeddings; C, S [T, HD] rotation tables; the pool of every layer;
+  // slots [T]; block_tables [num_seqs, *]; seq_lens [num_seqs]; query_start [num_seqs + 1];
+  // the first num_decodes sequences have one query each. Returns the final normed hidden.
+  at::Tensor forward(at::Tensor hidden, at::Tensor C, at::Tensor S, std::vector<at::Tensor> k_caches,
+                     std::vector<at::Tensor> v_caches, at::Tensor slots, at::Tensor block_tables,
+                     at::Tensor seq_lens, std::vector<int64_t> query_start, int64_t num_decodes) {
+    const int64_t L = (int64_t)linears.size() / 4, T = hidden.size(0), qs = H * HD, kvs = NKV * HD;
+    TORCH_CHECK((int64_t)norms.size() == 2 * L + 1 && (int64_t)k_caches.size() == L && (int64_t)v_caches.size() == L,
+                "the stack has ", L, " layers, ", norms.size(), " norms and ", k_caches.size(), " caches");
+    TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.size(1) == D, "hidden must be float32 [T, ", D, "]");
+    const auto Cc = C.reshape({T, HD}).to(at::kFloat).contiguous(), Sc = S.reshape({T, HD}).to(at::kFloat).contiguous();
+    // Every query row attends on its own, a prefill row at position p as a decode over p + 1
+    // tokens: the same kernel and the same bits for a token whether it comes in a prompt chunk
+    // of any length, after a cached prefix, or decoded (SDPA's causal and masked paths differ).
+    const int64_t nseq = seq_lens.size(0);
+    TORCH_CHECK((int64_t)query_start.size() == nseq + 1 && query_start[nseq] == T, "query_start does not match T");
+    const auto lens = seq_lens.to(at::kLong).contiguous();
+    auto row_seq = at::empty({T}, lens.options()), row_lens = at::empty({T}, lens.options());
+    for (int64_t i = 0; i < nseq; ++i) {
+      const int64_t s0 = query_start[i], n = query_start[i + 1] - s0, L0 = lens.data_ptr<int64_t>()[i] - n;
+      for (int64_t j = 0; j < n; ++j) {
+        row_seq.data_ptr<int64_t>()[s0 + j] = i;
+        row_lens.data_ptr<int64_t>()[s0 + j] = L0 + j + 1;
+      }
+    }
+    const auto row_tables = num_decodes == nseq ? block_tables : block_tables.index_select(0, row_seq);
+    auto residual = hidden.contiguous().clone();
+    auto x = at::empty_like(residual);
+    auto h = residual;  // layer 0 adds nothing: its residual is the embedding itself
+    for (int64_t l = 0; l < L; ++l) {
+      if (l) add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
+      rms_norm(residual.data_ptr<float>(), norms[2 * l].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      auto qkv = linears[4 * l](x, path);  // [T, qs + 2 kvs]
+      rope_(qkv.data_ptr<float>(), qkv.size(1), Cc.data_ptr<float>(), Sc.data_ptr<float>(), T, H + NKV, HD);
+      auto q = qkv.slice(1, 0, qs).reshape({T, H, HD}).contiguous();
+      auto k = qkv.slice(1, qs, qs + kvs).reshape({T, NKV, HD});
+      auto v = qkv.slice(1, qs + kvs, qs + 2 * kvs).reshape({T, NKV, HD});
+      auto& kc = k_caches[l];
+      auto& vc = v_caches[l];
+      kc.view({-1, NKV, HD}).index_copy_(0, slots, k.to(kc.scalar_type()));
+      vc.view({-1, NKV, HD}).index_copy_(0, slots, v.to(vc.scalar_type()));
+      auto o = paged_attention_decode(q, kc, vc, row_tables, row_lens, scale, path);
+      auto attn = linears[4 * l + 1](o.view({T, qs}), path);
+      add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
+      rms_norm(residual.data_ptr<float>(), norms[2 * l + 1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      auto gu = linears[4 * l + 2](x, path);
+      auto act = at::empty({T, F}, x.options());
+      silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, F);
+      h = linears[4 * l + 3](act, path);
+    }
+    add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
+    rms_norm(residual.data_ptr<float>(), norms[2 * L].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+    return x;
+  }
+};
+
+}  // namespace ember
+
+TORCH_LIBRARY_FRAGMENT(ember, lib) {
+  lib.class_<ember::DecoderStack>("DecoderStack")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
+      .def("add_linear", &ember::DecoderStack::add_linear)
+      .def("add_norm", &ember::DecoderStack::add_norm)
+      .def("set_path", &ember::DecoderStack::set_path)
+      .def("forward", &ember::DecoderStack::forward);
+}

@@ -1,0 +1,45 @@
+"""The whole decoder stack as one C++ op (engine/kernels/csrc/decoder.cpp) when every matrix is
+quantized: the same forward as LlamaForCausalLM's layers, minus ~40 torch dispatches per layer,
+which at one token per step cost more than the layer's arithmetic (profile in the CPU-kernels
+issue: 14 ms of a 18 ms SmolLM2 step was Python and small ops).
+
+The op holds references to the model's own tensors (no copies, except float32 norm weights).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import CpuPath, default_path, kernels
+from engine.layers.attention import AttentionMetadata
+from engine.layers.quant_linear import QuantLinear
+
+
+def build_stack(model, path: CpuPath | None = None):
+    """A torch.classes.ember.DecoderStack over `model`'s layers, or None when a layer has a
+    dense matrix (or the kernels are missing): then the model runs its Python layers."""
+    if kernels() is None or model.device.type != "cpu":
+        return None
+    linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+               for layer in model.layers]
+    if not all(isinstance(lin, QuantLinear) for group in linears for lin in group):
+        return None
+    c = model.config
+    stack = torch.classes.ember.DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
+                                             c.intermediate_size, c.rms_norm_eps)
+    for layer, group in zip(model.layers, linears):
+        stack.add_norm(layer.input_layernorm.weight.float())
+        stack.add_norm(layer.post_attention_layernorm.weight.float())
+        for lin in group:
+            stack.add_linear(lin.qw, lin.scales, lin.mins, lin.bias, lin.out_features, lin.bits, lin.group)
+    stack.add_norm(model.norm.weight.float())
+    stack.set_path(int(default_path() if path is None else path))
+    return stack
+
+
+def run_stack(stack, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
+              kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+    """hidden [T, d] embeddings -> the final normed hidden [T, d] (float32)."""
+    C, S = rotation
+    return stack.forward(hidden.float(), C, S, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+                         meta.slot_mapping, meta.block_tables, torch.tensor(meta.seq_lens), meta.query_start_loc,
+                         meta.num_decodes)
