@@ -23,6 +23,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "ember.h"
+
 namespace ember {
 
 enum Path : int64_t { NONE = 0, AVX2 = 1, AVXVNNI = 2, AVX512VNNI = 3 };
@@ -48,30 +50,6 @@ static inline int32_t load4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q,
-                                                                 float* s, float* sm, int32_t* sum16) {
-  const int64_t KB = K / 32;
-  for (int64_t i = 0; i < M * KB; ++i) {
-    const float* xb = x + i * 32;
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.f, id = d != 0.f && std::isfinite(1.f / d) ? 1.f / d : 0.f;
-    int32_t lo = 0, hi = 0;
-    for (int j = 0; j < 32; ++j) {
-      const int32_t v = (int32_t)std::nearbyint(xb[j] * id);
-      q[i * 32 + j] = (int8_t)v;
-      (j < 16 ? lo : hi) += v;
-    }
-    // The scale and the min's factor are rounded to float16, as llama.cpp's q8_0/q8_1 blocks
-    // store them: 2^-12 of relative error, far below the codes' 1/254, and logits that agree
-    // with llama.cpp's to its summation order.
-    s[i] = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
-    sm[i] = _cvtsh_ss(_cvtss_sh(d * (float)(lo + hi), _MM_FROUND_TO_NEAREST_INT));
-    sum16[2 * i] = lo;
-    sum16[2 * i + 1] = hi;
-  }
 }
 
 // s * sum(q) over group g of a row: the factor of the min m in y (per 32 precomputed, per 16 here).
@@ -320,52 +298,10 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   return y;
 }
 
-// Rows of the weight, dequantized (w = d q + m): the embedding lookup of a tied, quantized head.
-template <typename S>
-static void dequant_rows(const uint8_t* qb, const S* db, const S* mb, const int64_t* id, int64_t R, int64_t k,
-                         int64_t bits, int64_t group, int64_t n_tiles, float* y) {
-  const int64_t tile_bytes = k * bits / 8 * 16, tile_scales = (k / group) * 16;
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t t = id[r] / 16, c = id[r] % 16;
-    TORCH_CHECK(id[r] >= 0 && t < n_tiles, "row ", id[r], " is out of range");
-    float* out = y + r * k;
-    for (int64_t i = 0; i < k; ++i) {
-      int q;
-      if (bits == 4) {
-        const int64_t b = i / 32, j = i % 32, g = (j % 16) / 4;
-        const uint8_t byte = qb[t * tile_bytes + b * 256 + g * 64 + c * 4 + j % 4];
-        q = j < 16 ? byte & 15 : byte >> 4;
-      } else {
-        q = (int8_t)qb[t * tile_bytes + (i / 4) * 64 + c * 4 + i % 4];
-      }
-      const int64_t si = t * tile_scales + (i / group) * 16 + c;
-      out[i] = mb ? (float)db[si] * (float)q + (float)mb[si] : (float)db[si] * (float)q;
-    }
-  }
-}
-
-at::Tensor qrows(const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m, const at::Tensor& ids,
-                 int64_t k, int64_t bits, int64_t group) {
-  auto ids64 = ids.to(at::kLong).contiguous();
-  auto y = at::empty({ids64.numel(), k}, d.options().dtype(at::kFloat));
-  const bool has_min = m.has_value() && m->defined();
-  const auto* qb = static_cast<const uint8_t*>(qw.data_ptr());
-  const int64_t n_tiles = d.numel() / ((k / group) * 16);
-  if (d.scalar_type() == at::kHalf)
-    dequant_rows<at::Half>(qb, d.data_ptr<at::Half>(), has_min ? m->data_ptr<at::Half>() : nullptr,
-                           ids64.data_ptr<int64_t>(), ids64.numel(), k, bits, group, n_tiles, y.data_ptr<float>());
-  else
-    dequant_rows<float>(qb, d.data_ptr<float>(), has_min ? m->data_ptr<float>() : nullptr, ids64.data_ptr<int64_t>(),
-                        ids64.numel(), k, bits, group, n_tiles, y.data_ptr<float>());
-  return y;
-}
-
 }  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("best_path() -> int", &ember::best_path);
   lib.def("qlinear(Tensor x, Tensor qw, Tensor d, Tensor? m, Tensor? bias, int n, int bits, int group, int path) -> Tensor");
   lib.impl("qlinear", c10::DispatchKey::CPU, &ember::qlinear);
-  lib.def("qrows(Tensor qw, Tensor d, Tensor? m, Tensor ids, int k, int bits, int group) -> Tensor");
-  lib.impl("qrows", c10::DispatchKey::CPU, &ember::qrows);
 }
