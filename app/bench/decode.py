@@ -62,6 +62,14 @@ def kv_pool_bytes(runner) -> int:
     return sum(t.numel() * t.element_size() for kv in getattr(runner, "kv_caches", []) for t in kv)
 
 
+def weight_bytes(runner) -> int:
+    """Bytes of the torch model's tensors (0 for llama.cpp, whose weights are its own)."""
+    model = getattr(runner, "model", None)
+    if model is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
 def kernel_note(runner) -> str:
     from engine.kernels import default_path
 
@@ -104,8 +112,10 @@ def run(args) -> int:
     for k, (pp, tg) in med.items():
         print(f"{k:<12}{pp:>15.1f}{tg:>15.1f}")
     size = Path(path).stat().st_size
-    print(f"RSS of Ember's loaded model (KV pool excluded): {model_rss / 2**20:.0f} MiB, "
-          f"{model_rss / size:.2f}x the {size / 2**20:.0f} MiB file; kernels: {kernel_note(engine.runner)}")
+    weights = weight_bytes(engine.runner)
+    print(f"RSS of Ember's loaded engine (KV pool excluded): {model_rss / 2**20:.0f} MiB, "
+          f"{model_rss / size:.2f}x the {size / 2**20:.0f} MiB file, of which weights "
+          f"{weights / 2**20:.0f} MiB ({weights / size:.2f}x); kernels: {kernel_note(engine.runner)}")
     e, l = med["ember"], med["llama.cpp"]
     print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
     return 0
