@@ -144,7 +144,16 @@ def test_pack_keeps_float16_scales_only_when_exact():
     legacy, _ = _weight(QT.Q4_1, 40, 256, 0)
     kquant, _ = _weight(QT.Q4_K, 40, 256, 0)
     assert pack(legacy).d.dtype == pack(legacy).m.dtype == torch.float16
-    assert pack(kquant).d.dtype == pack(kquant).m.dtype == torch.float32
+    # K-quants pack as the file factors them: float16 per 256 values times an 8-bit code per group
+    k = pack(kquant)
+    assert k.d.dtype == k.m.dtype == torch.int8 and k.d_super.dtype == k.m_super.dtype == torch.float16
+    assert k.d_super.shape == (3, 1, 16) and k.d.shape == (3, 8, 16)
+    sup = kquant.sup
+    assert torch.equal(sup.d.repeat_interleave(8, 1) * sup.d_code.float(), kquant.d)  # the same products
+    assert torch.equal(sup.m.repeat_interleave(8, 1) * sup.m_code.float(), kquant.m)
+    # without the factoring, d sc needs float32
+    plain = QuantWeight(4, 32, kquant.q, kquant.d, kquant.m)
+    assert pack(plain).d.dtype == pack(plain).m.dtype == torch.float32
     # one scale that float16 cannot hold makes the whole weight float32
     d = legacy.d.clone()
     d[3, 1] = 1 + 2 ** -12
@@ -163,7 +172,24 @@ def test_pack_rejects_bad_shapes():
 
 def _qrows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     p = pack(w)
-    return ops_or_skip().qrows(p.qw, p.d, p.m, ids, p.in_features, p.bits, p.group)
+    return ops_or_skip().qrows(p.qw, p.d, p.m, ids, p.in_features, p.bits, p.group, p.d_super, p.m_super)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K])
+def test_factored_k_quant_scales_give_the_bits_of_float32_ones(qtype):
+    """qlinear on the file's factoring (float16 per 256 times a code) and on float32 d sc: the
+    same products, so the same bits, on every path."""
+    from engine.kernels import available_paths
+
+    ops = ops_or_skip()
+    w, _ = _weight(qtype, 40, 512, 4)
+    factored, plain = pack(w), pack(QuantWeight(w.bits, w.group, w.q, w.d, w.m))
+    assert factored.d_super is not None and plain.d_super is None and factored.nbytes() < plain.nbytes()
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
+    for path in available_paths():
+        ys = [ops.qlinear(x, p.qw, p.d, p.m, None, 40, p.bits, p.group, int(path), p.d_super, p.m_super)
+              for p in (factored, plain)]
+        assert torch.equal(ys[0], ys[1]), path
 
 
 @pytest.mark.parametrize("N", [40, 1, 16])

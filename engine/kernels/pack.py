@@ -22,12 +22,28 @@ TILE = 16  # output columns per tile: one zmm of int32 sums
 
 
 @dataclass(frozen=True, slots=True)
+class SuperScales:
+    """K-quant scales as the file factors them: d = d_super[g // per] * d_code[g] (and the mins
+    alike), float16 super-block scales per 256 values and 6/8-bit codes per group; one float32
+    product, so exactly QuantWeight.d. Kept to pack 8.6 or 4.75 bits a weight, not 10 or 6."""
+
+    d: torch.Tensor  # float32 (float16 values) [N, K // 256]
+    d_code: torch.Tensor  # int8 [N, K // group]
+    m: torch.Tensor | None = None
+    m_code: torch.Tensor | None = None
+
+    def rows(self, index: torch.Tensor) -> SuperScales:
+        return SuperScales(*(None if t is None else t[index] for t in (self.d, self.d_code, self.m, self.m_code)))
+
+
+@dataclass(frozen=True, slots=True)
 class QuantWeight:
     bits: int
     group: int
     q: torch.Tensor  # [N, K] uint8 (4-bit codes) or int8
     d: torch.Tensor  # float32 [N, K // group]
     m: torch.Tensor | None  # float32 [N, K // group] or None
+    sup: SuperScales | None = None  # the same d (and m) factored, for K-quants
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -41,19 +57,24 @@ class QuantWeight:
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         return QuantWeight(self.bits, self.group, self.q[index], self.d[index],
-                           None if self.m is None else self.m[index])
+                           None if self.m is None else self.m[index], None if self.sup is None else self.sup.rows(index))
 
 
 def widen(w: QuantWeight, bits: int, group: int, with_min: bool) -> QuantWeight:
     """The same weights in a wider format (more bits, smaller group, a zero min): exact."""
     q = w.q.to(torch.int8) if bits == 8 and w.bits == 4 else w.q
-    d, m = w.d, w.m
+    d, m, sup = w.d, w.m, w.sup
     if group != w.group:
         d = d.repeat_interleave(w.group // group, dim=1)
         m = None if m is None else m.repeat_interleave(w.group // group, dim=1)
+        if sup is not None:  # the super-block scales stay; each code covers both halves
+            sup = SuperScales(sup.d, sup.d_code.repeat_interleave(w.group // group, dim=1), sup.m,
+                              None if sup.m_code is None else sup.m_code.repeat_interleave(w.group // group, dim=1))
     if with_min and m is None:
         m = torch.zeros_like(d)
-    return QuantWeight(bits, group, q, d, m)
+        if sup is not None:  # a zero min is 0 * 0
+            sup = SuperScales(sup.d, sup.d_code, torch.zeros_like(sup.d), torch.zeros_like(sup.d_code))
+    return QuantWeight(bits, group, q, d, m, sup)
 
 
 def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
@@ -63,7 +84,11 @@ def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
     with_min = any(p.m is not None for p in parts)
     parts = [widen(p, bits, group, with_min) for p in parts]
     m = torch.cat([p.m for p in parts]) if with_min else None
-    return QuantWeight(bits, group, torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m)
+    sup = None
+    if all(p.sup is not None for p in parts):
+        sup = SuperScales(*(torch.cat([getattr(p.sup, f) for p in parts]) if with_min or f[0] == "d" else None
+                            for f in ("d", "d_code", "m", "m_code")))
+    return QuantWeight(bits, group, torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m, sup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +100,14 @@ class PackedWeight:
     out_features: int
     in_features: int
     qw: torch.Tensor  # uint8/int8 tiles
-    d: torch.Tensor  # float16 or float32 [N/16, K/G, 16]
+    d: torch.Tensor  # float16 or float32 [N/16, K/G, 16]; int8 codes with d_super
     m: torch.Tensor | None
+    d_super: torch.Tensor | None = None  # float16 [N/16, K/256, 16]
+    m_super: torch.Tensor | None = None
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qw, self.d, self.m) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.qw, self.d, self.m, self.d_super, self.m_super)
+                   if t is not None)
 
 
 def _tiles(x: torch.Tensor, n_pad: int) -> torch.Tensor:
@@ -113,7 +141,12 @@ def pack(w: QuantWeight) -> PackedWeight:
         qw = _tiles(w.q, n_pad).view(-1, TILE, K // 4, 4).transpose(1, 2).contiguous()
     else:
         raise ValueError(f"{w.bits}-bit weights are not supported")
+    if w.sup is not None and K % 256 == 0:  # K-quants: float16 per 256 and an 8-bit code per group
+        s = w.sup
+        return PackedWeight(w.bits, w.group, N, K, qw, _scales(s.d_code, n_pad, torch.int8),
+                            _scales(s.m_code, n_pad, torch.int8), _scales(s.d, n_pad, torch.float16),
+                            _scales(s.m, n_pad, torch.float16))
     # Legacy GGUF scales are float16 already: kept so, they cost a quarter of the 4-bit bytes
-    # instead of half; K-quant sub-block scales (d * sc) need float32.
+    # instead of half; other float32 scales stay float32.
     dtype = torch.float16 if _exact_in_half(w.d) and _exact_in_half(w.m) else torch.float32
     return PackedWeight(w.bits, w.group, N, K, qw, _scales(w.d, n_pad, dtype), _scales(w.m, n_pad, dtype))

@@ -30,7 +30,8 @@ def build_stack(model, path: CpuPath | None = None):
         stack.add_norm(layer.input_layernorm.weight.float())
         stack.add_norm(layer.post_attention_layernorm.weight.float())
         for lin in group:
-            stack.add_linear(lin.qw, lin.scales, lin.mins, lin.bias, lin.out_features, lin.bits, lin.group)
+            stack.add_linear(lin.qw, lin.scales, lin.mins, lin.bias, lin.out_features, lin.bits, lin.group,
+                             lin.scales_super, lin.mins_super)
     stack.add_norm(model.norm.weight.float())
     stack.set_path(int(default_path() if path is None else path))
     return stack

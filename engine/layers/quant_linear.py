@@ -32,18 +32,22 @@ class QuantLinear(LinearBase):
         self.qw = torch.nn.Parameter(p.qw, requires_grad=False)
         self.scales = torch.nn.Parameter(p.d, requires_grad=False)
         self.mins = None if p.m is None else torch.nn.Parameter(p.m, requires_grad=False)
+        # K-quants: scales/mins above are 8-bit codes, these their float16 super-block scales
+        self.scales_super = None if p.d_super is None else torch.nn.Parameter(p.d_super, requires_grad=False)
+        self.mins_super = None if p.m_super is None else torch.nn.Parameter(p.m_super, requires_grad=False)
         self.bias = None if bias is None else torch.nn.Parameter(bias.float().contiguous(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         y = self.ops.qlinear(x2, self.qw, self.scales, self.mins, self.bias, self.out_features,
-                             self.bits, self.group, self.path)
+                             self.bits, self.group, self.path, self.scales_super, self.mins_super)
         return y.view(*shape[:-1], self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), in_features]: rows `ids` of W, dequantized (w = d q + m)."""
-        return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group)
+        return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group,
+                              self.scales_super, self.mins_super)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.bits}-bit, group {self.group}"

@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine.kernels.pack import QuantWeight
+from engine.kernels.pack import QuantWeight, SuperScales
 from engine.loaders.dequant import _bits32, _f16, _k_nibbles, _k_scales, _nibbles
 
 
@@ -35,7 +35,8 @@ def _q4_1(b):
 def _q4_k(b):
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, m = _k_scales(b[:, 4:16])
-    return 4, 32, _k_nibbles(b[:, 16:144]).reshape(-1, 32), (d * sc).reshape(-1, 1), (-(dmin * m)).reshape(-1, 1)
+    return (4, 32, _k_nibbles(b[:, 16:144]).reshape(-1, 32), (d * sc).reshape(-1, 1), (-(dmin * m)).reshape(-1, 1),
+            (d, sc, -dmin, m))
 
 
 def _q5_0(b):
@@ -54,7 +55,7 @@ def _q5_k(b):
     shifts = torch.arange(8, dtype=torch.uint8, device=b.device)[None, :, None]
     hi = (b[:, None, 16:48] >> shifts) & 1
     q = (_k_nibbles(b[:, 48:176]) | (hi << 4)).to(torch.int8).reshape(-1, 32)
-    return 8, 32, q, (d * sc).reshape(-1, 1), (-(dmin * m)).reshape(-1, 1)
+    return 8, 32, q, (d * sc).reshape(-1, 1), (-(dmin * m)).reshape(-1, 1), (d, sc, -dmin, m)
 
 
 def _q6_k(b):
@@ -65,7 +66,8 @@ def _q6_k(b):
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 2, 2, 1)
     q = (lo | (((qh >> shifts) & 3) << 4)).reshape(-1, 16).to(torch.int8) - 32
     sc = b[:, 192:208].contiguous().view(torch.int8).float()
-    return 8, 16, q, (_f16(b[:, 208:210]) * sc).reshape(-1, 1), None
+    d = _f16(b[:, 208:210])
+    return 8, 16, q, (d * sc).reshape(-1, 1), None, (d, sc, None, None)
 
 
 def _q8_0(b):
@@ -84,6 +86,12 @@ def repack(raw: torch.Tensor, qtype: QT, shape: tuple[int, int]) -> QuantWeight:
         raise NotImplementedError(f"no repack for tensor type {QT(qtype).name}")
     N, K = shape
     _, size = GGML_QUANT_SIZES[QT(qtype)]
-    bits, group, q, d, m = fn(raw.reshape(-1, size))
+    bits, group, q, d, m, *k = fn(raw.reshape(-1, size))
+    sup = None
+    if k:  # K-quants: the super-block scales (one per 256 values) and the per-group codes
+        ds, dc, ms, mc = k[0]
+        sup = SuperScales(ds.reshape(N, K // 256), dc.reshape(N, K // group).to(torch.int8),
+                          None if ms is None else ms.reshape(N, K // 256),
+                          None if mc is None else mc.reshape(N, K // group).to(torch.int8))
     return QuantWeight(bits, group, q.reshape(N, K), d.reshape(N, K // group).float(),
-                       None if m is None else m.reshape(N, K // group).float())
+                       None if m is None else m.reshape(N, K // group).float(), sup)

@@ -27,10 +27,10 @@ namespace {
 
 struct Linear {
   at::Tensor qw, d;
-  c10::optional<at::Tensor> m, bias;
+  c10::optional<at::Tensor> m, bias, d_super, m_super;
   int64_t n, bits, group;
   at::Tensor operator()(const at::Tensor& x, int64_t path) const {
-    return qlinear(x, qw, d, m, bias, n, bits, group, path);
+    return qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super);
   }
 };
 
@@ -91,8 +91,8 @@ struct DecoderStack : torch::CustomClassHolder {
         scale(1.0 / std::sqrt((double)head_dim)) {}
 
   void add_linear(at::Tensor qw, at::Tensor d, c10::optional<at::Tensor> m, c10::optional<at::Tensor> bias, int64_t n,
-                  int64_t bits, int64_t group) {
-    linears.push_back({qw, d, m, bias, n, bits, group});
+                  int64_t bits, int64_t group, c10::optional<at::Tensor> d_super, c10::optional<at::Tensor> m_super) {
+    linears.push_back({qw, d, m, bias, d_super, m_super, n, bits, group});
   }
   void add_norm(at::Tensor w) {
     TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == D, "norm weights must be float32 [hidden]");

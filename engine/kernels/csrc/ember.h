@@ -10,7 +10,8 @@ int64_t best_path();  // 0 none, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* s, float* sm, int32_t* sum16);
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                   const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path);
+                   const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
+                   const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super);
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
