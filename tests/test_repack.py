@@ -172,7 +172,8 @@ def test_pack_rejects_bad_shapes():
 
 def _qrows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     p = pack(w)
-    return ops_or_skip().qrows(p.qw, p.d, p.m, ids, p.in_features, p.bits, p.group, p.d_super, p.m_super)
+    return ops_or_skip().qrows(p.qw, p.d, p.m, ids, p.in_features, p.bits, p.group, p.d_super, p.m_super,
+                               p.out_features)
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K])
@@ -208,3 +209,5 @@ def test_qrows_of_mixed_rows():
     assert torch.equal(_qrows(cat_rows([a, b]), ids), torch.cat((ra, rb))[ids])
     with pytest.raises(RuntimeError, match="out of range"):
         _qrows(a, torch.tensor([32]))
+    with pytest.raises(RuntimeError, match="out of range"):  # past N = 24, inside the padded tile
+        _qrows(a, torch.tensor([3, 25]))

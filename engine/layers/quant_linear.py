@@ -47,7 +47,7 @@ class QuantLinear(LinearBase):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), in_features]: rows `ids` of W, dequantized (w = d q + m)."""
         return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group,
-                              self.scales_super, self.mins_super)
+                              self.scales_super, self.mins_super, self.out_features)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.bits}-bit, group {self.group}"

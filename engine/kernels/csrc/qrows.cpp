@@ -34,8 +34,12 @@ static void dequant_rows(const uint8_t* qb, D dq, Mn mq, bool has_min, const int
 
 at::Tensor qrows(const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m, const at::Tensor& ids,
                  int64_t k, int64_t bits, int64_t group, const c10::optional<at::Tensor>& d_super,
-                 const c10::optional<at::Tensor>& m_super) {
+                 const c10::optional<at::Tensor>& m_super, int64_t n) {
   auto ids64 = ids.to(at::kLong).contiguous();
+  if (n >= 0 && ids64.numel()) {  // past N but inside the last tile's padding would read zeros
+    const int64_t hi = ids64.max().item<int64_t>();
+    TORCH_CHECK(hi < n, "row ", hi, " is out of range (", n, " rows)");
+  }
   auto y = at::empty({ids64.numel(), k}, qw.options().dtype(at::kFloat));
   const bool has_min = m.has_value() && m->defined();
   const auto* qb = static_cast<const uint8_t*>(qw.data_ptr());
@@ -72,6 +76,6 @@ at::Tensor qrows(const at::Tensor& qw, const at::Tensor& d, const c10::optional<
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("qrows(Tensor qw, Tensor d, Tensor? m, Tensor ids, int k, int bits, int group, Tensor? d_super=None, "
-          "Tensor? m_super=None) -> Tensor");
+          "Tensor? m_super=None, int n=-1) -> Tensor");
   lib.impl("qrows", c10::DispatchKey::CPU, &ember::qrows);
 }
