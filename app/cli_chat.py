@@ -37,7 +37,8 @@ def build_engine(args):
     from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
-    config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads, max_model_len=args.ctx)
+    config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads,
+                          max_model_len=args.ctx)
     try:
         return load_engine(config, args.backend, args.device)[0]
     except BackendError as e:

@@ -90,7 +90,8 @@ def run(args) -> int:
     path = args.model or str(default_model_path())
     torch.set_num_threads(args.threads)
     rss0 = psutil.Process().memory_info().rss
-    engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads,
+    engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights,
+                                                num_threads=args.threads,
                                                 max_prefill_chunk=max(args.prompt_tokens, 16),
                                                 max_num_batched_tokens=max(args.prompt_tokens, 1024),
                                                 enable_prefix_caching=False), args.backend, args.device)

@@ -168,7 +168,8 @@ def run(args) -> int:
     from app.engine_process import to_argv
 
     conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    extra = to_argv({"dtype": args.dtype, "weights": args.weights, "device": args.device, "max_num_seqs": max(conc + [16]),
+    extra = to_argv({"dtype": args.dtype, "weights": args.weights, "device": args.device,
+                     "max_num_seqs": max(conc + [16]),
                      "threads": args.threads})
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"
     import os

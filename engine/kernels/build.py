@@ -30,7 +30,8 @@ def build(verbose: bool = False) -> Path:
     t0 = time.perf_counter()
     cpp_extension.load(
         name=NAME, sources=sorted(str(p) for p in CSRC.glob("*.cpp")), build_directory=str(work),
-        extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-DNDEBUG"], extra_ldflags=["-fopenmp"],
+        extra_cflags=["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-DNDEBUG"],
+        extra_ldflags=["-fopenmp"],
         is_python_module=False, verbose=verbose)
     built = work / f"{NAME}.so"
     target = library_path()

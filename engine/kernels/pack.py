@@ -57,7 +57,8 @@ class QuantWeight:
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         return QuantWeight(self.bits, self.group, self.q[index], self.d[index],
-                           None if self.m is None else self.m[index], None if self.sup is None else self.sup.rows(index))
+                           None if self.m is None else self.m[index],
+                           None if self.sup is None else self.sup.rows(index))
 
 
 def widen(w: QuantWeight, bits: int, group: int, with_min: bool) -> QuantWeight:
