@@ -88,27 +88,38 @@ def dq_q4_k(b: torch.Tensor) -> torch.Tensor:
     return (q * (d * sc)[:, :, None] - (dmin * m)[:, :, None]).flatten()
 
 
-def dq_q5_k(b: torch.Tensor) -> torch.Tensor:
-    # 176 B: d, dmin, scales[12], qh[32], qs[128]; sub-block j's 5th bit is bit j of qh[l]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = _k_scales(b[:, 4:16])
+def q5_k_codes(b: torch.Tensor) -> torch.Tensor:
+    """Q5_K blocks -> their 5-bit codes [n, 8, 32] uint8: sub-block j's 5th bit is bit j of qh[l]."""
     shifts = torch.arange(8, dtype=torch.uint8, device=b.device)[None, :, None]
     hi = (b[:, None, 16:48] >> shifts) & 1  # [n, 8, 32]
-    q = (_k_nibbles(b[:, 48:176]) | (hi << 4)).float()
+    return _k_nibbles(b[:, 48:176]) | (hi << 4)
+
+
+def dq_q5_k(b: torch.Tensor) -> torch.Tensor:
+    # 176 B: d, dmin, scales[12], qh[32], qs[128]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, m = _k_scales(b[:, 4:16])
+    q = q5_k_codes(b).float()
     return (q * (d * sc)[:, :, None] - (dmin * m)[:, :, None]).flatten()
 
 
-def dq_q6_k(b: torch.Tensor) -> torch.Tensor:
-    # 210 B: ql[128], qh[64], int8 scales[16], f16 d (last). Two halves of 128 weights; in half
-    # h with L = ql[64h:], H = qh[32h:], for l < 32 the four 6-bit values are
-    #   q0 = L[l]&15 | (H[l]&3)<<4,    q1 = L[l+32]&15 | (H[l]>>2&3)<<4,
-    #   q2 = L[l]>>4 | (H[l]>>4&3)<<4, q3 = L[l+32]>>4 | (H[l]>>6&3)<<4,
-    # at weights 128h + 32t + l, and weight i uses scale i // 16; w = d * scale * (q - 32).
+def q6_k_codes(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K blocks -> q - 32 [n, 16, 16] int8, in weight order, one row per 16-weight sub-block.
+
+    210 B: ql[128], qh[64], int8 scales[16], f16 d (last). Two halves of 128 weights; in half
+    h with L = ql[64h:], H = qh[32h:], for l < 32 the four 6-bit values are
+      q0 = L[l]&15 | (H[l]&3)<<4,    q1 = L[l+32]&15 | (H[l]>>2&3)<<4,
+      q2 = L[l]>>4 | (H[l]>>4&3)<<4, q3 = L[l+32]>>4 | (H[l]>>6&3)<<4,
+    at weights 128h + 32t + l, and weight i uses scale i // 16; w = d * scale * (q - 32)."""
     ql = b[:, 0:128].reshape(-1, 2, 1, 2, 32)  # [n, half, 1, (l | l+32), 32]
     qh = b[:, None, 128:192].reshape(-1, 2, 1, 1, 32)
     lo = torch.cat((ql & 15, ql >> 4), dim=2)  # [n, 2, (low|high nibble), 2, 32] -> t = 2*nib + k
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 2, 2, 1)
-    q = (lo | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16).to(torch.int8) - 32
+    return (lo | (((qh >> shifts) & 3) << 4)).reshape(-1, 16, 16).to(torch.int8) - 32
+
+
+def dq_q6_k(b: torch.Tensor) -> torch.Tensor:
+    q = q6_k_codes(b)
     sc = b[:, 192:208].contiguous().view(torch.int8).float()
     d = _f16(b[:, 208:210])
     return (q.float() * (d * sc)[:, :, None]).flatten()

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine.kernels.pack import QuantWeight, SuperScales
-from engine.loaders.dequant import _bits32, _f16, _k_nibbles, _k_scales, _nibbles
+from engine.loaders.dequant import _bits32, _f16, _k_nibbles, _k_scales, _nibbles, q5_k_codes, q6_k_codes
 
 
 def _q4_0(b):
@@ -52,19 +52,12 @@ def _q5_1(b):
 def _q5_k(b):
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, m = _k_scales(b[:, 4:16])
-    shifts = torch.arange(8, dtype=torch.uint8, device=b.device)[None, :, None]
-    hi = (b[:, None, 16:48] >> shifts) & 1
-    q = (_k_nibbles(b[:, 48:176]) | (hi << 4)).to(torch.int8).reshape(-1, 32)
+    q = q5_k_codes(b).to(torch.int8).reshape(-1, 32)
     return 8, 32, q, (d * sc).reshape(-1, 1), (-(dmin * m)).reshape(-1, 1), (d, sc, -dmin, m)
 
 
 def _q6_k(b):
-    # The 6-bit codes in weight order, as dq_q6_k derives them (two halves of 128 weights).
-    ql = b[:, 0:128].reshape(-1, 2, 1, 2, 32)
-    qh = b[:, None, 128:192].reshape(-1, 2, 1, 1, 32)
-    lo = torch.cat((ql & 15, ql >> 4), dim=2)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 2, 2, 1)
-    q = (lo | (((qh >> shifts) & 3) << 4)).reshape(-1, 16).to(torch.int8) - 32
+    q = q6_k_codes(b).reshape(-1, 16)
     sc = b[:, 192:208].contiguous().view(torch.int8).float()
     d = _f16(b[:, 208:210])
     return 8, 16, q, (d * sc).reshape(-1, 1), None, (d, sc, None, None)
