@@ -147,6 +147,11 @@ def tensor_nbytes(qtype: QT, n_elements: int) -> int:
     return n_elements // block * size
 
 
+def byte_tensor(raw: np.ndarray) -> torch.Tensor:
+    """Any numpy view of tensor bytes (e.g. a memory map) -> a flat uint8 torch copy of them."""
+    return torch.from_numpy(np.array(raw, copy=True).reshape(-1).view(np.uint8))
+
+
 def dequantize(raw: np.ndarray | torch.Tensor, qtype: QT, shape: tuple[int, ...],
                device: str | torch.device = "cpu") -> torch.Tensor:
     """Raw tensor bytes (any numpy view of them, e.g. a memory map) -> float32 `shape` on `device`.
@@ -157,7 +162,7 @@ def dequantize(raw: np.ndarray | torch.Tensor, qtype: QT, shape: tuple[int, ...]
     if fn is None:
         raise NotImplementedError(f"no dequantizer for tensor type {QT(qtype).name}")
     if isinstance(raw, np.ndarray):
-        raw = torch.from_numpy(np.array(raw, copy=True).reshape(-1).view(np.uint8))
+        raw = byte_tensor(raw)
     raw = raw.to(device)
     _, size = GGML_QUANT_SIZES[QT(qtype)]
     n = int(np.prod(shape))

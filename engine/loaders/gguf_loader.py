@@ -18,12 +18,11 @@ import logging
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine.kernels.pack import QuantWeight, cat_rows
-from engine.loaders.dequant import SUPPORTED_TYPES, dequantize
+from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.repack import REPACKABLE, repack
 from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from engine.models.config import ModelConfig, RopeScaling
@@ -213,13 +212,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     permuted = ARCHITECTURES[cfg.arch]
     dense_types: set[str] = set()
 
-    def raw(tname: str) -> torch.Tensor:
-        return torch.from_numpy(np.array(f.raw(tensors[tname]), copy=True).reshape(-1).view(np.uint8))
-
     def get(tname: str, quant: bool):
         t = tensors[tname]
         if quant and QT(t.qtype) in REPACKABLE:
-            return repack(raw(tname), QT(t.qtype), t.shape)
+            return repack(byte_tensor(f.raw(t)), QT(t.qtype), t.shape)
         if quant:
             dense_types.add(t.type_name)
         return dequantize(f.raw(t), QT(t.qtype), t.shape, device)
