@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "ember.h"
 
@@ -52,6 +54,28 @@ T2 static void quantize_block(const float* xb, int8_t* q, float* s, float* sm, i
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* s, float* sm, int32_t* sum16) {
   at::parallel_for(0, M * (K / 32), 2048, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) quantize_block(x + i * 32, q + i * 32, s + i, sm + i, sum16 + 2 * i);
+  });
+}
+
+// Rows [row0, row0 + R) of q, s, sm and sum16 into the chunk layout of qtiles.h's Acts: code
+// k of row r at (k / 4 * R + r) * 4 + k % 4 from row0 * K, per-block values at b * R + r.
+void interleave_rows(const int8_t* q, const float* s, const float* sm, const int32_t* sum16, int64_t K,
+                     const std::vector<RowChunk>& chunks, int8_t* qi, float* si, float* smi, int32_t* sum16i) {
+  const int64_t KB = K / 32, K16 = K / 16;
+  at::parallel_for(0, (int64_t)chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t row0 = chunks[c].row0, R = chunks[c].rows;
+      for (int64_t r = 0; r < R; ++r) {
+        const int8_t* qr = q + (row0 + r) * K;
+        int8_t* out = qi + row0 * K + r * 4;
+        for (int64_t j = 0; j < K / 4; ++j) std::memcpy(out + j * R * 4, qr + 4 * j, 4);
+        for (int64_t b = 0; b < KB; ++b) {
+          si[row0 * KB + b * R + r] = s[(row0 + r) * KB + b];
+          smi[row0 * KB + b * R + r] = sm[(row0 + r) * KB + b];
+        }
+        for (int64_t g = 0; g < K16; ++g) sum16i[row0 * K16 + g * R + r] = sum16[(row0 + r) * K16 + g];
+      }
+    }
   });
 }
 

@@ -21,9 +21,15 @@
 #include <vector>
 
 #include "ember.h"
+#include "pointwise.h"
 
 namespace ember {
 namespace {
+
+using pointwise::add_;
+using pointwise::rms_norm;
+using pointwise::rope_;
+using pointwise::silu_mul;
 
 struct Linear {
   at::Tensor qw, d;
@@ -33,49 +39,6 @@ struct Linear {
     return qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super);
   }
 };
-
-// y = x / sqrt(mean(x^2) + eps) * w per row, float32 (the mean accumulated in double).
-__attribute__((target("avx2,fma"))) void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t d,
-                                                  float eps) {
-  for (int64_t t = 0; t < T; ++t) {
-    const float* xr = x + t * d;
-    double ss = 0;
-    for (int64_t i = 0; i < d; ++i) ss += (double)xr[i] * xr[i];
-    const float inv = 1.f / std::sqrt((float)(ss / d) + eps);
-    for (int64_t i = 0; i < d; ++i) y[t * d + i] = xr[i] * inv * w[i];
-  }
-}
-
-__attribute__((target("avx2,fma"))) void add_(float* r, const float* h, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) r[i] += h[i];
-}
-
-// Rotate-half RoPE in place on `heads` heads of every row: with C = [cos | cos] and
-// S = [-sin | sin] (rotary.rotation_tables), x' = x C + roll(x, d/2) S.
-__attribute__((target("avx2,fma"))) void rope_(float* x, int64_t row_stride, const float* C, const float* S, int64_t T,
-                                               int64_t heads, int64_t hd) {
-  const int64_t half = hd / 2;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + t * row_stride + h * hd;
-      const float* c = C + t * hd;
-      const float* s = S + t * hd;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c[i] + b * s[i];
-        v[i + half] = b * c[i + half] + a * s[i + half];
-      }
-    }
-}
-
-// [gate | up] -> silu(gate) * up, silu(g) = g / (1 + e^-g).
-__attribute__((target("avx2,fma"))) void silu_mul(const float* gu, float* y, int64_t T, int64_t f) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < f; ++i) {
-      const float g = gu[t * 2 * f + i];
-      y[t * f + i] = g / (1.f + std::exp(-g)) * gu[t * 2 * f + f + i];
-    }
-}
 
 }  // namespace
 

@@ -2,12 +2,22 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace ember {
 
 int64_t best_path();  // 0 none, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI
 
 // x [M, K] float32 -> int8 codes q [M, K], scales s and min factors sm [M, K/32], sums [M, K/16].
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* s, float* sm, int32_t* sum16);
+
+// Rows row0 .. row0 + rows - 1, taken by one tile kernel call.
+struct RowChunk {
+  int64_t row0, rows;
+};
+// The same activations chunk by chunk, in the layout qtiles.h's kernels read.
+void interleave_rows(const int8_t* q, const float* s, const float* sm, const int32_t* sum16, int64_t K,
+                     const std::vector<RowChunk>& chunks, int8_t* qi, float* si, float* smi, int32_t* sum16i);
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,

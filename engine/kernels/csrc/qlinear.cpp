@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "ember.h"
 #include "qtiles.h"
@@ -40,32 +41,43 @@ int64_t best_path() {
 
 // ---- dispatch -----------------------------------------------------------------------------
 
+// (tile, scales, mins, activations, row0, y, ldy, bias, ncols, the prepared tile's extra data)
 using TileFn = void (*)(const void*, const void*, const void*, const Acts&, int64_t, float*, int64_t,
-                        const float*, int);
+                        const float*, int, const void*);
 
-// The tile kernel for rows in chunks of R, for one format, scale type and path.
-template <int R, typename S>
+// The tile kernel for rows in chunks of R, for one format, scale type and path; U: on a
+// prepared tile (prepares() says which formats and paths have one).
+template <int R, bool U, typename S>
 static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
 #define AS(f) reinterpret_cast<TileFn>(&f)
 #define W8(K, ...) (group == 16 ? (has_min ? AS((K<R2, 16, true, ##__VA_ARGS__, S>)) : AS((K<R2, 16, false, ##__VA_ARGS__, S>))) \
                                 : (has_min ? AS((K<R2, 32, true, ##__VA_ARGS__, S>)) : AS((K<R2, 32, false, ##__VA_ARGS__, S>))))
   if (path == AVX512VNNI) {
     constexpr int R2 = R;
-    return bits == 4 ? AS((w4_512<R, S>)) : W8(w8_512);
+    return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U);
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
-  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, S>)) : W8(w8_256, true);
-  return bits == 4 ? AS((w4_256<R2, false, S>)) : W8(w8_256, false);
+  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true);
+  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false);
 #undef W8
 #undef AS
 }
 
 template <typename S>
-static void tile_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min) {
-  fns[0] = tile_fn<8, S>(path, bits, group, has_min);
-  fns[1] = tile_fn<4, S>(path, bits, group, has_min);
-  fns[2] = tile_fn<2, S>(path, bits, group, has_min);
-  fns[3] = tile_fn<1, S>(path, bits, group, has_min);
+static void tile_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min, bool prepared) {
+  if (prepared) {
+    fns[0] = tile_fn<8, true, S>(path, bits, group, has_min), fns[1] = tile_fn<4, true, S>(path, bits, group, has_min);
+    fns[2] = tile_fn<2, true, S>(path, bits, group, has_min), fns[3] = tile_fn<1, true, S>(path, bits, group, has_min);
+  } else {
+    fns[0] = tile_fn<8, false, S>(path, bits, group, has_min), fns[1] = tile_fn<4, false, S>(path, bits, group, has_min);
+    fns[2] = tile_fn<2, false, S>(path, bits, group, has_min), fns[3] = tile_fn<1, false, S>(path, bits, group, has_min);
+  }
+}
+
+// Many rows: each tile is prepared once per call for all of them (4-bit: nibbles unpacked to
+// bytes; 8-bit on AVX-512: the sums' start), which takes work out of every row's inner loop.
+static bool prepares(int64_t path, int64_t bits, size_t chunks) {
+  return chunks >= 3 && (bits == 4 || path == AVX512VNNI);
 }
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
@@ -92,40 +104,61 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   TORCH_CHECK(path >= AVX2 && path <= best_path(), "code path ", path, " is not available on this CPU");
   auto y = at::empty({M, n}, x.options());
   if (M == 0) return y;
+  // Rows in chunks of 8 (AVX-512; 4 on 16 registers), then 4, 2, 1: each its kernel, the same ops.
+  const int chunk[4] = {path == AVX512VNNI ? 8 : 4, 4, 2, 1};
+  std::vector<RowChunk> chunks;
+  for (int64_t row = 0, k = 0; k < 4; ++k)
+    for (; M - row >= chunk[k]; row += chunk[k]) chunks.push_back({row, chunk[k]});
   auto q = at::empty({M, K}, x.options().dtype(at::kChar));
   auto s = at::empty({M, K / 32}, x.options()), sm = at::empty({M, K / 32}, x.options());
   auto sum16 = at::empty({M, K / 16}, x.options().dtype(at::kInt));
   quantize_rows(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(),
                 sum16.data_ptr<int32_t>());
-  const Acts a{q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K};
+  if (M > 1) {  // one row is its own chunk layout already
+    auto qi = at::empty_like(q), si = at::empty_like(s), smi = at::empty_like(sm), s16i = at::empty_like(sum16);
+    interleave_rows(q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K,
+                    chunks, qi.data_ptr<int8_t>(), si.data_ptr<float>(), smi.data_ptr<float>(),
+                    s16i.data_ptr<int32_t>());
+    q = qi, s = si, sm = smi, sum16 = s16i;
+  }
+  const bool prep = prepares(path, bits, chunks.size());
+  at::Tensor qu;  // prepared 8-bit tiles take the codes as q + 128
+  if (prep && bits == 8) qu = at::bitwise_xor(q.view(at::kByte), 0x80);
+  const Acts a{q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K,
+               qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
   TileFn fns[4];
-  if (ksup) tile_fns<KScales>(fns, path, bits, group, has_min);
-  else if (half) tile_fns<at::Half>(fns, path, bits, group, has_min);
-  else tile_fns<float>(fns, path, bits, group, has_min);
-  const int chunk[4] = {path == AVX512VNNI ? 8 : 4, 4, 2, 1};
+  if (ksup) tile_fns<KScales>(fns, path, bits, group, has_min, prep);
+  else if (half) tile_fns<at::Half>(fns, path, bits, group, has_min, prep);
+  else tile_fns<float>(fns, path, bits, group, has_min, prep);
   const auto* qb = static_cast<const uint8_t*>(qw.data_ptr());
   const auto* db = static_cast<const char*>(d.data_ptr());
   const auto* mb = has_min ? static_cast<const char*>(m->data_ptr()) : nullptr;
   const float* bb = bias.has_value() && bias->defined() ? bias->data_ptr<float>() : nullptr;
   float* yb = y.data_ptr<float>();
+  const at::Half* dsup = ksup ? d_super->data_ptr<at::Half>() : nullptr;
+  const at::Half* msup = ksup && has_min ? m_super->data_ptr<at::Half>() : nullptr;
   const int64_t tile_bytes = K * bits / 8 * 16, tile_scales = (K / group) * 16 * d.element_size();
   at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<uint8_t> prepared(prep ? (bits == 4 ? K * 16 : K / group * 16 * 4) : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int ncols = (int)std::min<int64_t>(16, n - t * 16);
-      int64_t row = 0;
-      for (int k = 0; k < 4; ++k)
-        for (; M - row >= chunk[k]; row += chunk[k])
-          if (ksup) {  // per tile: its super-block scales and its codes
-            const int64_t sup = t * (K / 256) * 16, per = 256 / group;
-            const KScales dk{d_super->data_ptr<at::Half>() + sup, (const int8_t*)(db + t * tile_scales), per};
-            const KScales mk{has_min ? m_super->data_ptr<at::Half>() + sup : nullptr,
-                             has_min ? (const int8_t*)(mb + t * tile_scales) : nullptr, per};
-            fns[k](qb + t * tile_bytes, &dk, has_min ? &mk : nullptr, a, row, yb + t * 16, n,
-                   bb ? bb + t * 16 : nullptr, ncols);
-          } else {
-            fns[k](qb + t * tile_bytes, db + t * tile_scales, mb ? mb + t * tile_scales : nullptr, a, row,
-                   yb + t * 16, n, bb ? bb + t * 16 : nullptr, ncols);
-          }
+      const uint8_t* tile = qb + t * tile_bytes;
+      const void* aux = nullptr;
+      if (prep && bits == 4) prepare_w4(tile, K, prepared.data()), tile = prepared.data();
+      if (prep && bits == 8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)prepared.data()), aux = prepared.data();
+      for (const RowChunk& rc : chunks) {
+        const TileFn fn = fns[rc.rows == chunk[0] ? 0 : rc.rows == 4 ? 1 : rc.rows == 2 ? 2 : 3];
+        if (ksup) {  // per tile: its super-block scales and its codes
+          const int64_t sup = t * (K / 256) * 16, shift = group == 16 ? 4 : 3;  // log2(256 / group)
+          const KScales dk{dsup + sup, (const int8_t*)(db + t * tile_scales), shift};
+          const KScales mk{has_min ? msup + sup : nullptr,
+                           has_min ? (const int8_t*)(mb + t * tile_scales) : nullptr, shift};
+          fn(tile, &dk, has_min ? &mk : nullptr, a, rc.row0, yb + t * 16, n, bb ? bb + t * 16 : nullptr, ncols, aux);
+        } else {
+          fn(tile, db + t * tile_scales, mb ? mb + t * tile_scales : nullptr, a, rc.row0, yb + t * 16, n,
+             bb ? bb + t * 16 : nullptr, ncols, aux);
+        }
+      }
     }
   });
   return y;

@@ -9,20 +9,19 @@
 
 namespace ember {
 
-// Quantized activations of M rows: q [M, K], s and sm = s * sum(q) per 32, sums per 16.
+// Quantized activations of M rows: q [M, K], s and sm = s * sum(q) per 32, sums per 16, each
+// stored chunk by chunk as the tile loop takes the rows (qlinear.cpp's `row_chunks`): a chunk
+// of R rows from row0 holds code k of its row r at q[row0 K + (k / 4 * R + r) 4 + k % 4] and
+// the per-block values at [row0 K/32 + b R + r] (sums: K/16). Every broadcast is then one base
+// pointer plus a constant offset; with a pointer per row the compiler ran out of registers and
+// the spills took the ports the dot products need. A chunk of one row is the plain layout.
 struct Acts {
   const int8_t* q;
   const float* s;
   const float* sm;
   const int32_t* sum16;
   int64_t K;
-};
-
-// K-quant scales of one tile: group g's = sup[g / per] (float16, per super-block) * code[g].
-struct KScales {
-  const at::Half* sup;
-  const int8_t* code;
-  int64_t per;  // groups per super-block
+  const uint8_t* qu = nullptr;  // q + 128 (q xor 0x80), for prepared 8-bit tiles
 };
 
 static inline int32_t load4(const int8_t* p) {
@@ -31,11 +30,38 @@ static inline int32_t load4(const int8_t* p) {
   return v;
 }
 
+// The chunk of R rows that starts at row0.
+template <int R>
+struct Chunk {
+  const int8_t* q;
+  const float* s;
+  const float* sm;
+  const int32_t* sum16;
+  Chunk(const Acts& a, int64_t row0)
+      : q(a.q + row0 * a.K), s(a.s + row0 * (a.K / 32)), sm(a.sm + row0 * (a.K / 32)),
+        sum16(a.sum16 + row0 * (a.K / 16)), qu(a.qu ? a.qu + row0 * a.K : nullptr) {}
+  const uint8_t* qu;
+  int32_t codes4(int64_t j, int r) const { return load4(q + (j * R + r) * 4); }  // k = 4j .. 4j+3
+  int32_t codes4u(int64_t j, int r) const { return load4((const int8_t*)qu + (j * R + r) * 4); }
+  float scale(int64_t b, int r) const { return s[b * R + r]; }
+  float smin(int64_t b, int r) const { return sm[b * R + r]; }
+  int32_t sum(int64_t g16, int r) const { return sum16[g16 * R + r]; }
+};
+
+// K-quant scales of one tile: group g's = sup[g >> shift] (float16, per super-block of 256
+// values, 2^shift groups) * code[g]. A shift, not a division: two idivs a block in the loop
+// cost about as much as its dot products.
+struct KScales {
+  const at::Half* sup;
+  const int8_t* code;
+  int64_t shift;
+};
+
 // s * sum(q) over group g of a row: the factor of the min m in y (per 32 precomputed, per 16 here).
-template <int G>
-static inline float min_term(const Acts& a, int64_t row, int64_t g) {
-  if constexpr (G == 32) return a.sm[row * (a.K / 32) + g];
-  return a.s[row * (a.K / 32) + g / 2] * (float)a.sum16[row * (a.K / 16) + g];
+template <int G, int R>
+static inline float min_term(const Chunk<R>& c, int r, int64_t g) {
+  if constexpr (G == 32) return c.smin(g, r);
+  return c.scale(g / 2, r) * (float)c.sum(g, r);
 }
 
 // ---- AVX-512 VNNI: one zmm holds the 16 columns of a tile ----------------------------------
@@ -49,7 +75,7 @@ template <typename S>
 T512 static inline __m512 scale16(const S* p, int64_t g) {
   if constexpr (std::is_same_v<S, float>) return _mm512_loadu_ps(p + g * 16);
   else if constexpr (std::is_same_v<S, at::Half>) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + g * 16)));
-  else return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p->sup + g / p->per * 16))),
+  else return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p->sup + (g >> p->shift) * 16))),
                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p->code + g * 16)))));
 }
 
@@ -58,60 +84,90 @@ T512 static inline void store16(float* y, __m512 v, const float* bias, int ncols
   _mm512_mask_storeu_ps(y, (__mmask16)((1u << ncols) - 1), v);
 }
 
-template <int R, typename S>
+// U: the tile comes prepared (prepare_w4): per block the 4 low-nibble vectors, then the 4 high.
+template <int R, bool U, typename S>
 T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
-                        float* y, int64_t ldy, const float* bias, int ncols) {
+                        float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t KB = a.K / 32;
   const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const Chunk<R> c(a, row0);
   for (int64_t b = 0; b < KB; ++b) {
-    __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+    // Few rows: two chains of sums per row (low and high nibbles) so vpdpbusd's latency does
+    // not idle the ports; int32 addition is exact in any order. Many rows hide it anyway.
+    constexpr bool SPLIT = R < 4;
+    __m512i dot[R], dhi[R];
+    for (int r = 0; r < R; ++r) dot[r] = dhi[r] = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(qw + b * 256 + g * 64);
-      const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      __m512i lo, hi;
+      if constexpr (U) {
+        lo = _mm512_loadu_si512(qw + b * 512 + g * 64), hi = _mm512_loadu_si512(qw + b * 512 + 256 + g * 64);
+      } else {
+        const __m512i v = _mm512_loadu_si512(qw + b * 256 + g * 64);
+        lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
       for (int r = 0; r < R; ++r) {
-        const int8_t* aq = a.q + (row0 + r) * a.K + b * 32;
-        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(load4(aq + 4 * g)));
-        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(load4(aq + 16 + 4 * g)));
+        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(c.codes4(8 * b + g, r)));
+        __m512i& h = SPLIT ? dhi[r] : dot[r];
+        h = _mm512_dpbusd_epi32(h, hi, _mm512_set1_epi32(c.codes4(8 * b + 4 + g, r)));
       }
     }
+    if constexpr (SPLIT)
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dhi[r]);
     const __m512 d = scale16(dw, b), m = scale16(mw, b);
     for (int r = 0; r < R; ++r) {
-      const int64_t i = (row0 + r) * KB + b;
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(a.s[i])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sm[i]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(b, r))), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.smin(b, r)), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) store16(y + (row0 + r) * ldy, acc[r], bias, ncols);
 }
 
 // 8-bit weights are signed; vpdpbusd wants one unsigned side, so w + 128 goes in (xor 0x80)
-// and 128 * sum(q) comes back out of the exact int32 sum.
-template <int R, int G, bool MIN, typename S>
+// and 128 * sum(q) comes back out of the exact int32 sum. U (a prepared tile, many rows): the
+// activations go in as q + 128 instead, and the sums start from -128 * sum(w) of each group
+// and column (`wsum`, prepare_w8), which costs nothing per row: the same exact integers.
+template <int R, int G, bool MIN, bool U, typename S>
 T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
-                        float* y, int64_t ldy, const float* bias, int ncols) {
-  const int64_t NG = a.K / G, KB = a.K / 32;
+                        float* y, int64_t ldy, const float* bias, int ncols, const void* wsum) {
+  const int64_t NG = a.K / G;
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const Chunk<R> c(a, row0);
   for (int64_t g = 0; g < NG; ++g) {
-    __m512i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-    for (int t = 0; t < G / 4; ++t) {
-      const __m512i u = _mm512_xor_si512(_mm512_loadu_si512(qw + (g * (G / 4) + t) * 64), flip);
-      for (int r = 0; r < R; ++r)
-        dot[r] = _mm512_dpbusd_epi32(dot[r], u, _mm512_set1_epi32(load4(a.q + (row0 + r) * a.K + g * G + 4 * t)));
+    constexpr bool SPLIT = R < 4;  // as in w4_512
+    __m512i dot[R], odd[R];
+    const __m512i init = U ? _mm512_loadu_si512((const int32_t*)wsum + g * 16) : _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) dot[r] = init, odd[r] = _mm512_setzero_si512();
+    for (int t = 0; t < G / 4; t += 2) {
+      const int64_t j = g * (G / 4) + t;
+      const __m512i w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
+      const __m512i u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
+      for (int r = 0; r < R; ++r) {
+        __m512i& o = SPLIT ? odd[r] : dot[r];
+        if constexpr (U) {  // unsigned activations, signed weights
+          dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi32(c.codes4u(j, r)), w0);
+          o = _mm512_dpbusd_epi32(o, _mm512_set1_epi32(c.codes4u(j + 1, r)), w1);
+        } else {
+          dot[r] = _mm512_dpbusd_epi32(dot[r], u0, _mm512_set1_epi32(c.codes4(j, r)));
+          o = _mm512_dpbusd_epi32(o, u1, _mm512_set1_epi32(c.codes4(j + 1, r)));
+        }
+      }
     }
+    if constexpr (SPLIT)
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], odd[r]);
     const __m512 d = scale16(dw, g);
     for (int r = 0; r < R; ++r) {
-      const int32_t* s16 = a.sum16 + (row0 + r) * (a.K / 16) + g * (G / 16);
-      const int32_t sum = G == 16 ? s16[0] : s16[0] + s16[1];
-      const __m512i exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * sum));
-      const int64_t i = (row0 + r) * KB + g * G / 32;
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(a.s[i])), acc[r]);
-      if (MIN) acc[r] = _mm512_fmadd_ps(scale16(mw, g), _mm512_set1_ps(min_term<G>(a, row0 + r, g)), acc[r]);
+      __m512i exact = dot[r];
+      if constexpr (!U) {
+        const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
+        exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * sum));
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(g * G / 32, r))),
+                               acc[r]);
+      if (MIN) acc[r] = _mm512_fmadd_ps(scale16(mw, g), _mm512_set1_ps(min_term<G>(c, r, g)), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) store16(y + (row0 + r) * ldy, acc[r], bias, ncols);
@@ -125,7 +181,7 @@ template <typename S>
 T256 static inline __m256 scale8(const S* p, int64_t g, int h) {
   if constexpr (std::is_same_v<S, float>) return _mm256_loadu_ps(p + g * 16 + h * 8);
   else if constexpr (std::is_same_v<S, at::Half>) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + g * 16 + h * 8)));
-  else return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p->sup + g / p->per * 16 + h * 8))),
+  else return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p->sup + (g >> p->shift) * 16 + h * 8))),
                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p->code + g * 16 + h * 8)))));
 }
 
@@ -142,11 +198,12 @@ T256 static inline void store8(float* y, __m256 v, const float* bias, int ncols)
   for (int c = 0; c < ncols; ++c) y[c] = bias ? tmp[c] + bias[c] : tmp[c];
 }
 
-template <int R, bool VNNI, typename S>
+template <int R, bool VNNI, bool U, typename S>
 T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
-                        float* y, int64_t ldy, const float* bias, int ncols) {
+                        float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t KB = a.K / 32;
   const __m256i low = _mm256_set1_epi8(0x0F);
+  const Chunk<R> c(a, row0);
   for (int h = 0; h < 2 && h * 8 < ncols; ++h) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -154,19 +211,23 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
       __m256i dot[R];
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int g = 0; g < 4; ++g) {
-        const __m256i v = _mm256_loadu_si256((const __m256i*)(qw + b * 256 + g * 64 + h * 32));
-        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        __m256i lo, hi;
+        if constexpr (U) {
+          lo = _mm256_loadu_si256((const __m256i*)(qw + b * 512 + g * 64 + h * 32));
+          hi = _mm256_loadu_si256((const __m256i*)(qw + b * 512 + 256 + g * 64 + h * 32));
+        } else {
+          const __m256i v = _mm256_loadu_si256((const __m256i*)(qw + b * 256 + g * 64 + h * 32));
+          lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
         for (int r = 0; r < R; ++r) {
-          const int8_t* aq = a.q + (row0 + r) * a.K + b * 32;
-          dot[r] = dot4<VNNI>(dot[r], lo, _mm256_set1_epi32(load4(aq + 4 * g)));
-          dot[r] = dot4<VNNI>(dot[r], hi, _mm256_set1_epi32(load4(aq + 16 + 4 * g)));
+          dot[r] = dot4<VNNI>(dot[r], lo, _mm256_set1_epi32(c.codes4(8 * b + g, r)));
+          dot[r] = dot4<VNNI>(dot[r], hi, _mm256_set1_epi32(c.codes4(8 * b + 4 + g, r)));
         }
       }
       const __m256 d = scale8(dw, b, h), m = scale8(mw, b, h);
       for (int r = 0; r < R; ++r) {
-        const int64_t i = (row0 + r) * KB + b;
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(a.s[i])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sm[i]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(c.scale(b, r))), acc[r]);
+        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(c.smin(b, r)), acc[r]);
       }
     }
     const int n = std::min(8, ncols - h * 8);
@@ -177,8 +238,9 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
 // Signed 8-bit weights: |w| goes in unsigned and the activation takes w's sign (vpsignb).
 template <int R, int G, bool MIN, bool VNNI, typename S>
 T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
-                        float* y, int64_t ldy, const float* bias, int ncols) {
-  const int64_t NG = a.K / G, KB = a.K / 32;
+                        float* y, int64_t ldy, const float* bias, int ncols, const void*) {
+  const int64_t NG = a.K / G;
+  const Chunk<R> c(a, row0);
   for (int h = 0; h < 2 && h * 8 < ncols; ++h) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -189,21 +251,43 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
         const __m256i w = _mm256_loadu_si256((const __m256i*)(qw + (g * (G / 4) + t) * 64 + h * 32));
         const __m256i u = _mm256_abs_epi8(w);
         for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_set1_epi32(load4(a.q + (row0 + r) * a.K + g * G + 4 * t));
+          const __m256i x = _mm256_set1_epi32(c.codes4(g * (G / 4) + t, r));
           dot[r] = dot4<VNNI>(dot[r], u, _mm256_sign_epi8(x, w));
         }
       }
       const __m256 d = scale8(dw, g, h);
       for (int r = 0; r < R; ++r) {
-        const int64_t i = (row0 + r) * KB + g * G / 32;
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(a.s[i])), acc[r]);
-        if (MIN)
-          acc[r] = _mm256_fmadd_ps(scale8(mw, g, h), _mm256_set1_ps(min_term<G>(a, row0 + r, g)), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(c.scale(g * G / 32, r))),
+                                 acc[r]);
+        if (MIN) acc[r] = _mm256_fmadd_ps(scale8(mw, g, h), _mm256_set1_ps(min_term<G>(c, r, g)), acc[r]);
       }
     }
     const int n = std::min(8, ncols - h * 8);
     for (int r = 0; r < R; ++r) store8(y + (row0 + r) * ldy + h * 8, acc[r], bias ? bias + h * 8 : nullptr, n);
   }
+}
+
+// ---- prepared tiles, for calls with many rows (qlinear.cpp) --------------------------------
+
+// A 4-bit tile's nibbles as bytes, per block of 32: [low g0..g3 | high g0..g3] x 64 bytes.
+__attribute__((target("avx2"))) static void prepare_w4(const uint8_t* qw, int64_t K, uint8_t* out) {
+  for (int64_t b = 0; b < K / 32; ++b)
+    for (int64_t i = 0; i < 256; ++i) {
+      out[b * 512 + i] = qw[b * 256 + i] & 0x0F;
+      out[b * 512 + 256 + i] = qw[b * 256 + i] >> 4;
+    }
+}
+
+// -128 * sum(w) per group of G and column of an 8-bit tile (byte 4c + j of k-group t is
+// column c's weight 4t + j): the start of w8_512's sums over q + 128.
+__attribute__((target("avx2"))) static void prepare_w8(const int8_t* qw, int64_t K, int64_t G, int32_t* wsum) {
+  for (int64_t g = 0; g < K / G; ++g)
+    for (int c = 0; c < 16; ++c) {
+      int32_t sum = 0;
+      for (int64_t t = g * G / 4; t < (g + 1) * G / 4; ++t)
+        for (int j = 0; j < 4; ++j) sum += qw[t * 64 + 4 * c + j];
+      wsum[g * 16 + c] = -128 * sum;
+    }
 }
 
 }  // namespace ember
