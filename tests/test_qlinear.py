@@ -31,13 +31,16 @@ OPS = ops_or_skip()
 PATHS = available_paths()
 EPS32 = torch.finfo(torch.float32).eps
 FORMATS = {"w4g32m": (4, 32, True), "w8g32": (8, 32, False), "w8g32m": (8, 32, True),
-           "w8g16": (8, 16, False), "w8g16m": (8, 16, True)}
+           "w8g16": (8, 16, False), "w8g16m": (8, 16, True),
+           # 8-bit codes in -32..31 (Q6_K's, the Q5 types'), which pack() stores in 6 bits
+           "w6g16": (6, 16, False), "w6g16m": (6, 16, True), "w6g32m": (6, 32, True)}
 SHAPES = [(N, K) for N in (40, 960, 1) for K in (32, 576, 1536)]
 _cache: dict = {}
 
 
 def make_weight(fmt: str, N: int, K: int, half: bool) -> tuple[QuantWeight, object]:
-    """A random QuantWeight (8-bit codes span -128..127) with float16-exact or float32 scales, and its pack."""
+    """A random QuantWeight (8-bit codes span -128..127, 6-bit ones -32..31) with float16-exact
+    or float32 scales, and its pack."""
     key = (fmt, N, K, half)
     if key not in _cache:
         bits, G, has_min = FORMATS[fmt]
@@ -45,7 +48,8 @@ def make_weight(fmt: str, N: int, K: int, half: bool) -> tuple[QuantWeight, obje
         if bits == 4:
             q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
         else:
-            q = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+            span = 32 if bits == 6 else 128
+            q = torch.randint(-span, span, (N, K), generator=g, dtype=torch.int8)
         scale = torch.rand(N, K // G, generator=g) * 0.02 + 1e-3
         d = scale * torch.randn(N, K // G, generator=g).sign()
         m = (torch.randn(N, K // G, generator=g) * 0.05) if has_min else None
@@ -53,9 +57,9 @@ def make_weight(fmt: str, N: int, K: int, half: bool) -> tuple[QuantWeight, obje
             d = d.half().float()
             d[0, 0] = 2.0 ** -20  # a float16 subnormal
             m = None if m is None else m.half().float()
-        w = QuantWeight(bits, G, q, d, m)
+        w = QuantWeight(4 if bits == 4 else 8, G, q, d, m)
         p = pack(w)
-        assert p.d.dtype == (torch.float16 if half else torch.float32)
+        assert p.d.dtype == (torch.float16 if half else torch.float32) and p.bits == bits
         _cache[key] = w, p
     return _cache[key]
 
@@ -153,6 +157,18 @@ def test_batch_invariance(path, fmt):
             x[pos] = row[0]
             y = run(p, x, None, path)
             assert torch.equal(y[pos], alone[0]), f"M={M}, row {pos}"
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.startswith("w6")])
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_six_bit_storage_gives_the_eight_bit_bits(path, fmt):
+    """The same codes stored in 6 bits or in 8: the same integers, the same float epilogue."""
+    w, p6 = make_weight(fmt, 40, 576, False)
+    p8 = pack(w, narrow=False)
+    assert p8.bits == 8 and p6.qw.numel() * 8 == p8.qw.numel() * 6
+    for M in (1, 2, 7, 33):  # one row, a few, and enough rows for prepared tiles
+        x = make_x(M, 576, 200 + M)
+        assert torch.equal(run(p6, x, None, path), run(p8, x, None, path)), f"M={M}"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -9,6 +9,8 @@ Formats (the ones engine/kernels/csrc/qlinear.cpp runs):
   bits 4, G 32: q uint8 in 0..15, m present        (Q4_0 with m = -8d, Q4_1, Q4_K)
   bits 8, G 32: q int8, m optional                (Q8_0, Q5_0, Q5_1, Q5_K)
   bits 8, G 16: q int8, m optional                (Q6_K: d = super-scale * 8-bit sub-scale)
+8-bit codes that fit in -32..31 (Q6_K's, the Q5 types') are packed in 6 bits, as the file
+holds them: decoding reads every weight once per token, so bytes are speed.
 A 4-bit weight widens to 8 bits and G 32 splits into G 16 exactly (`widen`), so mixed files
 (Q4_K q/k with a Q6_K v) still fuse into one matrix.
 """
@@ -127,8 +129,9 @@ def _exact_in_half(s: torch.Tensor | None) -> bool:
     return s is None or torch.equal(s.half().float(), s)
 
 
-def pack(w: QuantWeight) -> PackedWeight:
-    """Interleave a QuantWeight into tiles (see the layout comment in qlinear.cpp)."""
+def pack(w: QuantWeight, narrow: bool = True) -> PackedWeight:
+    """Interleave a QuantWeight into tiles (see the layout comment in qlinear.cpp); narrow:
+    8-bit codes that fit in 6 bits are stored in 6."""
     N, K = w.shape
     if K % 32:
         raise ValueError(f"in_features {K} is not a multiple of 32")
@@ -140,14 +143,30 @@ def pack(w: QuantWeight) -> PackedWeight:
     elif w.bits == 8:
         # k = 4 t + j  ->  [tile, t, column, j]
         qw = _tiles(w.q, n_pad).view(-1, TILE, K // 4, 4).transpose(1, 2).contiguous()
+        if narrow and int(w.q.min()) >= -32 and int(w.q.max()) <= 31:  # Q6_K, Q5_x: in 6 bits
+            return _pack_scales(w, N, K, n_pad, 6, _six_bits(qw))
     else:
         raise ValueError(f"{w.bits}-bit weights are not supported")
+    return _pack_scales(w, N, K, n_pad, w.bits, qw)
+
+
+def _six_bits(qw8: torch.Tensor) -> torch.Tensor:
+    """8-bit tiles [N/16, K/4, 64] of codes in -32..31 -> the 6-bit layout [N/16, K/32, 6, 64]
+    (engine/kernels/csrc/qformats.h): u = q + 32; low nibbles of k-groups g and 4 + g in
+    vector g, the high 2 bits of k-group 4p + i at bits 2i of vector 4 + p."""
+    u = (qw8.view(qw8.shape[0], -1, 8, 64).to(torch.int16) + 32).to(torch.uint8)
+    lo = (u[:, :, :4] & 15) | ((u[:, :, 4:] & 15) << 4)
+    hi = [sum(((u[:, :, 4 * p + i] >> 4) & 3) << (2 * i) for i in range(4)) for p in range(2)]
+    return torch.cat((lo, torch.stack(hi, dim=2).to(torch.uint8)), dim=2).contiguous()
+
+
+def _pack_scales(w: QuantWeight, N: int, K: int, n_pad: int, bits: int, qw: torch.Tensor) -> PackedWeight:
     if w.sup is not None and K % 256 == 0:  # K-quants: float16 per 256 and an 8-bit code per group
         s = w.sup
-        return PackedWeight(w.bits, w.group, N, K, qw, _scales(s.d_code, n_pad, torch.int8),
+        return PackedWeight(bits, w.group, N, K, qw, _scales(s.d_code, n_pad, torch.int8),
                             _scales(s.m_code, n_pad, torch.int8), _scales(s.d, n_pad, torch.float16),
                             _scales(s.m, n_pad, torch.float16))
     # Legacy GGUF scales are float16 already: kept so, they cost a quarter of the 4-bit bytes
     # instead of half; other float32 scales stay float32.
     dtype = torch.float16 if _exact_in_half(w.d) and _exact_in_half(w.m) else torch.float32
-    return PackedWeight(w.bits, w.group, N, K, qw, _scales(w.d, n_pad, dtype), _scales(w.m, n_pad, dtype))
+    return PackedWeight(bits, w.group, N, K, qw, _scales(w.d, n_pad, dtype), _scales(w.m, n_pad, dtype))

@@ -14,6 +14,7 @@
 //          k = 4g+j (low nibble) and k = 16+4g+j (high nibble) of the block; d, m [N/16, K/32, 16].
 //   8-bit: qw int8 [N/16, K/4, 64]; byte 4c+j of k-group t is column c's weight 4t+j;
 //          d (and m, optional) [N/16, K/G, 16].
+//   6-bit: 8-bit codes in -32..31 stored in 6 bits, [N/16, K/32, 6, 64] (qformats.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -46,38 +47,45 @@ using TileFn = void (*)(const void*, const void*, const void*, const Acts&, int6
                         const float*, int, const void*);
 
 // The tile kernel for rows in chunks of R, for one format, scale type and path; U: on a
-// prepared tile (prepares() says which formats and paths have one).
-template <int R, bool U, typename S>
+// prepared tile (prepares() says which formats and paths have one); B6: 6-bit storage.
+template <int R, bool U, bool B6, typename S>
 static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
 #define AS(f) reinterpret_cast<TileFn>(&f)
 #define W8(K, ...) (group == 16 ? (has_min ? AS((K<R2, 16, true, ##__VA_ARGS__, S>)) : AS((K<R2, 16, false, ##__VA_ARGS__, S>))) \
                                 : (has_min ? AS((K<R2, 32, true, ##__VA_ARGS__, S>)) : AS((K<R2, 32, false, ##__VA_ARGS__, S>))))
   if (path == AVX512VNNI) {
     constexpr int R2 = R;
-    return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U);
+    return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U, B6);
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
-  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true);
-  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false);
+  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true, B6);
+  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false, B6);
 #undef W8
 #undef AS
 }
 
-template <typename S>
-static void tile_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min, bool prepared) {
-  if (prepared) {
-    fns[0] = tile_fn<8, true, S>(path, bits, group, has_min), fns[1] = tile_fn<4, true, S>(path, bits, group, has_min);
-    fns[2] = tile_fn<2, true, S>(path, bits, group, has_min), fns[3] = tile_fn<1, true, S>(path, bits, group, has_min);
-  } else {
-    fns[0] = tile_fn<8, false, S>(path, bits, group, has_min), fns[1] = tile_fn<4, false, S>(path, bits, group, has_min);
-    fns[2] = tile_fn<2, false, S>(path, bits, group, has_min), fns[3] = tile_fn<1, false, S>(path, bits, group, has_min);
-  }
+template <bool U, bool B6, typename S>
+static void tile_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min) {
+  fns[0] = tile_fn<8, U, B6, S>(path, bits, group, has_min), fns[1] = tile_fn<4, U, B6, S>(path, bits, group, has_min);
+  fns[2] = tile_fn<2, U, B6, S>(path, bits, group, has_min), fns[3] = tile_fn<1, U, B6, S>(path, bits, group, has_min);
 }
 
 // Many rows: each tile is prepared once per call for all of them (4-bit: nibbles unpacked to
-// bytes; 8-bit on AVX-512: the sums' start), which takes work out of every row's inner loop.
+// bytes; 6-bit: to the 8-bit layout; 8-bit on AVX-512: the sums' start), which takes work out
+// of every row's inner loop.
 static bool prepares(int64_t path, int64_t bits, size_t chunks) {
-  return chunks >= 3 && (bits == 4 || path == AVX512VNNI);
+  return chunks >= 3 && (bits != 8 || path == AVX512VNNI);
+}
+
+// The kernels of a call: a prepared 6-bit tile is an 8-bit one, prepared for AVX-512's kernel.
+template <typename S>
+static void select_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min, bool prep) {
+  const bool u512 = path == AVX512VNNI;
+  if (bits == 6 && !prep) return tile_fns<false, true, S>(fns, path, 8, group, has_min);
+  if (bits == 6) return u512 ? tile_fns<true, false, S>(fns, path, 8, group, has_min)
+                             : tile_fns<false, false, S>(fns, path, 8, group, has_min);
+  if (prep && (bits == 4 || u512)) return tile_fns<true, false, S>(fns, path, bits, group, has_min);
+  tile_fns<false, false, S>(fns, path, bits, group, has_min);
 }
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
@@ -86,8 +94,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), NT = (n + 15) / 16;
   TORCH_CHECK(K % 32 == 0, "K = ", K, " is not a multiple of 32");
-  TORCH_CHECK(bits == 4 ? group == 32 : (bits == 8 && (group == 16 || group == 32)), "unsupported format: ", bits,
-              "-bit, group ", group);
+  TORCH_CHECK(bits == 4 ? group == 32 : ((bits == 6 || bits == 8) && (group == 16 || group == 32)),
+              "unsupported format: ", bits, "-bit, group ", group);
   TORCH_CHECK(qw.numel() == NT * K * bits / 8 * 16, "packed weight has ", qw.numel(), " bytes, expected ",
               NT * K * bits / 8 * 16);
   const bool half = d.scalar_type() == at::kHalf, has_min = m.has_value() && m->defined();
@@ -99,7 +107,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   TORCH_CHECK(!ksup || (K % 256 == 0 && d_super->scalar_type() == at::kHalf && d_super->numel() == NT * (K / 256) * 16 &&
                         (!has_min || (m_super.has_value() && m_super->numel() == d_super->numel()))),
               "super-block scales must be float16 [N/16, K/256, 16], for the mins too");
-  TORCH_CHECK(bits == 8 || has_min, "4-bit weights need mins");
+  TORCH_CHECK(bits != 4 || has_min, "4-bit weights need mins");
   if (path == 0) path = best_path();
   TORCH_CHECK(path >= AVX2 && path <= best_path(), "code path ", path, " is not available on this CPU");
   auto y = at::empty({M, n}, x.options());
@@ -123,13 +131,14 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   }
   const bool prep = prepares(path, bits, chunks.size());
   at::Tensor qu;  // prepared 8-bit tiles take the codes as q + 128
-  if (prep && bits == 8) qu = at::bitwise_xor(q.view(at::kByte), 0x80);
+  const bool prep8 = prep && bits != 4 && path == AVX512VNNI;  // the 8-bit U kernel: sums from wsum
+  if (prep8) qu = at::bitwise_xor(q.view(at::kByte), 0x80);
   const Acts a{q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K,
                qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
   TileFn fns[4];
-  if (ksup) tile_fns<KScales>(fns, path, bits, group, has_min, prep);
-  else if (half) tile_fns<at::Half>(fns, path, bits, group, has_min, prep);
-  else tile_fns<float>(fns, path, bits, group, has_min, prep);
+  if (ksup) select_fns<KScales>(fns, path, bits, group, has_min, prep);
+  else if (half) select_fns<at::Half>(fns, path, bits, group, has_min, prep);
+  else select_fns<float>(fns, path, bits, group, has_min, prep);
   const auto* qb = static_cast<const uint8_t*>(qw.data_ptr());
   const auto* db = static_cast<const char*>(d.data_ptr());
   const auto* mb = has_min ? static_cast<const char*>(m->data_ptr()) : nullptr;
@@ -139,13 +148,17 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   const at::Half* msup = ksup && has_min ? m_super->data_ptr<at::Half>() : nullptr;
   const int64_t tile_bytes = K * bits / 8 * 16, tile_scales = (K / group) * 16 * d.element_size();
   at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<uint8_t> prepared(prep ? (bits == 4 ? K * 16 : K / group * 16 * 4) : 0);
+    // per thread: the prepared tile (4- and 6-bit: K * 16 bytes), then the 8-bit sums' start
+    const int64_t wsum_at = bits == 8 ? 0 : K * 16;
+    std::vector<uint8_t> prepared(prep ? wsum_at + (prep8 ? K / group * 16 * 4 : 0) : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int ncols = (int)std::min<int64_t>(16, n - t * 16);
       const uint8_t* tile = qb + t * tile_bytes;
       const void* aux = nullptr;
-      if (prep && bits == 4) prepare_w4(tile, K, prepared.data()), tile = prepared.data();
-      if (prep && bits == 8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)prepared.data()), aux = prepared.data();
+      if (prep && bits == 4) prepare_w4(tile, K, prepared.data());
+      if (prep && bits == 6) prepare_w6(tile, K, (int8_t*)prepared.data());
+      if (prep && bits != 8) tile = prepared.data();
+      if (prep8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)(prepared.data() + wsum_at)), aux = prepared.data() + wsum_at;
       for (const RowChunk& rc : chunks) {
         const TileFn fn = fns[rc.rows == chunk[0] ? 0 : rc.rows == 4 ? 1 : rc.rows == 2 ? 2 : 3];
         if (ksup) {  // per tile: its super-block scales and its codes

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "qformats.h"
+
 namespace ember {
 
 // Quantized activations of M rows: q [M, K], s and sm = s * sum(q) per 32, sums per 16, each
@@ -128,9 +130,13 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
 // and 128 * sum(q) comes back out of the exact int32 sum. U (a prepared tile, many rows): the
 // activations go in as q + 128 instead, and the sums start from -128 * sum(w) of each group
 // and column (`wsum`, prepare_w8), which costs nothing per row: the same exact integers.
-template <int R, int G, bool MIN, bool U, typename S>
+// B6: the codes are stored in 6 bits (qformats.h) as w + 32, which goes in as it is and
+// 32 * sum(q) comes out.
+template <int R, int G, bool MIN, bool U, bool B6, typename S>
 T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void* wsum) {
+  static_assert(!(U && B6), "prepared tiles are 8-bit");
+  constexpr int32_t OFF = B6 ? 32 : 128;
   const int64_t NG = a.K / G;
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   __m512 acc[R];
@@ -143,8 +149,13 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
     for (int r = 0; r < R; ++r) dot[r] = init, odd[r] = _mm512_setzero_si512();
     for (int t = 0; t < G / 4; t += 2) {
       const int64_t j = g * (G / 4) + t;
-      const __m512i w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
-      const __m512i u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
+      __m512i w0, w1, u0, u1;
+      if constexpr (B6) {
+        u0 = w6_512((const uint8_t*)qw, j), u1 = w6_512((const uint8_t*)qw, j + 1);
+      } else {
+        w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
+        u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
+      }
       for (int r = 0; r < R; ++r) {
         __m512i& o = SPLIT ? odd[r] : dot[r];
         if constexpr (U) {  // unsigned activations, signed weights
@@ -163,7 +174,7 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       __m512i exact = dot[r];
       if constexpr (!U) {
         const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
-        exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * sum));
+        exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(OFF * sum));
       }
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(g * G / 32, r))),
                                acc[r]);
@@ -236,7 +247,8 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
 }
 
 // Signed 8-bit weights: |w| goes in unsigned and the activation takes w's sign (vpsignb).
-template <int R, int G, bool MIN, bool VNNI, typename S>
+// B6: 6-bit codes w + 32 go in unsigned as they are, and 32 * sum(q) comes out.
+template <int R, int G, bool MIN, bool VNNI, bool B6, typename S>
 T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t NG = a.K / G;
@@ -248,15 +260,23 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       __m256i dot[R];
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int t = 0; t < G / 4; ++t) {
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(qw + (g * (G / 4) + t) * 64 + h * 32));
-        const __m256i u = _mm256_abs_epi8(w);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_set1_epi32(c.codes4(g * (G / 4) + t, r));
-          dot[r] = dot4<VNNI>(dot[r], u, _mm256_sign_epi8(x, w));
+        const int64_t j = g * (G / 4) + t;
+        if constexpr (B6) {
+          const __m256i u = w6_256((const uint8_t*)qw, j, h);
+          for (int r = 0; r < R; ++r) dot[r] = dot4<VNNI>(dot[r], u, _mm256_set1_epi32(c.codes4(j, r)));
+        } else {
+          const __m256i w = _mm256_loadu_si256((const __m256i*)(qw + j * 64 + h * 32));
+          const __m256i u = _mm256_abs_epi8(w);
+          for (int r = 0; r < R; ++r)
+            dot[r] = dot4<VNNI>(dot[r], u, _mm256_sign_epi8(_mm256_set1_epi32(c.codes4(j, r)), w));
         }
       }
       const __m256 d = scale8(dw, g, h);
       for (int r = 0; r < R; ++r) {
+        if constexpr (B6) {
+          const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
+          dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(32 * sum));
+        }
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(c.scale(g * G / 32, r))),
                                  acc[r]);
         if (MIN) acc[r] = _mm256_fmadd_ps(scale8(mw, g, h), _mm256_set1_ps(min_term<G>(c, r, g)), acc[r]);
@@ -265,29 +285,6 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
     const int n = std::min(8, ncols - h * 8);
     for (int r = 0; r < R; ++r) store8(y + (row0 + r) * ldy + h * 8, acc[r], bias ? bias + h * 8 : nullptr, n);
   }
-}
-
-// ---- prepared tiles, for calls with many rows (qlinear.cpp) --------------------------------
-
-// A 4-bit tile's nibbles as bytes, per block of 32: [low g0..g3 | high g0..g3] x 64 bytes.
-__attribute__((target("avx2"))) static void prepare_w4(const uint8_t* qw, int64_t K, uint8_t* out) {
-  for (int64_t b = 0; b < K / 32; ++b)
-    for (int64_t i = 0; i < 256; ++i) {
-      out[b * 512 + i] = qw[b * 256 + i] & 0x0F;
-      out[b * 512 + 256 + i] = qw[b * 256 + i] >> 4;
-    }
-}
-
-// -128 * sum(w) per group of G and column of an 8-bit tile (byte 4c + j of k-group t is
-// column c's weight 4t + j): the start of w8_512's sums over q + 128.
-__attribute__((target("avx2"))) static void prepare_w8(const int8_t* qw, int64_t K, int64_t G, int32_t* wsum) {
-  for (int64_t g = 0; g < K / G; ++g)
-    for (int c = 0; c < 16; ++c) {
-      int32_t sum = 0;
-      for (int64_t t = g * G / 4; t < (g + 1) * G / 4; ++t)
-        for (int j = 0; j < 4; ++j) sum += qw[t * 64 + 4 * c + j];
-      wsum[g * 16 + c] = -128 * sum;
-    }
 }
 
 }  // namespace ember
