@@ -219,7 +219,7 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < KB; ++b) {
-      __m256i dot[R];
+      __m256i dot[R], pair[R];
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int g = 0; g < 4; ++g) {
         __m256i lo, hi;
@@ -231,10 +231,18 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
           lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         }
         for (int r = 0; r < R; ++r) {
-          dot[r] = dot4<VNNI>(dot[r], lo, _mm256_set1_epi32(c.codes4(8 * b + g, r)));
-          dot[r] = dot4<VNNI>(dot[r], hi, _mm256_set1_epi32(c.codes4(8 * b + 4 + g, r)));
+          const __m256i x0 = _mm256_set1_epi32(c.codes4(8 * b + g, r));
+          const __m256i x1 = _mm256_set1_epi32(c.codes4(8 * b + 4 + g, r));
+          if constexpr (VNNI) {
+            dot[r] = dot4<true>(dot[r], lo, x0), dot[r] = dot4<true>(dot[r], hi, x1);
+          } else {  // int16 pair sums of 4-bit products stay below 2^15 for a whole block of 32
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+            pair[r] = g ? _mm256_add_epi16(pair[r], p) : p;
+          }
         }
       }
+      if constexpr (!VNNI)  // |sum| <= 8 * 2 * 15 * 127 = 30480: exact in int16, then widened once
+        for (int r = 0; r < R; ++r) dot[r] = _mm256_madd_epi16(pair[r], _mm256_set1_epi16(1));
       const __m256 d = scale8(dw, b, h), m = scale8(mw, b, h);
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, _mm256_set1_ps(c.scale(b, r))), acc[r]);
