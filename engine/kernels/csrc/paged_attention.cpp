@@ -27,114 +27,12 @@
 #include <limits>
 #include <vector>
 
+#include "attention_tile.h"
 #include "ember.h"  // best_path(): 1 AVX2, 2 AVX-VNNI (AVX2 for this kernel), 3 AVX-512
 
 namespace ember {
 
 namespace {
-
-constexpr int T = 64;  // keys per tile: the softmax bookkeeping is paid once per 64 keys and head
-constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-enum Kind { F32 = 0, BF16 = 1, F16 = 2 };
-
-struct Tile {
-  const float* q;          // [G, D] the group's query heads
-  const void* k[T];        // the tile's rows; lanes past n repeat the last real row
-  const void* v[T];
-  int n, G, D;
-  float scale;
-  float *m, *l, *acc;      // [G], [G], [G, D] running max, sum, accumulator
-  float *x, *alpha, *buf;  // [G, T] scores, then weights; [G] rescale factors; [16, D] widened rows
-};
-
-// Sub-tile rows as float32: the pool's own rows, or (bf16, fp16) widened once into buf.
-// Rows past the r real ones repeat the last real one (their weights are 0).
-#define WIDEN(LOAD, STORE, W)                                                     \
-  for (int j = 0; j < 16; ++j) {                                                   \
-    if constexpr (K == F32) {                                                      \
-      out[j] = static_cast<const float*>(src[j]);                                  \
-    } else {                                                                       \
-      out[j] = buf + std::min(j, r - 1) * D;                                       \
-      if (j < r)                                                                   \
-        for (int i = 0; i < D; i += W) STORE(buf + j * D + i, LOAD<K>(src[j], i)); \
-    }                                                                              \
-  }
-
-// The three passes over a tile, written once for both ISAs (V: __m512 or __m256, W floats a
-// register; the vector functions below are overloaded on V), in panels of P registers of D:
-// (1) scores, sub-tile by sub-tile: a panel of q in registers against the sub-tile's K rows
-//     (from memory for the first head, from L1 for the others); W dot vectors summed across by
-//     hsum (lane j = q . k_j);
-// (2) each head's online-softmax update;
-// (3) a += w V: the accumulator panel in registers, even and odd rows on two chains of FMAs.
-// A macro, not a template: GCC inlines target-specific intrinsics only into functions of the
-// same target, and one template cannot carry both targets.
-#define TILE_BODY(V, W, ROWS)                                                                       \
-  const int D = t.D, n = t.n, G = t.G;                                                              \
-  float* __restrict x = t.x;                                                                        \
-  const float* rows[16];                                                                            \
-  for (int u = 0; u < T / W; ++u) {                                                                 \
-    const int r = n - W * u; /* real keys in these W lanes */                                       \
-    if (r > 0 && (W * u) % 16 == 0) ROWS(t.k + W * u, std::min(r, 16), t.buf, D, rows);             \
-    const float* const* sub = rows + (W * u) % 16;                                                  \
-    for (int g = 0; g < G; ++g) {                                                                   \
-      if (r <= 0) { store(x + g * T + W * u, set1<V>(NEG_INF)); continue; }                         \
-      V dot[W];                                                                                     \
-      for (int j = 0; j < W; ++j) dot[j] = set1<V>(0.f);                                            \
-      for (int i0 = 0; i0 < D; i0 += W * P) {                                                       \
-        V qv[P];                                                                                    \
-        for (int c = 0; c < P; ++c) qv[c] = load<V>(t.q + g * D + i0 + W * c);                      \
-        _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j)                                        \
-          for (int c = 0; c < P; ++c) dot[j] = fma(qv[c], load<V>(sub[j] + i0 + W * c), dot[j]);     \
-      }                                                                                             \
-      store(x + g * T + W * u, masked(mul(hsum(dot), set1<V>(t.scale)), r));                        \
-    }                                                                                               \
-  }                                                                                                 \
-  for (int g = 0; g < G; ++g) {                                                                     \
-    float* xg = x + g * T;                                                                          \
-    V mx = set1<V>(NEG_INF), sum = set1<V>(0.f);                                                    \
-    for (int u = 0; u < T / W; ++u) mx = vmax(mx, load<V>(xg + W * u));                             \
-    const float m = std::max(t.m[g], hmax(mx));                                                     \
-    for (int u = 0; u < T / W; ++u) { /* lanes past n: e^-inf = 0 */                                \
-      const V w = vexp(add(load<V>(xg + W * u), set1<V>(-m)));                                      \
-      sum = add(sum, w);                                                                            \
-      store(xg + W * u, w);                                                                         \
-    }                                                                                               \
-    t.alpha[g] = first(vexp(set1<V>(t.m[g] - m))); /* 0 on the first tile (m = -inf) */             \
-    t.l[g] = t.alpha[g] * t.l[g] + hadd(sum);                                                       \
-    t.m[g] = m;                                                                                     \
-  }                                                                                                 \
-  for (int u = 0; u < T / 16 && 16 * u < n; ++u) {                                                  \
-    ROWS(t.v + 16 * u, std::min(n - 16 * u, 16), t.buf, D, rows);                                   \
-    for (int g = 0; g < G; ++g) {                                                                   \
-      const float* wg = x + g * T + 16 * u;                                                         \
-      const V keep = set1<V>(u == 0 ? t.alpha[g] : 1.f);                                            \
-      float* a = t.acc + g * D;                                                                     \
-      for (int i0 = 0; i0 < D; i0 += W * P) {                                                       \
-        V o[2][P];                                                                                  \
-        for (int c = 0; c < P; ++c) o[0][c] = mul(load<V>(a + i0 + W * c), keep), o[1][c] = set1<V>(0.f); \
-        _Pragma("GCC unroll 16") for (int j = 0; j < 16; ++j) {                                     \
-          const V wj = set1<V>(wg[j]);                                                              \
-          for (int c = 0; c < P; ++c) o[j % 2][c] = fma(wj, load<V>(rows[j] + i0 + W * c), o[j % 2][c]); \
-        }                                                                                           \
-        for (int c = 0; c < P; ++c) store(a + i0 + W * c, add(o[0][c], o[1][c]));                   \
-      }                                                                                             \
-    }                                                                                               \
-  }
-
-template <class V> V load(const float* p);
-template <class V> V set1(float x);
-
-// e^x for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial in r, 2^n put
-// in the exponent bits; about 1 ulp). Below -87 (2^-126 is the smallest normal) it returns 0,
-// for -inf too. ln2 is split in two (0.693359375 - 2.12194440e-4) so that n ln2 is exact.
-#define EXP_BODY(V)                                                                                \
-  const V xc = vmax(x, set1<V>(-87.f)), n = round_even(mul(xc, set1<V>(1.44269504f)));             \
-  const V r = fnma(n, set1<V>(-2.12194440e-4f), fnma(n, set1<V>(0.693359375f), xc));                \
-  V y = set1<V>(1.9875691500e-4f);                                                                 \
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) \
-    y = fma(y, r, set1<V>(c));                                                                     \
-  return zero_below(x, -87.f, mul(fma(y, mul(r, r), add(r, set1<V>(1.f))), pow2(n)));
 
 // ---- AVX-512: 16 floats a register; a sub-tile's 16 scores fill one -------------------------
 
