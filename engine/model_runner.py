@@ -33,18 +33,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_weights(name: str, device: torch.device) -> bool:
-    """Whether the weights stay quantized: `auto` means yes on a CPU whose kernels loaded."""
+def resolve_weights(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the weights stay quantized: `auto` means yes on a CPU whose kernels loaded, and
+    on a CUDA GPU that runs tinygemm (sm80+, bf16: engine/layers/int4_linear.py)."""
     from engine.kernels import kernels
 
-    if name == "dense" or (name == "auto" and device.type != "cpu"):
+    if name == "dense":
+        return False
+    if device.type == "cuda":
+        ok = torch.cuda.get_device_capability(device) >= (8, 0) and dtype == torch.bfloat16
+        if name == "quantized" and not ok:
+            raise RuntimeError("quantized weights on CUDA need an sm80+ GPU and bfloat16 (torch's tinygemm)")
+        return ok
+    if name == "auto" and device.type != "cpu":
         return False
     if kernels() is None:
         if name == "quantized":
             raise RuntimeError("quantized weights need Ember's CPU kernels, which are not available (see the log)")
         return False
     if device.type != "cpu":
-        raise RuntimeError(f"quantized weights run on the CPU only, not on {device}")
+        raise RuntimeError(f"quantized weights run on the CPU or CUDA, not on {device}")
     return True
 
 
@@ -67,7 +75,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.quantized = resolve_weights(config.weights, self.device)
+        self.quantized = resolve_weights(config.weights, self.device, self.dtype)
         self.model = model if model is not None else load_model(config.model_path, self.dtype, self.device,
                                                                 self.quantized)
         self.model.eval()

@@ -37,6 +37,9 @@ class SuperScales:
     def rows(self, index: torch.Tensor) -> SuperScales:
         return SuperScales(*(None if t is None else t[index] for t in (self.d, self.d_code, self.m, self.m_code)))
 
+    def to(self, device: torch.device | str) -> SuperScales:
+        return SuperScales(*(None if t is None else t.to(device) for t in (self.d, self.d_code, self.m, self.m_code)))
+
 
 @dataclass(frozen=True, slots=True)
 class QuantWeight:
@@ -56,6 +59,12 @@ class QuantWeight:
         d = self.d.repeat_interleave(self.group, dim=1)
         w = self.q.float() * d
         return w if self.m is None else w + self.m.repeat_interleave(self.group, dim=1)
+
+    def to(self, device: torch.device | str) -> QuantWeight:
+        """The same weight on `device` (a GPU's layers take it from there: engine/layers/linear.py)."""
+        return QuantWeight(self.bits, self.group, self.q.to(device), self.d.to(device),
+                           None if self.m is None else self.m.to(device),
+                           None if self.sup is None else self.sup.to(device))
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         return QuantWeight(self.bits, self.group, self.q[index], self.d[index],

@@ -7,7 +7,7 @@ runs 2-3x faster than MKL's F.linear (576x49152 LM head: 15 ms against 40 ms), i
 1 row, and gives every row the same bits whatever the batch (no per-M kernel switch), which keeps
 batched greedy decoding identical to decoding alone. A QuantWeight (4/8-bit codes and group
 scales) gives engine/layers/quant_linear.QuantLinear through the same `make_linear`, without
-touching model code. Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
+touching model code (on a CUDA GPU: engine/layers/int4_linear.Int4Linear). Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
 y = x @ [Wq; Wk; Wv]^T = [x Wq^T | x Wk^T | x Wv^T], split by the caller.
 """
 from __future__ import annotations
@@ -35,6 +35,10 @@ class DenseLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 rows `ids` of W: the embedding lookup of a tied head held dense (a GPU's 8-bit one)."""
+        return self.weight[ids].float()
 
 
 class PackedLinear(LinearBase):
@@ -72,6 +76,12 @@ def make_linear(weight, bias: torch.Tensor | None = None, kind: str = "auto") ->
     from engine.kernels.pack import QuantWeight
 
     if isinstance(weight, QuantWeight):
+        if weight.q.device.type == "cuda":  # tinygemm for 4-bit, bf16 for the rest
+            from engine.layers.int4_linear import Int4Linear, supports
+
+            if supports(weight):
+                return Int4Linear(weight, bias)
+            return DenseLinear(weight.dequantize().to(torch.bfloat16), bias)
         from engine.layers.quant_linear import QuantLinear
 
         return QuantLinear(weight, bias)

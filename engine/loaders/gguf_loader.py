@@ -250,7 +250,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
             return get("rope_freqs.weight", False)  # stays float32: folded into the RoPE frequencies
         else:
             w = get((p if layer else "") + RENAMES[leaf], quant)
-        return w if isinstance(w, QuantWeight) else w.to(device=device, dtype=dtype)
+        return w.to(device) if isinstance(w, QuantWeight) else w.to(device=device, dtype=dtype)
 
     # The unpacking is a stream of small memory-bound ops: one CPU thread does it as fast as two
     # and never stalls on a busy machine (measured on 2 cores: 2.7 s vs 10 s for SmolLM2-135M).
