@@ -9,7 +9,8 @@ namespace {
 
 constexpr int T = 64;  // keys per tile: the softmax bookkeeping is paid once per 64 keys and head
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-enum Kind { F32 = 0, BF16 = 1, F16 = 2 };
+// Q8: llama.cpp's q8_0 cache, a row of D int8 codes then D/32 float16 scales (kv_quant.cpp)
+enum Kind { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3 };
 
 struct Tile {
   const float* q;          // [G, D] the group's query heads
@@ -21,7 +22,7 @@ struct Tile {
   float *x, *alpha, *buf;  // [G, T] scores, then weights; [G] rescale factors; [16, D] widened rows
 };
 
-// Sub-tile rows as float32: the pool's own rows, or (bf16, fp16) widened once into buf.
+// Sub-tile rows as float32: the pool's own rows, or (bf16, fp16, q8) widened once into buf.
 // Rows past the r real ones repeat the last real one (their weights are 0).
 #define WIDEN(LOAD, STORE, W)                                                     \
   for (int j = 0; j < 16; ++j) {                                                   \
@@ -30,7 +31,7 @@ struct Tile {
     } else {                                                                       \
       out[j] = buf + std::min(j, r - 1) * D;                                       \
       if (j < r)                                                                   \
-        for (int i = 0; i < D; i += W) STORE(buf + j * D + i, LOAD<K>(src[j], i)); \
+        for (int i = 0; i < D; i += W) STORE(buf + j * D + i, LOAD<K>(src[j], i, D)); \
     }                                                                              \
   }
 

@@ -102,8 +102,9 @@ struct DecoderStack : torch::CustomClassHolder {
       auto v = qkv.slice(1, qs + kvs, qs + 2 * kvs).reshape({T, NKV, HD});
       auto& kc = k_caches[l];
       auto& vc = v_caches[l];
-      kc.view({-1, NKV, HD}).index_copy_(0, slots, k.to(kc.scalar_type()));
-      vc.view({-1, NKV, HD}).index_copy_(0, slots, v.to(vc.scalar_type()));
+      const bool q8 = kc.scalar_type() == at::kChar;  // q8_0 rows (kv_quant.cpp)
+      kc.view({-1, NKV, kc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(k) : k.to(kc.scalar_type()));
+      vc.view({-1, NKV, vc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(v) : v.to(vc.scalar_type()));
       auto o = paged_attention_decode(q, kc, vc, row_tables, row_lens, scale, path);
       auto attn = linears[4 * l + 1](o.view({T, qs}), path);
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);

@@ -23,6 +23,10 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
                    const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super);
 
+// float [..., D] -> q8_0 rows int8 [..., D + D/16] (kv_quant.cpp), and back.
+at::Tensor kv_q8(const at::Tensor& x);
+at::Tensor kv_q8_dequant(const at::Tensor& rows);
+
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t path);

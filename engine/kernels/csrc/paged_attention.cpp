@@ -36,12 +36,18 @@ namespace {
 
 // ---- AVX-512: 16 floats a register; a sub-tile's 16 scores fill one -------------------------
 
-#define T512 __attribute__((target("avx512f,fma")))
-#define I512 __attribute__((target("avx512f,fma"), always_inline)) static inline
+#define T512 __attribute__((target("avx512f,fma,f16c")))
+#define I512 __attribute__((target("avx512f,fma,f16c"), always_inline)) static inline
 
+// Values i .. i + 15 of a row of D as float32 (q8: code times its block's scale, one rounding).
 template <int K>
-I512 __m512 load512(const void* row, int i) {
+I512 __m512 load512(const void* row, int i, int D) {
   if constexpr (K == F32) return _mm512_loadu_ps(static_cast<const float*>(row) + i);
+  if constexpr (K == Q8) {
+    const int8_t* r = static_cast<const int8_t*>(row);
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i))));
+    return _mm512_mul_ps(c, _mm512_set1_ps(_cvtsh_ss(reinterpret_cast<const uint16_t*>(r + D)[i / 32])));
+  }
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + i));
   if constexpr (K == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   return _mm512_cvtph_ps(h);
@@ -103,8 +109,13 @@ T512 static void tile512(const Tile& t) { TILE_BODY(__m512, 16, rows512<K>) }
 #define I256 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 template <int K>
-I256 __m256 load256(const void* row, int i) {
+I256 __m256 load256(const void* row, int i, int D) {
   if constexpr (K == F32) return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  if constexpr (K == Q8) {
+    const int8_t* r = static_cast<const int8_t*>(row);
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i))));
+    return _mm256_mul_ps(c, _mm256_set1_ps(_cvtsh_ss(reinterpret_cast<const uint16_t*>(r + D)[i / 32])));
+  }
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
   if constexpr (K == BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   return _mm256_cvtph_ps(h);
@@ -183,12 +194,15 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
                   v_cache.is_contiguous(), "v_cache must be contiguous with k_cache's shape and dtype");
   const auto dt = k_cache.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "KV cache dtype ", dt,
-              " is not supported (float32, bfloat16, float16)");
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf || dt == at::kChar, "KV cache dtype ", dt,
+              " is not supported (float32, bfloat16, float16, int8 rows of q8_0)");
   TORCH_CHECK(q.is_cpu() && k_cache.is_cpu() && block_tables.is_cpu() && seq_lens.is_cpu(), "tensors must be on the CPU");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t NB = k_cache.size(0), B = k_cache.size(1), NKV = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D, "head_dim of q (", D, ") and of the cache (", k_cache.size(3), ") differ");
+  const bool q8 = dt == at::kChar;  // rows of D codes and D / 32 float16 scales
+  TORCH_CHECK(k_cache.size(3) == (q8 ? D + D / 16 : D), "head_dim of q (", D, ") and the cache's rows (",
+              k_cache.size(3), ") differ");
+  TORCH_CHECK(!q8 || D % 32 == 0, "a q8_0 cache needs head_dim a multiple of 32, not ", D);
   TORCH_CHECK(D % 16 == 0 && D > 0, "head_dim ", D, " is not a multiple of 16");
   TORCH_CHECK(NKV > 0 && H % NKV == 0, "num_heads ", H, " is not a multiple of num_kv_heads ", NKV);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong && block_tables.size(0) == S,
@@ -213,8 +227,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   if (S == 0) return out;
   const bool avx512 = path == 3;
   const TileFn fn = dt == at::kFloat ? tile_fn<F32>(avx512, D) : dt == at::kBFloat16 ? tile_fn<BF16>(avx512, D)
-                                                                                    : tile_fn<F16>(avx512, D);
-  const int64_t G = H / NKV, row_bytes = D * k_cache.element_size();
+                    : dt == at::kHalf ? tile_fn<F16>(avx512, D) : tile_fn<Q8>(avx512, D);
+  const int64_t G = H / NKV, row_bytes = k_cache.size(3) * k_cache.element_size();
   const char *kb = static_cast<const char*>(k_cache.data_ptr()), *vb = static_cast<const char*>(v_cache.data_ptr());
   const float* qb = q.data_ptr<float>();
   float* ob = out.data_ptr<float>();

@@ -1,0 +1,46 @@
+// The 8-bit KV cache (llama.cpp's q8_0 cache type): every head's row of D values is stored as
+// D int8 codes followed by D/32 float16 scales, so a row stays one contiguous piece of the pool
+// and the attention kernel widens it like a bf16 row (paged_attention.cpp, Kind Q8). Per block
+// of 32: d = max|x| / 127, q = round(x / d) (ties to even), d kept as float16, x ~ q d16, as
+// ggml's quantize_row_q8_0 (which rounds ties away from zero: a tie is a measure-zero event).
+// 1 + 1/16 bytes a value instead of 2 (bf16) or 4.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ember.h"
+
+namespace ember {
+
+at::Tensor kv_q8(const at::Tensor& x) {
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(D % 32 == 0, "q8_0 rows need a multiple of 32 values, not ", D);
+  auto shape = x.sizes().vec();
+  const auto b = x.to(at::kFloat).contiguous().view({-1, D / 32, 32});
+  const auto d = b.abs().amax(-1, true) / 127.0;
+  const auto id = at::where(d > 0, d.reciprocal(), at::zeros_like(d));
+  const auto q = (b * id).round().clamp(-127, 127).to(at::kChar).view({-1, D});
+  const auto s = d.view({-1, D / 32}).to(at::kHalf).contiguous().view(at::kChar);  // [n, D/16] bytes
+  shape.back() = D + D / 16;
+  return at::cat({q, s}, 1).view(shape);
+}
+
+at::Tensor kv_q8_dequant(const at::Tensor& rows) {
+  const int64_t W = rows.size(-1), D = W / 17 * 16;
+  TORCH_CHECK(rows.scalar_type() == at::kChar && D % 32 == 0 && D + D / 16 == W,
+              "q8_0 rows are int8 [..., D + D/16] with D a multiple of 32, got ", rows.scalar_type(), " ", rows.sizes());
+  auto shape = rows.sizes().vec();
+  const auto r = rows.contiguous().view({-1, W});
+  const auto q = r.narrow(1, 0, D).to(at::kFloat).view({-1, D / 32, 32});
+  const auto s = r.narrow(1, D, D / 16).contiguous().view(at::kHalf).to(at::kFloat).view({-1, D / 32, 1});
+  shape.back() = D;
+  return (q * s).view(shape);
+}
+
+}  // namespace ember
+
+TORCH_LIBRARY_FRAGMENT(ember, lib) {
+  lib.def("kv_q8(Tensor x) -> Tensor");
+  lib.impl("kv_q8", c10::DispatchKey::CPU, &ember::kv_q8);
+  lib.def("kv_q8_dequant(Tensor rows) -> Tensor");
+  lib.impl("kv_q8_dequant", c10::DispatchKey::CPU, &ember::kv_q8_dequant);
+}

@@ -1,0 +1,71 @@
+"""The 8-bit KV cache (engine/kernels/csrc/kv_quant.cpp, llama.cpp's q8_0 cache type): rows
+quantized as gguf-py quantizes Q8_0 blocks, read back exactly, and the paged-attention kernel
+on such a pool against a float64 reference of the values it holds, on every path this CPU has."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from engine.kernels import available_paths, kernels
+from engine.kernels.attention import paged_decode
+from test_paged_attention_kernel import LENS, make_case, reference, tolerance
+
+pytestmark = pytest.mark.skipif(kernels() is None, reason="Ember's CPU kernels are not built")
+PATHS = available_paths() if kernels() is not None else []
+
+
+def ggml_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gguf-py's Q8_0 blocks of x [n, D] (34 bytes per 32: float16 d, then 32 int8 codes) as
+    (codes [n, D] int8, scales [n, D/32] float16)."""
+    raw = quantize(x.numpy(), QT.Q8_0).reshape(x.shape[0], -1, 34)
+    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0])
+    q = torch.from_numpy(raw[..., 2:].copy().view(np.int8)).reshape(x.shape[0], -1)
+    return q, d
+
+
+def test_rows_are_ggml_q8_0_blocks():
+    x = torch.randn(50, 128) * torch.logspace(-3, 2, 50)[:, None]
+    x[3] = 0  # an all-zero block: d = 0, codes 0
+    rows = kernels().kv_q8(x)
+    assert rows.dtype == torch.int8 and rows.shape == (50, 128 + 8)
+    q, d = ggml_q8_0(x)
+    assert torch.equal(rows[:, :128], q)
+    assert torch.equal(rows[:, 128:].contiguous().view(torch.float16), d)
+    raw = quantize(x.numpy(), QT.Q8_0)
+    assert torch.equal(kernels().kv_q8_dequant(rows), torch.from_numpy(dequantize(raw, QT.Q8_0)))
+
+
+def q8_case(H: int, n_kv: int, hd: int, seed: int):
+    q, k, v, tables, lens = make_case(LENS, H, n_kv, hd, torch.float32, seed=seed)
+    return q, kernels().kv_q8(k), kernels().kv_q8(v), tables, lens
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+@pytest.mark.parametrize("H,n_kv,hd", [(4, 4, 64), (9, 3, 64), (12, 3, 128), (8, 2, 128), (4, 1, 32)])
+def test_kernel_reads_q8_rows(path, H, n_kv, hd):
+    q, k8, v8, tables, lens = q8_case(H, n_kv, hd, seed=hd + H)
+    scale = hd ** -0.5
+    got = paged_decode(q, k8, v8, tables, lens, scale, path)
+    k, v = kernels().kv_q8_dequant(k8), kernels().kv_q8_dequant(v8)  # exact: code x float16 fits float32
+    ref, xmax = reference(q, k, v, tables, lens, scale)
+    err = (got.double() - ref).abs().max().item()
+    assert err <= tolerance(xmax, v), err
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_q8_batch_invariance(path):
+    q, k8, v8, tables, lens = q8_case(8, 2, 64, seed=5)
+    whole = paged_decode(q, k8, v8, tables, lens, 0.125, path)
+    for i in (0, 4, len(LENS) - 1):
+        alone = paged_decode(q[i:i + 1], k8, v8, tables[i:i + 1], lens[i:i + 1], 0.125, path)
+        assert torch.equal(alone[0], whole[i])
+
+
+def test_bad_q8_rows_are_refused():
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels().kv_q8(torch.randn(3, 48))
+    with pytest.raises(RuntimeError, match="q8_0 rows"):
+        kernels().kv_q8_dequant(torch.zeros(3, 100, dtype=torch.int8))
