@@ -69,3 +69,34 @@ def test_bad_q8_rows_are_refused():
         kernels().kv_q8(torch.randn(3, 48))
     with pytest.raises(RuntimeError, match="q8_0 rows"):
         kernels().kv_q8_dequant(torch.zeros(3, 100, dtype=torch.int8))
+
+
+def test_engine_attention_on_a_q8_pool(monkeypatch):
+    """paged_attention on a mixed step over q8_0 pools: it writes this step's K/V as q8_0 rows,
+    and the kernel's decode rows agree with gather + dequantize + SDPA's."""
+    from engine.layers import attention as attn
+    from engine.layers.attention import AttentionMetadata, paged_attention
+    from test_paged_attention_kernel import B
+
+    H, n_kv, hd = 6, 2, 64
+    ctx, new = [40, 1, 130, 24], [1, 1, 1, 10]
+    lens = [c + n for c, n in zip(ctx, new)]
+    _, k, v, tables, _ = make_case(lens, H, n_kv, hd, torch.float32, seed=3)
+    k8, v8 = kernels().kv_q8(k), kernels().kv_q8(v)
+    g = torch.Generator().manual_seed(4)
+    T = sum(new)
+    q, kn, vn = (torch.randn(T, h, hd, generator=g) for h in (H, n_kv, n_kv))
+    slots = torch.tensor([int(tables[i, p // B]) * B + p % B for i in range(4) for p in range(ctx[i], lens[i])])
+    starts = [0, 1, 2, 3, T]
+
+    def run(pools):
+        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=starts, seq_lens=lens, block_tables=tables,
+                                 num_decodes=3)
+        return paged_attention(q, kn, vn, pools[0], pools[1], meta, hd ** -0.5), pools
+
+    got, pools = run((k8.clone(), v8.clone()))
+    assert torch.equal(pools[0].view(-1, n_kv, hd + hd // 16)[slots], kernels().kv_q8(kn))  # written as q8_0
+    monkeypatch.setattr(attn, "decode_kernel_available", lambda cache: False)
+    want, _ = run((k8.clone(), v8.clone()))
+    assert torch.equal(got[3:], want[3:])
+    torch.testing.assert_close(got[:3], want[:3], rtol=0, atol=1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from engine.kernels import CpuPath, default_path, kernels
 
-KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)  # int8: q8_0 rows (kv_quant.cpp)
 
 
 @functools.cache
@@ -25,8 +25,23 @@ def _has_op() -> bool:
 
 def decode_kernel_available(k_cache: torch.Tensor) -> bool:
     """Whether paged_decode can serve this pool: a CPU tensor of a supported dtype and head_dim."""
-    return (k_cache.device.type == "cpu" and k_cache.dtype in KV_DTYPES and k_cache.shape[-1] % 16 == 0
+    return (k_cache.device.type == "cpu" and k_cache.dtype in KV_DTYPES and head_dim(k_cache) % 16 == 0
             and _has_op())
+
+
+def head_dim(cache: torch.Tensor) -> int:
+    """Values per row: a q8_0 row (int8) holds D codes and D/32 float16 scales, D + D/16 bytes."""
+    return cache.shape[-1] // 17 * 16 if cache.dtype == torch.int8 else cache.shape[-1]
+
+
+def q8_rows(x: torch.Tensor) -> torch.Tensor:
+    """float [..., D] -> the q8_0 rows a pool of int8 holds."""
+    return kernels().kv_q8(x)
+
+
+def q8_values(rows: torch.Tensor) -> torch.Tensor:
+    """q8_0 rows int8 [..., D + D/16] -> float32 [..., D], exactly the values the kernel reads."""
+    return kernels().kv_q8_dequant(rows)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.attention import decode_kernel_available, paged_decode
+from engine.kernels.attention import decode_kernel_available, paged_decode, q8_rows, q8_values
 
 
 @dataclass(slots=True)
@@ -45,19 +45,23 @@ class AttentionMetadata:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's K/V ([T, n_kv, hd]) into their slots of the pool."""
-    n_kv, hd = k.shape[1], k.shape[2]
-    k_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """Scatter this step's K/V ([T, n_kv, hd]) into their slots of the pool (an int8 pool holds
+    q8_0 rows: engine/kernels/csrc/kv_quant.cpp)."""
+    n_kv, width = k.shape[1], k_cache.shape[-1]
+    q8 = k_cache.dtype == torch.int8
+    k_cache.view(-1, n_kv, width).index_copy_(0, slot_mapping, q8_rows(k) if q8 else k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, width).index_copy_(0, slot_mapping, q8_rows(v) if q8 else v.to(v_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """[..., nb] block ids -> [..., nb*B, n_kv, hd] contiguous context.
 
     index_select copies whole blocks row by row; advanced indexing (cache[table]) does the
-    same copy about 1.6x slower on CPU."""
+    same copy about 1.6x slower on CPU. q8_0 rows come back as their float32 values."""
     blocks = torch.index_select(cache, 0, block_table.reshape(-1))  # [prod(...)*nb, B, n_kv, hd]
-    return blocks.view(*block_table.shape[:-1], block_table.shape[-1] * cache.shape[1], *cache.shape[2:])
+    if cache.dtype == torch.int8:
+        blocks = q8_values(blocks)
+    return blocks.view(*block_table.shape[:-1], block_table.shape[-1] * cache.shape[1], *blocks.shape[2:])
 
 
 def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor,
