@@ -57,14 +57,15 @@ __attribute__((target("avx2"))) static void prepare_w8(const int8_t* qw, int64_t
     }
 }
 
-// A 6-bit tile in the plain 8-bit layout (signed codes), for the 8-bit kernels.
-__attribute__((target("avx2"))) static void prepare_w6(const uint8_t* qw, int64_t K, int8_t* out) {
+// A 6-bit tile in the plain 8-bit layout, for the 8-bit kernels: signed codes w (offset 0, the
+// AVX-512 kernel) or w + 32 (offset 32, the AVX2 one).
+__attribute__((target("avx2"))) static void prepare_w6(const uint8_t* qw, int64_t K, int8_t* out, int offset) {
   for (int64_t j = 0; j < K / 4; ++j) {
     const uint8_t* blk = qw + (j >> 3) * 384;
     const int c = (int)(j & 7);
     for (int i = 0; i < 64; ++i) {
       const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];
-      out[j * 64 + i] = (int8_t)((((c < 4 ? v : v >> 4) & 0x0F) | (((h >> (2 * (c & 3))) & 3) << 4)) - 32);
+      out[j * 64 + i] = (int8_t)((((c < 4 ? v : v >> 4) & 0x0F) | (((h >> (2 * (c & 3))) & 3) << 4)) - 32 + offset);
     }
   }
 }

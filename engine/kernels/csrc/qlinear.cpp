@@ -27,6 +27,7 @@
 
 #include "ember.h"
 #include "qtiles.h"
+#include "qtiles_avx2.h"
 
 namespace ember {
 
@@ -58,8 +59,9 @@ static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
     return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U, B6);
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
-  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true, B6);
-  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false, B6);
+  constexpr int W6 = B6 ? 1 : U ? 2 : 0;  // a prepared 8-bit tile on these paths is a 6-bit one
+  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true, W6);
+  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false, W6);
 #undef W8
 #undef AS
 }
@@ -77,14 +79,13 @@ static bool prepares(int64_t path, int64_t bits, size_t chunks) {
   return chunks >= 3 && (bits != 8 || path == AVX512VNNI);
 }
 
-// The kernels of a call: a prepared 6-bit tile is an 8-bit one, prepared for AVX-512's kernel.
+// The kernels of a call: a prepared 6-bit tile is an 8-bit one (signed for AVX-512's kernel,
+// w + 32 for the AVX2 ones: prepare_w6).
 template <typename S>
 static void select_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, bool has_min, bool prep) {
-  const bool u512 = path == AVX512VNNI;
-  if (bits == 6 && !prep) return tile_fns<false, true, S>(fns, path, 8, group, has_min);
-  if (bits == 6) return u512 ? tile_fns<true, false, S>(fns, path, 8, group, has_min)
-                             : tile_fns<false, false, S>(fns, path, 8, group, has_min);
-  if (prep && (bits == 4 || u512)) return tile_fns<true, false, S>(fns, path, bits, group, has_min);
+  if (bits == 6) return prep ? tile_fns<true, false, S>(fns, path, 8, group, has_min)
+                             : tile_fns<false, true, S>(fns, path, 8, group, has_min);
+  if (prep) return tile_fns<true, false, S>(fns, path, bits, group, has_min);
   tile_fns<false, false, S>(fns, path, bits, group, has_min);
 }
 
@@ -156,7 +157,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
       const uint8_t* tile = qb + t * tile_bytes;
       const void* aux = nullptr;
       if (prep && bits == 4) prepare_w4(tile, K, prepared.data());
-      if (prep && bits == 6) prepare_w6(tile, K, (int8_t*)prepared.data());
+      if (prep && bits == 6) prepare_w6(tile, K, (int8_t*)prepared.data(), path == AVX512VNNI ? 0 : 32);
       if (prep && bits != 8) tile = prepared.data();
       if (prep8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)(prepared.data() + wsum_at)), aux = prepared.data() + wsum_at;
       for (const RowChunk& rc : chunks) {
