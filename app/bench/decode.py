@@ -58,7 +58,11 @@ def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, floa
 
 
 def kv_pool_bytes(runner) -> int:
-    """The torch runner's KV pool (zero-filled at start, so resident); llama.cpp's is its own."""
+    """The torch runner's KV pool where it is resident at load (zero-filled); a lazy pool
+    (engine/kv_pool.py) holds no pages before chats write it, and llama.cpp's is its own."""
+    pool = getattr(runner, "kv_pool", None)
+    if pool is not None and pool.lazy:
+        return 0
     return sum(t.numel() * t.element_size() for kv in getattr(runner, "kv_caches", []) for t in kv)
 
 
