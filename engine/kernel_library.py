@@ -9,6 +9,11 @@ from pathlib import Path
 
 CSRC = Path(__file__).with_name("kernels") / "csrc"
 NAME = "ember_kernels"
+# The version of the ops' contract (tile formats, arguments) this Python code speaks; the
+# library's `abi()` (csrc/qlinear.cpp) and the stamp the build writes beside it say theirs. A
+# library built from older sources (a checkout updated without `make install`) would reject or
+# misread today's tiles: it counts as not installed.
+ABI = 2
 
 
 def library_dir() -> Path:
@@ -31,6 +36,15 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
+def abi_stamp() -> Path:
+    return library_dir() / f"{NAME}.abi"
+
+
 def kernels_installed() -> bool:
-    """The library is built and this CPU can run one of its paths (AVX2 at least)."""
-    return "avx2" in cpu_flags() and library_path().is_file()
+    """The library is built, from sources of this ABI, and this CPU can run one of its paths
+    (AVX2 at least)."""
+    try:
+        stamp = int(abi_stamp().read_text().strip())
+    except (OSError, ValueError):
+        return False
+    return "avx2" in cpu_flags() and library_path().is_file() and stamp == ABI

@@ -42,3 +42,28 @@ def test_torch_engine_falls_back_to_dense_weights_and_says_so(bundled_model_path
     out = run(bundled_model_path, "torch", tmp_path)
     assert "DECISION torch QUANTIZED False TOKENS 4" in out, out
     assert "Ember's CPU kernels are not built" in out and "make install" in out, out
+
+
+def test_a_library_from_other_sources_is_refused(tmp_path):
+    """A library whose ABI stamp or abi() differs from this code's (a checkout updated without
+    `make install`) counts as not installed: never a misread tile format."""
+    import shutil
+
+    from engine.kernel_library import ABI, abi_stamp, kernels_installed, library_path
+
+    if not kernels_installed():
+        pytest.skip("Ember's CPU kernels are not built")
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    shutil.copy(library_path(), stale / library_path().name)
+    (stale / abi_stamp().name).write_text(f"{ABI - 1}\n")
+    script = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+              "from engine.kernel_library import kernels_installed\n"
+              "import engine.kernels as k\n"
+              "print('INSTALLED', kernels_installed())\n"
+              "k.ABI = k.ABI + 1  # the library's abi() now differs from what this code speaks\n"
+              "print('LOADED', k.kernels() is not None)\n")
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "EMBER_KERNELS_DIR": str(stale)},
+                       capture_output=True, text=True, timeout=120)
+    assert "INSTALLED False" in r.stdout and "LOADED False" in r.stdout, r.stdout + r.stderr
+    assert "from other sources" in r.stdout and "make install" in r.stdout, r.stdout

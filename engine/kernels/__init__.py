@@ -12,6 +12,8 @@ import functools
 import logging
 import os
 
+from engine.kernel_library import ABI
+
 log = logging.getLogger(__name__)
 
 
@@ -40,6 +42,11 @@ def kernels():
         torch.ops.load_library(str(path))
     except OSError as e:
         log.warning("Ember's CPU kernels failed to load (%s): using torch's kernels", e)
+        return None
+    abi = torch.ops.ember.abi() if hasattr(torch.ops.ember, "abi") else 1
+    if abi != ABI:
+        log.warning("Ember's CPU kernels at %s are from other sources (ABI %d, this code needs %d): "
+                    "run `make install` to rebuild them; using torch's kernels", path, abi, ABI)
         return None
     best = CpuPath(torch.ops.ember.best_path())
     if best is CpuPath.NONE:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.kernel_library import CSRC, NAME, library_dir, library_path
+from engine.kernel_library import ABI, CSRC, NAME, abi_stamp, library_dir, library_path
 
 
 def build(verbose: bool = False) -> Path:
@@ -24,6 +24,7 @@ def build(verbose: bool = False) -> Path:
     if platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"Ember's CPU kernels are x86-64 only (this machine: {platform.machine()})")
     library_path().unlink(missing_ok=True)  # a failed build leaves no stale library behind
+    abi_stamp().unlink(missing_ok=True)
     work = library_dir() / "build"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -36,6 +37,7 @@ def build(verbose: bool = False) -> Path:
     built = work / f"{NAME}.so"
     target = library_path()
     built.replace(target)
+    abi_stamp().write_text(f"{ABI}\n")
     shutil.rmtree(work, ignore_errors=True)
     print(f"built {target} in {time.perf_counter() - t0:.0f} s")
     return target

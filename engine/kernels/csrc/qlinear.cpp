@@ -180,7 +180,12 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
 
 }  // namespace ember
 
+// The contract of these ops (tile formats, arguments), checked by engine/kernels/__init__.py's
+// ABI: 2 = 6-bit tiles, q8_0 KV rows.
+static int64_t abi() { return 2; }
+
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
+  lib.def("abi() -> int", &abi);
   lib.def("best_path() -> int", &ember::best_path);
   lib.def("qlinear(Tensor x, Tensor qw, Tensor d, Tensor? m, Tensor? bias, int n, int bits, int group, int path, "
           "Tensor? d_super=None, Tensor? m_super=None) -> Tensor");
