@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.grammar import Grammar
 
 
 @dataclass(slots=True)
@@ -21,6 +25,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus top k
     prompt_logprobs: int | None = None  # score the prompt too (completions with echo)
     priority: int = 0  # lower runs first: interactive chats 0, background API jobs 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

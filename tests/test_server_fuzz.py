@@ -94,3 +94,32 @@ def test_load_unload(server):
     assert r.status_code == 200 and r.json()["status"] == "ready", r.text
     r = httpx.post(server.base_url + "/v1/completions", headers=h, json={"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["model"] == "smollm2-135m-instruct-q4_1"
+
+
+MSGS = [{"role": "user", "content": "hi"}]
+FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+     "response_format"),  # an invalid schema
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+     "response_format"),  # a construct the grammar engine cannot enforce
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+     "tools.0.function.parameters"),  # a tool with a malformed schema
+    ({"tools": [FN], "tool_choice": {"type": "function", "function": {"name": "g"}}}, None),  # unknown function
+    ({"messages": MSGS + [{"role": "tool", "tool_call_id": "call_1", "content": "x"}]}, None),  # no such call
+    ({"tools": [FN]}, "tools"),  # the tiny model's template has no tool support
+    ({"n": 0}, "n"), ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"1": 500}}, "logit_bias"),
+])
+def test_bad_agent_requests_are_400s(server, extra, param):
+    r = httpx.post(server.base_url + "/v1/chat/completions", headers=server.headers, timeout=60,
+                   json={"messages": MSGS, "max_tokens": 2, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    r = httpx.post(server.base_url + "/v1/chat/completions", headers=server.headers, timeout=60,
+                   json={"messages": MSGS, "max_tokens": 2, "response_format": {"type": "json_object"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{"), r.text

@@ -87,6 +87,11 @@ def test_batch_of_prompts_and_token_ids(client, server):
     assert r.choices[1].text == one.choices[0].text
     ids = client.completions.create(model=_model(server), prompt=[1, 2, 3, 4], max_tokens=3, temperature=0)
     assert ids.usage.prompt_tokens == 4
+    many = client.completions.create(model=_model(server), prompt=["Hello", "The dog"], n=2, max_tokens=5,
+                                     temperature=0)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]  # prompt 0's choices, then prompt 1's
+    assert [c.text for c in many.choices] == [r.choices[0].text] * 2 + [r.choices[1].text] * 2  # greedy
+    assert many.usage.prompt_tokens == r.usage.prompt_tokens  # each prompt counted once
 
 
 def test_stop_string_cuts_the_text(client, server):
@@ -158,8 +163,8 @@ def test_errors_have_openai_shape(client, server):
         client.chat.completions.create(model=_model(server), messages=MSGS, temperature=5)
     assert e.value.status_code == 400 and e.value.body["param"] == "temperature"
     assert set(e.value.body) >= {"message", "type", "param", "code"}
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.chat.completions.create(model=_model(server), messages=MSGS, n=2)
+    with pytest.raises(openai.BadRequestError, match="n"):
+        client.chat.completions.create(model=_model(server), messages=MSGS, n=17)
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="no-such-model", messages=MSGS)
     assert e.value.body["code"] == "model_not_found"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers.constrained import Constraints
 from engine.layers.sampler import Sampler, token_logprobs
 from engine.runner import RunnerOutput, TokenLogprobs
 from engine.scheduler import SchedulerOutput
@@ -22,6 +23,7 @@ from engine.sequence import Sequence
 class StepSampler:
     def __init__(self) -> None:
         self.sampler = Sampler()
+        self.constraints = Constraints()  # logit_bias and grammar masks
         self._generators: dict[int, torch.Generator] = {}  # seq_id -> a seeded request's stream
 
     @torch.inference_mode()
@@ -38,9 +40,12 @@ class StepSampler:
             if is_sampled:
                 sample_rows.append(row - 1)
                 sampled.append(seq)
+        rows = logits[sample_rows]  # a copy: the constraints write into it
+        self.constraints.apply(rows, sampled)
         result = self.sampler(
-            logits[sample_rows], [s.params for s in sampled], [self._generator(s) for s in sampled],
+            rows, [s.params for s in sampled], [self._generator(s) for s in sampled],
             [s.token_ids for s in sampled], [s.num_prompt_tokens for s in sampled])
+        self.constraints.accept(sampled, result.token_ids)
         return RunnerOutput(result.token_ids, result.logprobs, scored)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
@@ -64,6 +69,7 @@ class StepSampler:
         return [token_logprobs(logp[pos - c - 1], seq.token_ids[pos], k) for pos in range(c + 1, end)]
 
     def release(self, seq) -> None:
-        """A finished request's generator goes; a preempted one keeps it for its recompute."""
+        """A finished request's generator and matcher go; a preempted one keeps them."""
+        self.constraints.release(seq)
         if seq.seq_id in self._generators and seq.is_finished:
             del self._generators[seq.seq_id]

@@ -1,6 +1,6 @@
 """`create_app(engine_thread, settings)`: the FastAPI app of the engine process.
 
-Routes: the OpenAI ones (openai_routes.py), /v1/models, /health, /metrics and the GUI's
+Routes: the OpenAI ones (chat_routes.py, openai_routes.py, responses_api.py), /v1/models, /health, /metrics and the GUI's
 /v1/engine/{status,load,unload}. Everything is passed in (no module globals); the engine thread
 is started with the app and stopped with it.
 """
@@ -18,7 +18,9 @@ from engine.server.auth import SecurityMiddleware, SecurityPolicy
 from engine.server.engine_thread import EngineThread
 from engine.server.errors import APIError, install_error_handlers
 from engine.server.model_store import ModelNotFound, ModelStore
+from engine.server.chat_routes import build_chat_router
 from engine.server.openai_routes import build_router
+from engine.server.responses_api import build_responses_router
 from engine.server.protocol import LoadModelRequest
 
 
@@ -48,7 +50,9 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.state.settings = settings
     metrics = engine_thread.metrics
     install_error_handlers(app)
+    app.include_router(build_chat_router())
     app.include_router(build_router())
+    app.include_router(build_responses_router())
 
     @app.get("/health")
     async def health():

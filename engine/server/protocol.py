@@ -2,8 +2,8 @@
 
 Transcribed from OpenAI's API reference the way llama-cpp-python's `types.py` does: shared
 `Field`s for the sampler knobs, bounds on every number so that a bad value is a 400 and never
-a crash or a huge allocation. Unknown fields are ignored (clients send extras such as
-`parallel_tool_calls`); fields we cannot honour (n > 1, logit_bias, tools) are refused.
+a crash or a huge allocation. Unknown fields are ignored; fields we cannot honour (suffix,
+best_of) are refused. Tool and response_format shapes live in `tool_protocol.py`.
 Responses are plain dicts built in `responses.py`.
 """
 from __future__ import annotations
@@ -13,10 +13,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from engine.model_files.manifest import MODEL_ID_PATTERN
+from engine.server.tool_protocol import ResponseFormat, Tool, ToolCall, ToolChoice
 
 INT32_MAX = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_PROMPTS = 64
+MAX_CHOICES = 16
+MAX_LOGIT_BIAS = 1024
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
 
@@ -61,20 +64,13 @@ class SamplingRequest(BaseModel):
     presence_penalty: float = presence_penalty_field
     repetition_penalty: float = repetition_penalty_field
     seed: int | None = seed_field
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices per prompt; the prompt is computed once.")
     user: str | None = Field(None, max_length=256)
     logit_bias: dict[str, float] | None = None
     truncate_prompt_tokens: int | None = truncate_field
     # extensions (vLLM names): benchmarks need fixed-length replies; background jobs a priority
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     priority: int = Field(0, ge=0, le=10, description="Lower runs first; the app's chats use 0.")
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -85,10 +81,21 @@ class SamplingRequest(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
+    def _token_ids_to_bias(cls, v):
+        if not v:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries")
+        for k, b in v.items():
+            if not k.isdigit() or int(k) > INT32_MAX:
+                raise ValueError(f"logit_bias keys must be token ids, not {k[:32]!r}")
+            if not -100.0 <= b <= 100.0:
+                raise ValueError("logit_bias values must be between -100 and 100")
         return v
+
+    @property
+    def token_bias(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @property
     def stop_list(self) -> list[str]:
@@ -112,17 +119,33 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128)  # an assistant's calls
+    tool_call_id: str | None = Field(None, max_length=256)  # a tool result's call
 
-    def as_template_dict(self) -> dict:
-        """What a chat template sees: role and plain-text content ("developer" is OpenAI's new
-        name for the system role)."""
+    @model_validator(mode="after")
+    def _tool_result_names_its_call(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a message with role 'tool' needs the tool_call_id it answers")
+        return self
+
+    @property
+    def text(self) -> str:
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
+        return content or ""
+
+    def as_template_dict(self) -> dict:
+        """What a chat template sees: role and plain-text content ("developer" is OpenAI's new
+        name for the system role), and tool calls the way HF templates read them."""
         role = "system" if self.role == "developer" else self.role
-        d = {"role": role, "content": content or ""}
+        d = {"role": role, "content": self.text}
         if self.name:
             d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [c.template_dict() for c in self.tool_calls]
+        if self.tool_call_id:
+            d["tool_call_id"] = self.tool_call_id
         return d
 
 
@@ -131,22 +154,34 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = max_tokens_field
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict] | None = None
-    response_format: dict | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v):
-        if v:
-            raise ValueError("tool calling is not supported")
-        return v
+    @model_validator(mode="after")
+    def _tools_agree(self):
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        choice = self.tool_choice
+        if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, "
+                             "which is not among the tools")
+        if choice in ("required",) and not names:
+            raise ValueError("tool_choice 'required' needs at least one tool")
+        called = set()
+        for i, m in enumerate(self.messages):
+            called.update(c.id for c in m.tool_calls or ())
+            if m.role == "tool" and m.tool_call_id not in called:
+                raise ValueError(f"messages.{i}: tool_call_id {m.tool_call_id!r} answers no "
+                                 "earlier assistant tool call")
+        return self
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v):
-        if v and v.get("type", "text") != "text":
-            raise ValueError("only response_format type 'text' is supported")
-        return v
+    @property
+    def active_tools(self) -> list[Tool]:
+        """The tools the model may call: none with tool_choice 'none', else all of them."""
+        return [] if self.tool_choice == "none" else list(self.tools or ())
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):

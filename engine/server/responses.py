@@ -52,16 +52,6 @@ def chat_logprob_items(tt: TokenText, lps) -> list[dict]:
     return items
 
 
-def chat_completion(rid: str, model: str, created: int, text: str, reason: str | None,
-                    use: dict, logprobs: list[dict] | None) -> dict:
-    return {
-        "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": {"content": logprobs} if logprobs is not None else None,
-                     "finish_reason": finish_reason(reason)}],
-        "usage": use, "system_fingerprint": None}
-
-
 def chat_chunk(rid: str, model: str, created: int, delta: dict, reason: str | None = None,
                logprobs: list[dict] | None = None, with_usage: bool = False) -> dict:
     chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,

@@ -1,7 +1,7 @@
 """From a validated request to engine work: pick the model, build the prompt, fit the context,
 turn OpenAI's knobs into SamplingParams, and wait on the engine thread's results.
 
-Shared by the chat and completions routes (openai_routes.py).
+Shared by the chat, completions and responses routes.
 """
 from __future__ import annotations
 
@@ -77,15 +77,24 @@ def fit_context(ids: list[int], max_tokens: int | None, truncate: int | None, ct
 
 
 def sampling_params(req: SamplingRequest, max_tokens: int, vocab_size: int, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, grammar=None, choice: int = 0) -> SamplingParams:
+    """`choice` i of n > 1 draws with seed + i: the choices differ, and the same seed gives the
+    same n texts again."""
     top_k = req.top_k if req.top_k > 0 else 0
+    bias = req.token_bias
+    bad = next((t for t in bias if t >= vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias names token id {bad}, outside the vocabulary (size {vocab_size})",
+                       code="invalid_value", param="logit_bias")
+    seed = None if req.seed is None else (req.seed + choice + 2**63) % 2**64 - 2**63
     try:
         return SamplingParams(
             temperature=req.temperature, top_k=min(top_k, vocab_size), top_p=req.top_p,
             min_p=req.min_p, repetition_penalty=req.repetition_penalty,
             frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
-            seed=req.seed, max_tokens=max_tokens, stop=req.stop_list, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, ignore_eos=req.ignore_eos, priority=req.priority)
+            seed=seed, max_tokens=max_tokens, stop=req.stop_list, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, ignore_eos=req.ignore_eos, priority=req.priority,
+            logit_bias=bias, grammar=grammar)
     except ValueError as e:
         raise APIError(400, str(e), code="invalid_value") from None
 

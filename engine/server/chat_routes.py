@@ -1,0 +1,180 @@
+"""POST /v1/chat/completions: messages (and tools) through the model's chat template, n choices,
+structured outputs and tool calls, streamed (SSE) or not.
+
+The handler waits for the first result before answering, so an error the engine finds is still
+a proper 4xx and not a broken stream. With n > 1 the first choice is submitted alone and the
+others once it has its first token: by then its prompt's KV exists, and the others start from
+it (the torch runner's prefix cache shares its blocks, llama.cpp's slots copy its cells), so the
+prompt is computed once; `ember_prompt_cached_tokens_total` counts what they reused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.loaders.chat_template import TemplateError
+from engine.server import responses as R
+from engine.server.errors import APIError
+from engine.server.protocol import ChatCompletionRequest
+from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
+from engine.server.sse import SSE_HEADERS, job_events
+from engine.server.structured import ReplyShape, reply_shape
+from engine.server.tool_calls import ToolFormat, may_start_call, parse_tool_calls
+
+
+class ChatChoice:
+    """One choice, filled from its RequestOutputs. With tools, streamed text that may begin a
+    tool call is held back until the reply ends and is parsed."""
+
+    def __init__(self, index: int, tools: ToolFormat | None) -> None:
+        self.index, self.tools = index, tools
+        self.text, self.sent = "", 0  # all text; how much of it went out as content
+        self.lps: list = []
+        self.reason: str | None = None
+        self.calls: list = []
+        self.content: str | None = None
+        self.completion_tokens = self.cached = 0
+        self.started = False
+
+    def add(self, out) -> None:
+        self.text += out.new_text
+        self.lps += out.logprobs or []
+        self.completion_tokens = len(out.output_token_ids)
+        if out.finished:
+            self.reason, self.cached = R.finish_reason(out.finish_reason), out.num_cached_tokens
+            self.content = self.text
+            if self.tools is not None:
+                content, calls = parse_tool_calls(self.tools, self.text)
+                if calls:
+                    self.content, self.calls, self.reason = content or None, calls, "tool_calls"
+
+    def message(self) -> dict:
+        m = {"role": "assistant", "content": self.content}
+        if self.calls:
+            m["tool_calls"] = [c.as_openai() for c in self.calls]
+        return m
+
+    def stream_deltas(self, out, tt: R.TokenText, logprobs: bool):
+        """(delta, finish_reason, logprob items) for what `out` added."""
+        items = R.chat_logprob_items(tt, out.logprobs) if logprobs and out.logprobs else None
+        if not self.started:
+            self.started = True
+            yield {"role": "assistant", "content": ""}, None, None
+        if self.reason is None:
+            safe = len(self.text) if self.tools is None else may_start_call(self.tools, self.text)
+            if safe > self.sent or items:
+                text, self.sent = self.text[self.sent:max(safe, self.sent)], max(safe, self.sent)
+                yield {"content": text}, None, items
+            return
+        if self.calls:
+            yield {"tool_calls": [c.as_openai(i) for i, c in enumerate(self.calls)]}, None, None
+        elif len(self.text) > self.sent or items:
+            text, self.sent = self.text[self.sent:], len(self.text)
+            yield {"content": text}, None, items
+        yield {}, self.reason, None
+
+
+def _usage(choices: list[ChatChoice], prompt_tokens: int) -> dict:
+    """OpenAI counts the prompt once for n choices; cached: what the first found cached."""
+    return R.usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached)
+
+
+def build_chat_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        run = await start_chat(request, body, "chatcmpl")
+        job, first, index, choices, rid, model = run.job, run.first, run.index, run.choices, run.rid, run.model
+        created, tt, ids = R.now(), R.TokenText(run.engine.tokenizer), run.prompt_ids
+        if body.stream:
+            return StreamingResponse(_stream(job, first, index, choices, rid, model, created, tt, body, len(ids)),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        await run.collect()
+        out = [{"index": c.index, "message": c.message(), "finish_reason": c.reason,
+                "logprobs": {"content": R.chat_logprob_items(tt, c.lps)} if body.logprobs else None}
+               for c in choices]
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                             "choices": out, "usage": _usage(choices, len(ids)), "system_fingerprint": None})
+
+    return router
+
+
+@dataclass(slots=True)
+class ChatRun:
+    """A chat request submitted to the engine, its first output received."""
+    engine: object
+    model: str
+    rid: str
+    prompt_ids: list[int]
+    job: Job
+    first: tuple
+    index: dict[str, int]  # engine request id -> choice index
+    choices: list[ChatChoice]
+
+    async def collect(self) -> None:
+        """Feed every output to its choice until all are finished (a reply that is not streamed)."""
+        try:
+            item = self.first
+            while True:
+                self.choices[self.index[item[0]]].add(item[1])
+                if not self.job.unfinished:
+                    break
+                item = await self.job.next()
+        finally:
+            self.job.close()
+
+
+async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str) -> ChatRun:
+    """Model, reply shape, prompt, context, params; submit the n choices (see the docstring)."""
+    state = request.app.state
+    loaded = require_model(state.engine_thread, state.model_store, body.model)
+    engine = loaded.engine
+    shape = await reply_shape(engine, body)
+    ids = await _prompt_ids(engine, body, shape)
+    max_tokens = body.requested_max_tokens
+    if max_tokens == 0:
+        raise APIError(400, "max_tokens must be at least 1", param="max_tokens", code="invalid_value")
+    ids, max_tokens = fit_context(ids, max_tokens, body.truncate_prompt_tokens, engine.max_model_len)
+    vocab = engine.tokenizer.vocab_size
+    params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
+              for i in range(body.n)]
+    rid = R.new_id(prefix)
+    job = Job(state.engine_thread, request)
+    subs = [f"{rid}-{i}" for i in range(body.n)]
+    job.submit(ids, params[0], subs[0], engine)
+    first = await job.first()
+    for i in range(1, body.n):  # the prompt's KV now exists: these start from it
+        job.submit(ids, params[i], subs[i], engine)
+    return ChatRun(engine, loaded.spec.id, rid, ids, job, first, {s: i for i, s in enumerate(subs)},
+                   [ChatChoice(i, shape.tools) for i in range(body.n)])
+
+
+async def _prompt_ids(engine, body: ChatCompletionRequest, shape: ReplyShape) -> list[int]:
+    extra = {"tools": shape.template_tools} if shape.template_tools else {}
+    try:
+        prompt = engine.chat_template.render([m.as_template_dict() for m in body.messages],
+                                             add_generation_prompt=True, **extra)
+    except TemplateError as e:
+        raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
+    return await encode(engine, prompt)
+
+
+def _stream(job, first, index, choices, rid, model, created, tt, body: ChatCompletionRequest, n_prompt: int):
+    with_usage = body.include_usage
+
+    def emit(item):
+        c = choices[index[item[0]]]
+        c.add(item[1])
+        for delta, reason, items in c.stream_deltas(item[1], tt, body.logprobs):
+            chunk = R.chat_chunk(rid, model, created, delta, reason, items, with_usage)
+            chunk["choices"][0]["index"] = c.index
+            yield chunk
+
+    def done():
+        if with_usage:
+            yield R.usage_chunk(rid, model, created, "chat.completion.chunk", _usage(choices, n_prompt))
+
+    return job_events(job, first, emit, done)
