@@ -104,6 +104,16 @@ class CatalogEntry:
         return entry
 
 
+def display_names(entries) -> dict[str, str]:
+    """id -> the name to show: the entry's name, with its quantization where several share the name
+    ("SmolLM2 135M Instruct Q4_1" and "… Q8_0"), so no two rows read the same."""
+    entries = list(entries)
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e.name] = counts.get(e.name, 0) + 1
+    return {e.id: f"{e.name} {e.quantization}" if counts[e.name] > 1 else e.name for e in entries}
+
+
 def parse_parameters(text: str) -> float | None:
     """"1.5B" -> 1.5e9, "135M" -> 1.35e8."""
     m = re.fullmatch(r"\s*([0-9.]+)\s*([KMB])\s*", text or "", re.I)

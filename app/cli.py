@@ -6,18 +6,21 @@ import importlib
 import logging
 import sys
 
+from app.version import ember_version
+
 # module -> registers one or more subcommands; imported lazily so `ember --help` stays fast
 COMMAND_MODULES = (
     "app.cli_chat",  # chat, generate
     "app.cli_serve",  # serve
     "app.cli_models",  # models list|search|pull|rm|import|verify
-    "app.bench",  # bench decode|kv|throughput|server
+    "app.bench",  # bench decode|kv|throughput|server|turns|footprint
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Run language models on this machine.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"ember {ember_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_commands(sub, COMMAND_MODULES)
     return parser
@@ -40,20 +43,43 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_terminal_logging(args.verbose)
     if args.command is None:
         return _default(argv)
     return int(args.func(args) or 0)
 
 
+def setup_terminal_logging(verbose: bool) -> None:
+    """The terminal shows warnings and errors (everything with -v); a log file may take more (the GUI's).
+
+    httpx logs every request at INFO (the GUI polls the engine each second): only with -v.
+    """
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == "ember-terminal"]:  # `ember` falling back to chat
+        root.removeHandler(old)
+    handler = logging.StreamHandler()
+    handler.set_name("ember-terminal")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("httpx", "httpcore", "httpx2"):  # httpx2: huggingface_hub's own copy
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
 def _default(argv: list[str]) -> int:
-    """Plain `ember` starts the desktop app; until a display is available, the terminal chat."""
+    """Plain `ember` starts the desktop app; without a display or Qt's libraries, the terminal chat."""
+    from app.display_check import gui_problem
+
+    problem = gui_problem()
+    if problem is not None:
+        print(f"ember: cannot open the window: {problem}. Starting the terminal chat (ember chat).",
+              file=sys.stderr)
+        return main(["chat", *argv])
     try:
         gui = importlib.import_module("app.gui_main")
-    except ModuleNotFoundError as e:
-        if e.name != "app.gui_main":
-            raise
+    except ImportError as e:  # PySide6 missing or its libraries not loadable
+        print(f"ember: cannot open the window ({e}). Starting the terminal chat (ember chat).", file=sys.stderr)
         return main(["chat", *argv])
     return int(gui.main(argv) or 0)
 

@@ -5,13 +5,16 @@ These run the engine in-process: no server, no GUI.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     from engine.backends.cli_args import add_backend_args
 
-    p.add_argument("--model", "-m", help="path of a GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", "-m", help="an installed model's id (see `ember models list`) or the path of a "
+                                         "GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: torch's)")
     add_backend_args(p)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
@@ -30,14 +33,34 @@ def add_sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> N
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def resolve_model(model: str | None) -> str:
+    """`--model`: a file or folder that exists, else an installed model's id; SystemExit naming both."""
+    from pathlib import Path
+
+    from engine.model_files.bundled import default_model_path
+
+    if not model:
+        return str(default_model_path())
+    if Path(model).expanduser().exists():
+        return str(Path(model).expanduser())
+    from app.settings import Settings
+    from app.store import ModelStore
+
+    manifest = ModelStore(Settings.load().models_dir).get(model)
+    if manifest is None:
+        raise SystemExit(f"error: --model {model}: no such file, and no installed model has this id "
+                         "(`ember models list` shows them)")
+    return manifest.path
+
+
 def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
     from engine.config import EngineConfig
-    from engine.model_files.bundled import default_model_path
 
-    path = args.model or str(default_model_path())
-    config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads,
+    path = resolve_model(args.model)
+    config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
+                          num_threads=args.threads,
                           max_model_len=args.ctx)
     try:
         return load_engine(config, args.backend, args.device)[0]
@@ -56,23 +79,42 @@ def sampling_params(args):
 
 
 def stream(engine, prompt, params, out=sys.stdout) -> str:
-    """Print the reply as it is generated; returns the whole text."""
+    """Print the reply as it is generated; returns the whole text.
+
+    Ctrl-C stops the reply, not the program: between two engine steps (never inside one, which would
+    leave the engine half-updated) the request is aborted, its KV freed, and the text so far returned.
+    """
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     rid = engine.add_request(prompt, params)
     text = ""
-    while engine.has_unfinished():
-        for o in engine.step():
-            if o.request_id == rid:
-                out.write(o.new_text)
-                out.flush()
-                text = o.text
+    try:
+        while engine.has_unfinished():
+            if stop.is_set():
+                engine.abort(rid)
+                while engine.has_unfinished():  # the abort's final output; nothing more is generated
+                    engine.step()
+                out.write(" [stopped]")
+                break
+            for o in engine.step():
+                if o.request_id == rid:
+                    out.write(o.new_text)
+                    out.flush()
+                    text = o.text
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    out.flush()
     return text
 
 
 def run_generate(args) -> int:
     engine = build_engine(args)
     prompt = args.prompt
-    if args.chat:
-        prompt = engine.chat_template.render([{"role": "user", "content": prompt}])
+    if not args.raw and engine.chat_template is not None:
+        prompt = engine.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
     stream(engine, prompt, sampling_params(args))
     print()
     return 0
@@ -82,7 +124,8 @@ def run_chat(args) -> int:
     engine = build_engine(args)
     params = sampling_params(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print("Ember chat. Empty line or Ctrl-D quits; /reset clears the history.", file=sys.stderr)
+    print("Ember chat. Ctrl-C stops a reply; an empty line or Ctrl-D quits; /reset clears the history.",
+          file=sys.stderr)
     while True:
         try:
             line = input("> ").strip()
@@ -115,7 +158,9 @@ def register(sub) -> None:
 
     g = sub.add_parser("generate", help="complete one prompt and print the text as it streams")
     g.add_argument("prompt")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--raw", action="store_true",
+                   help="complete the prompt as plain text (default: wrap it in the model's chat template)")
+    g.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     add_engine_args(g)
     add_sampling_args(g, temperature=0.0)
     g.set_defaults(func=run_generate)

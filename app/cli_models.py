@@ -30,12 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = action("list", cmd_list, "installed models, with whether they fit this machine")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p = action("search", cmd_search, "search the catalog of known models")
+    p = action("search", cmd_search, "search the catalog of known models (or, with --hub, the model hub)")
     p.add_argument("query", nargs="*", help="words that must all match (id, name, family, quant, format)")
+    p.add_argument("--hub", action="store_true", help="search the hub (hub_base_url) for GGUF models instead")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--catalog", type=Path, help="a catalog JSON file instead of the bundled one")
     p = action("pull", cmd_pull, "download a catalog model (resumes an interrupted download)")
-    p.add_argument("model", help="catalog id (see `ember models search`)")
+    p.add_argument("model", help="catalog id (see `ember models search`), or with --hub the id a hub search "
+                                 "printed")
+    p.add_argument("--hub", metavar="REPO", help="download a GGUF file of this hub repository (see "
+                                                 "`ember models search --hub`); sizes and sha256 from the hub")
     p.add_argument("--catalog", type=Path, help="a catalog JSON file instead of the bundled one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = action("rm", cmd_rm, "remove an installed model")
@@ -111,6 +115,8 @@ def cmd_search(args) -> int:
     from app.fit import fit_advice, probe_host
 
     settings, store = _setup(args)
+    if args.hub:
+        return _search_hub(args, settings, store)
     entries = _catalog(args, settings).search(" ".join(args.query))
     machine = probe_host()
     installed = {m.id for m in store.list()}
@@ -162,10 +168,50 @@ class ProgressBar:
             self.stream.flush()
 
 
-def cmd_pull(args) -> int:
-    from app.downloads import DownloadManager
+def _search_hub(args, settings, store) -> int:
+    """`ember models search --hub WORDS`: the hub's GGUF files, with the hub's sizes and a fit column."""
+    from app.fit import fit_advice, probe_host
+    from app.hub import HubError, search_hub_entries
 
+    try:
+        entries = search_hub_entries(settings.hub_base_url, " ".join(args.query))
+    except HubError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([e.to_dict() | {"url": e.url} for e in entries], indent=2))
+        return 0
+    if not entries:
+        print("Nothing on the hub matches.")
+        return 1
+    machine, installed = probe_host(), {m.id for m in store.list()}
+    rows = [["ID", "REPO", "QUANT*", "SIZE", "FIT", ""]]
+    for e in entries:
+        rows.append([e.id, e.repo, e.quantization, _size(e.size_bytes), _fit_text(fit_advice(e.size_bytes, e, machine)),
+                     "installed" if e.id in installed else ""])
+    print(_table(rows))
+    print("* read from the file name; `ember models pull ID --hub REPO` downloads one", file=sys.stderr)
+    return 0
+
+
+def _hub_entry(args, settings):
+    from app.hub import HubError, gguf_entries
+
+    try:
+        entries = gguf_entries(settings.hub_base_url, args.hub)
+    except HubError as e:
+        raise SystemExit(f"error: {e}") from None
+    entry = next((e for e in entries if args.model in (e.id, e.file)), None)
+    if entry is None:
+        raise SystemExit(f"error: {args.hub} has no GGUF file {args.model!r}; it has: "
+                         + (", ".join(e.id for e in entries) or "none"))
+    return entry
+
+
+def cmd_pull(args) -> int:
     settings, store = _setup(args)
+    if args.hub:
+        return _pull(args, settings, store, _hub_entry(args, settings))
     catalog = _catalog(args, settings)
     entry = catalog.get(args.model)
     if entry is None:
@@ -173,6 +219,12 @@ def cmd_pull(args) -> int:
         print(f"error: {args.model!r} is not in the catalog" + (f"; did you mean: {', '.join(near)}" if near else ""),
               file=sys.stderr)
         return 2
+    return _pull(args, settings, store, entry)
+
+
+def _pull(args, settings, store, entry) -> int:
+    from app.downloads import DownloadManager
+
     if store.get(entry.id) is not None:
         print(f"{entry.id} is already installed")
         return 0

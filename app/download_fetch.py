@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,19 @@ def fetch_to_part(client: httpx.Client, url: str, part: Path, *, expected_size: 
     except httpx.HTTPError as e:  # connect/read timeouts, dropped connections, truncated bodies
         if _is_certificate_error(e):  # retrying will not make an untrusted server trusted
             raise DownloadError(f"TLS certificate verification failed for {url}: {e}") from e
+        if _is_name_lookup_error(e):  # offline (no DNS): not a blip that seconds of retrying fix
+            raise DownloadError(f"no network: cannot look up {httpx.URL(url).host} "
+                                "(check the connection, then Retry)") from e
         raise RetryableError(f"{type(e).__name__}: {e or 'connection failed'} ({url})") from e
+
+
+def _is_name_lookup_error(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, socket.gaierror) or "Name or service not known" in str(e) \
+                or "Temporary failure in name resolution" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _is_certificate_error(e: BaseException) -> bool:

@@ -252,6 +252,9 @@ class DownloadManager:
     def _transfer(self, job: DownloadJob) -> None:
         if job.bytes_total is not None:  # known sizes: refuse before the first byte
             self._check_space(job, job.bytes_total - sum(self._on_disk(job, f) for f in job.files))
+        for f in job.files:  # a retry after a failed check: a file marked done but gone is fetched again
+            if f["done"] and not self._target(job, f).exists():
+                f["done"] = False
         timeout = httpx.Timeout(10.0, read=self.retry.read_timeout_s)
         with httpx.Client(timeout=timeout, follow_redirects=True, headers={"User-Agent": "ember"}) as client:
             i = 0

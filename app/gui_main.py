@@ -19,6 +19,8 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 
 from app.catalog import Catalog
 from app.history import ChatStore
+from app.reply_versions import ReplyVersions
+from app.sampling_defaults import store_defaults
 from app.settings import Settings
 from app.store import ModelStore
 from app.supervisor import EngineSupervisor
@@ -58,9 +60,16 @@ class EmberApp:
             self.model_manager = ModelManagerDialog(self.store, catalog, self.downloads, self.settings,
                                                     advise=_advisor(), parent=self.window)
             self.model_manager.model_installed.connect(lambda _id: self.controller.refresh_models())
+            self.model_manager.store_changed.connect(self._on_store_changed)
+            self.model_manager.installed.load_requested.connect(self.controller.load_model)
         self.model_manager.show()
         self.model_manager.raise_()
         return self.model_manager
+
+    def _on_store_changed(self) -> None:
+        """A model was imported, downloaded or deleted: the chat's picker shows it now."""
+        self.window.refresh_model_picker()
+        self.controller.refresh_models()
 
     def open_settings(self, parent: QWidget | None = None) -> SettingsDialog:
         before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
@@ -83,7 +92,7 @@ class EmberApp:
             self.controller.apply_connection()
         elif any(before[f] != getattr(self.settings, f) for f in ENGINE_FIELDS) and not self.controller.is_remote:
             self.window.status.showMessage("Engine settings apply when the engine restarts "
-                                           "(Engine → Restart server).", 10000)
+                                           "(Engine → Restart engine).", 10000)
 
 
 def _advisor():
@@ -123,7 +132,10 @@ def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any 
     parts: dict[str, Any] = {}
     window = MainWindow(settings, chat_store, controller,
                         open_model_manager=lambda parent: parts["app"].open_model_manager(parent),
-                        open_settings=lambda parent: parts["app"].open_settings(parent))
+                        open_settings=lambda parent: parts["app"].open_settings(parent),
+                        model_defaults=store_defaults(store),
+                        local_models=lambda: [(m.id, m.name) for m in store.list()],
+                        reply_versions=ReplyVersions(settings.history_path))
     tray = TrayIcon(controller, save_settings=settings.save)
     window.tray = tray
     ember = EmberApp(settings, chat_store, store, controller, window, tray, catalog, downloads)
@@ -140,7 +152,14 @@ def _setup_logging(settings: Settings) -> Path:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(min(logging.getLogger().level or logging.INFO, logging.INFO))
+    for noisy in ("httpx", "httpx2"):  # a line per status poll (1 a second); httpx2: huggingface_hub's
+        if logging.getLogger(noisy).getEffectiveLevel() < logging.WARNING and not _verbose():
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     return path
+
+
+def _verbose() -> bool:
+    return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
 
 
 def _quit_on_signals(app: QApplication) -> None:
@@ -186,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(app.exec())
     finally:
+        ember.window.save_geometry()  # Quit (menu, tray, signal) closes no window: remember its size here
         ember.controller.shutdown()
         ember.chat_store.close()
         instance.release()

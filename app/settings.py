@@ -82,6 +82,8 @@ class Settings(BaseModel):
                                description="Model id loaded at start")
     close_to_tray: bool = Field(True, description="Closing the window keeps the server running in the tray")
     tray_notice_shown: bool = Field(False, description="The close-to-tray notice was shown once")
+    window_geometry: str | None = Field(None, max_length=4096,
+                                        description="The main window's last size and place (Qt's saved geometry)")
     hub_base_url: str = Field("https://huggingface.co", description="Base URL that model downloads come from")
     max_parallel_downloads: int = Field(2, ge=1, le=8, description="Downloads running at the same time")
     connection_url: str | None = Field(None, description="Remote OpenAI-compatible server (None: the local engine)")

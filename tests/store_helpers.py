@@ -12,14 +12,18 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qs
 
 import numpy as np
 
 
 def write_tiny_gguf(path: Path, *, name: str = "Tiny Test Model", pad_mb: float = 0.0, seed: int = 0,
-                    arch: str = "llama", file_type: int | None = 0, ctx: int = 512) -> Path:
+                    arch: str = "llama", file_type: int | None = 0, ctx: int = 512,
+                    floats: dict[str, float] | None = None) -> Path:
     """A valid llama-shaped GGUF (2 layers, 4 heads, 2 KV heads, head dim 16) plus optional padding
-    tensors to make it a few MB. Parameter count = sum of the tensors' elements."""
+    tensors to make it a few MB. Parameter count = sum of the tensors' elements. `floats` adds
+    float32 keys (e.g. {"general.sampling.temp": 0.3})."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -33,6 +37,8 @@ def write_tiny_gguf(path: Path, *, name: str = "Tiny Test Model", pad_mb: float 
     w.add_head_count_kv(2)
     if file_type is not None:
         w.add_file_type(file_type)
+    for key, value in (floats or {}).items():
+        w.add_float32(key, value)
     w.add_tensor("token_embd.weight", rng.standard_normal((32, 64), dtype=np.float32))
     for i in range(2):
         w.add_tensor(f"blk.{i}.attn_q.weight", rng.standard_normal((64, 64), dtype=np.float32))
@@ -125,6 +131,8 @@ class FakeHub:
     requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header)
     tls: tuple[Path, Path] | None = None  # (certfile, keyfile): serve https
     server: ThreadingHTTPServer | None = None
+    # the hub's JSON API (/api/...): url path -> f(query params) -> body; see hub_api_fake.py
+    api: dict[str, Callable[[dict[str, list[str]]], object]] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -152,6 +160,17 @@ class FakeHub:
 
             def do_GET(self):
                 hub.requests.append((self.path, self.headers.get("Range")))
+                route, _, query = self.path.partition("?")
+                if route in hub.api:
+                    body = json.dumps(hub.api[route](parse_qs(query))).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if route.startswith("/api/"):
+                    return self._plain(404)
                 fault = hub.faults.get(self.path, Fault())
                 data = hub.files.get(self.path)
                 if fault.redirect_to:

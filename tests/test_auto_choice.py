@@ -90,7 +90,7 @@ DECISION = re.compile(r"backend: (\S+) on (\S+), (\S+) — ")
 @pytest.mark.slow
 def test_chat_generate_and_serve_log_the_same_decision(tmp_path, bundled_model_path):
     env = {**os.environ, "EMBER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    ember = [sys.executable, "-m", "app.cli"]
+    ember = [sys.executable, "-m", "app.cli", "-v"]  # the decision is an INFO line: shown with -v
     found = {}
     gen = subprocess.run([*ember, "generate", "Hello", "-n", "2"], env=env, capture_output=True, text=True,
                          timeout=300, cwd=ROOT)

@@ -56,7 +56,7 @@ def test_screenshots(qtbot, tmp_path, bundled_engine, theme):
             view.send("Write a Python function that checks whether a number is prime.")
         assert done.args[1] == "done"
         assert view.transcript.messages[-1].content.strip()
-        qtbot.waitUntil(lambda: "KV" in app.window.status.kv_label.text()
+        qtbot.waitUntil(lambda: "Chat memory" in app.window.status.kv_label.text()
                         and app.controller.last_status.get("num_running") == 0, timeout=10_000)
         save(app.window, f"main-window-{theme}.png")
 

@@ -31,7 +31,7 @@ def test_tray_menu_reflects_state_and_its_actions_work(qtbot, ember, own_engine)
     texts = open_menu(tray)
     assert texts[0] == "Open Ember" and texts[-1] == "Quit Ember"
     assert f"Server: {own_engine.base_url}" in texts
-    assert "Stop server" in texts and "Copy API key" in texts
+    assert "Stop engine" in texts and "Copy API key" in texts
     assert any(t.startswith("Model: ") and t != "Model: none loaded" for t in texts)
     assert "serving" in tray.toolTip()
 
@@ -44,14 +44,14 @@ def test_tray_menu_reflects_state_and_its_actions_work(qtbot, ember, own_engine)
     tray.open_action.trigger()
     qtbot.waitUntil(ember.window.isVisible, timeout=2000)
 
-    tray.server_action.trigger()  # Stop server
+    tray.server_action.trigger()  # Stop engine
     qtbot.waitUntil(lambda: controller.state == "stopped", timeout=30_000)
     texts = open_menu(tray)
-    assert "Start server" in texts and "Server: not running" in texts
+    assert "Start engine" in texts and "Server: not running" in texts
     assert "stopped" in tray.toolTip()
     assert own_engine.pid is None
 
-    tray.server_action.trigger()  # Start server
+    tray.server_action.trigger()  # Start engine
     qtbot.waitUntil(lambda: controller.state == "ready", timeout=120_000)
     assert f"Server: {own_engine.base_url}" in open_menu(tray)
 

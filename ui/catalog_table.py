@@ -1,4 +1,8 @@
-"""The catalog of known models: size, quantization, license and whether it fits this machine."""
+"""The catalog of known models (and hub search results): size, quantization, license and whether it fits.
+
+A size the catalog does not list is the hub's (filled in by the model manager when online) or an
+estimate from parameters × bits per weight, shown with "~" and said so in its tooltip.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,7 +11,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.catalog import Catalog, CatalogEntry
+from app.catalog import BITS_PER_WEIGHT, Catalog, CatalogEntry, display_names
 from app.fit import FitAdvice
 
 COLUMNS = ("Model", "Parameters", "Quantization", "Size", "License", "This machine", "")
@@ -23,12 +27,30 @@ def human_size(n: int | None) -> str:
     return str(n)
 
 
+def size_cell(e: CatalogEntry) -> QTableWidgetItem:
+    """The exact size when known, else "~estimate"; the tooltip says where the figure comes from."""
+    if e.size_bytes:
+        item = QTableWidgetItem(human_size(e.size_bytes))
+        item.setToolTip("From the hub's metadata" if (e.notes or "").startswith("from the hub") else
+                        "The file's size")
+        return item
+    est = e.estimated_size_bytes
+    if est:
+        item = QTableWidgetItem(f"~{human_size(est)}")
+        item.setToolTip(f"Estimated: {e.parameters} parameters × {BITS_PER_WEIGHT.get(e.quantization)} bits per "
+                        f"weight ({e.quantization}); the hub's exact size shows when Ember is online")
+        return item
+    item = QTableWidgetItem("unknown")
+    item.setToolTip("Neither the catalog nor the hub gives a size, and the parameter count is unknown")
+    return item
+
+
 def fit_badge(advice: FitAdvice | None) -> QLabel:
     """A green "fits" or red "too big" label; the reason is the tooltip."""
     if advice is None:
         label = QLabel("size unknown")
         label.setProperty("badge", "unknown")
-        label.setToolTip("The catalog does not list this model's size; the download tells")
+        label.setToolTip("Without a size there is no telling whether it fits; the download tells")
     else:
         fits = advice.fits
         text = "fits" if fits else "too big"
@@ -61,7 +83,8 @@ class CatalogTable(QWidget):
         super().__init__(parent)
         self.catalog = catalog
         self._advise = advise
-        self.search = QLineEdit(self, placeholderText="Search the catalog…", clearButtonEnabled=True)
+        self.hub_entries: list[CatalogEntry] = []  # the last hub search's results, listed after the catalog
+        self.search = QLineEdit(self, placeholderText="Filter the catalog…", clearButtonEnabled=True)
         self.table = QTableWidget(0, len(COLUMNS), self)
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -74,12 +97,26 @@ class CatalogTable(QWidget):
         layout.addWidget(self.search)
         layout.addWidget(self.table)
         self.installed_ids: set[str] = set()
+        self._names: dict[str, str] = {}
         self.search.textChanged.connect(self.refresh)
         self.refresh()
 
     def entries(self) -> list[CatalogEntry]:
         query = self.search.text().strip()
-        return self.catalog.search(query)
+        known = {e.id for e in self.catalog}
+        return self.catalog.search(query) + [e for e in self.hub_entries if e.id not in known]
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """The same models with more facts (the hub's sizes and checksums)."""
+        self.catalog = catalog
+        self.refresh()
+
+    def set_hub_entries(self, entries: list[CatalogEntry]) -> None:
+        self.hub_entries = list(entries)
+        self.refresh()
+
+    def display_name(self, entry: CatalogEntry) -> str:
+        return self._names.get(entry.id, entry.name)
 
     def set_installed(self, ids: set[str]) -> None:
         """Update the Download/Installed buttons in place."""
@@ -93,17 +130,20 @@ class CatalogTable(QWidget):
 
     def refresh(self) -> None:
         entries = self.entries()
+        self._names = display_names([*self.catalog, *self.hub_entries])
         self.table.setRowCount(len(entries))
         for row, e in enumerate(entries):
-            name = QTableWidgetItem(e.name)
-            name.setToolTip(f"{e.id}\n{e.notes or ''}".strip())
+            name = QTableWidgetItem(self._names.get(e.id, e.name))
+            name.setToolTip(f"{e.id}\n{e.repo}\n{e.notes or ''}".strip())
             name.setData(Qt.UserRole, e.id)
             self.table.setItem(row, 0, name)
             self.table.setItem(row, 1, QTableWidgetItem(str(e.parameters)))
-            self.table.setItem(row, 2, QTableWidgetItem(f"{e.quantization} ({e.format})"))
-            self.table.setItem(row, 3, QTableWidgetItem(human_size(e.size_bytes)))
+            self.table.setItem(row, 2, QTableWidgetItem(e.quantization if e.format == "gguf"
+                                                        else f"{e.quantization} ({e.format})"))
+            self.table.setItem(row, 3, size_cell(e))
             self.table.setItem(row, 4, QTableWidgetItem(e.license))
-            self.table.setCellWidget(row, 5, _centered(fit_badge(self._safe_advice(e) if e.size_bytes else None)))
+            has_size = bool(e.size_bytes or e.estimated_size_bytes)
+            self.table.setCellWidget(row, 5, _centered(fit_badge(self._safe_advice(e) if has_size else None)))
             installed = e.id in self.installed_ids
             button = QPushButton("Installed" if installed else "Download")
             button.setEnabled(not installed)

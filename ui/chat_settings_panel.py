@@ -1,11 +1,15 @@
-"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens."""
+"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens.
+
+It shows `effective_settings` (the chat's own values over the model's recommendation over Ember's
+defaults): the chat view sends that same dict, so an untouched chat sends what is on screen.
+"""
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QPlainTextEdit, QSpinBox,
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QPlainTextEdit, QSpinBox,
                                QVBoxLayout, QWidget)
 
-DEFAULTS = {"system_prompt": "", "temperature": 0.7, "top_p": 0.95, "max_tokens": 512}
+from app.sampling_defaults import effective_settings
 
 
 class ChatSettingsPanel(QWidget):
@@ -17,23 +21,36 @@ class ChatSettingsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._loading = False
-        self.model = QComboBox(self, editable=True)
-        self.model.setToolTip("The model this chat talks to (the engine's models, or any id the server knows)")
-        self.model.lineEdit().setPlaceholderText("the loaded model")
-        self.system_prompt = QPlainTextEdit(self, placeholderText="You are a helpful assistant.")
+        self.model = QComboBox(self)
+        self.model.setToolTip("The model this chat talks to; the engine loads it when the chat sends")
+        self.model.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.model.setMinimumContentsLength(12)
+        self.model.view().setTextElideMode(Qt.ElideNone)  # the open list shows whole names
+        self._model_names: dict[str, str] = {}
+        self.set_models([])
+        self.system_prompt = QPlainTextEdit(self, placeholderText="(none)")
+        self.system_prompt.setToolTip("Instructions sent before the chat, e.g. \"Answer in one paragraph.\" "
+                                      "Left empty, none is sent.")
         self.system_prompt.setMaximumHeight(110)
         self.temperature = QDoubleSpinBox(self, minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
-        self.temperature.setToolTip("0 = always the most likely token (greedy)")
+        self.temperature.setToolTip("How adventurous the wording is: 0 always picks the most likely word "
+                                    "(the same answer each time); higher is more varied")
         self.top_p = QDoubleSpinBox(self, minimum=0.01, maximum=1.0, singleStep=0.05, decimals=2)
+        self.top_p.setToolTip("Pick only among the most likely words that together make up this share "
+                              "(1 = all of them)")
         self.max_tokens = QSpinBox(self, minimum=1, maximum=131072, singleStep=64)
+        self.max_tokens.setToolTip("The longest reply, in tokens (a token is about ¾ of an English word)")
+        self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
 
         box = QGroupBox("Chat settings", self)
         form = QFormLayout(box)
-        form.addRow("Model", self.model)
+        form.addRow(QLabel("Model", self))
+        form.addRow(self.model)  # the whole width of the panel: names are long
         form.addRow("System prompt", self.system_prompt)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
+        form.addRow(self.source)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
         layout.addWidget(box)
@@ -43,36 +60,62 @@ class ChatSettingsPanel(QWidget):
         self.temperature.valueChanged.connect(self._on_edited)
         self.top_p.valueChanged.connect(self._on_edited)
         self.max_tokens.valueChanged.connect(self._on_edited)
-        self.model.currentTextChanged.connect(self._on_model_edited)
+        self.model.currentIndexChanged.connect(self._on_model_edited)
         self.load({}, None)
 
-    def load(self, settings: dict, model: str | None) -> None:
-        """Show a chat's settings (missing keys take the defaults) without emitting changes."""
-        s = {**DEFAULTS, **{k: v for k, v in (settings or {}).items() if v is not None}}
+    def load(self, settings: dict, model: str | None, model_defaults: dict | None = None) -> None:
+        """Show a chat's effective settings (its own over the model's over Ember's) without emitting changes."""
+        s = effective_settings(settings, model_defaults)
+        from_model = sorted(k for k in (model_defaults or {}) if k not in (settings or {}))
+        names = {"temperature": "temperature", "top_p": "top-p"}
+        self.source.setText("Recommended by the model: " + ", ".join(names[k] for k in from_model)
+                            if from_model else "")
+        self.source.setVisible(bool(from_model))
         self._loading = True
         self.system_prompt.setPlainText(s["system_prompt"])
         self.temperature.setValue(float(s["temperature"]))
         self.top_p.setValue(float(s["top_p"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
-        self.model.setCurrentText(model or "")
+        self._select_model(model)
         self._loading = False
 
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
                 "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value()}
 
-    def set_models(self, model_ids: list[str]) -> None:
-        current = self.model.currentText()
+    def current_model(self) -> str | None:
+        """The chosen model's id; None for "whichever model the engine has loaded"."""
+        return self.model.currentData() or None
+
+    def set_models(self, models: list[str], names: dict[str, str] | None = None) -> None:
+        """The models to choose from (ids), each shown by its one name (the id where two names clash)."""
+        current = self.current_model()
+        names = names or {}
+        shown = [names.get(m) or m for m in models]
         self._loading = True
         self.model.clear()
-        self.model.addItems(model_ids)
-        self.model.setCurrentText(current)
+        self.model.addItem("The loaded model", None)
+        for model_id, name in zip(models, shown):
+            label = f"{name} ({model_id})" if shown.count(name) > 1 else name
+            self.model.addItem(label, model_id)
+            self.model.setItemData(self.model.count() - 1, model_id, Qt.ToolTipRole)
+        self._select_model(current)
         self._loading = False
+        widest = max(self.model.fontMetrics().horizontalAdvance(self.model.itemText(i))
+                     for i in range(self.model.count()))
+        self.model.view().setMinimumWidth(widest + 40)  # the open list is as wide as its longest name
+
+    def _select_model(self, model: str | None) -> None:
+        i = self.model.findData(model) if model else 0
+        if i < 0:  # a model this engine does not list (yet): keep it choosable
+            self.model.addItem(model, model)
+            i = self.model.count() - 1
+        self.model.setCurrentIndex(i)
 
     def _on_edited(self, *_: object) -> None:
         if not self._loading:
             self.settings_changed.emit(self.values())
 
-    def _on_model_edited(self, text: str) -> None:
+    def _on_model_edited(self, _index: int) -> None:
         if not self._loading:
-            self.model_changed.emit(text)
+            self.model_changed.emit(self.current_model() or "")

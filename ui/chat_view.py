@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from app.client import ChatDelta, EngineClientError
 from app.history import ChatStore
+from app.reply_versions import ReplyVersions
+from app.sampling_defaults import effective_settings, request_fields
+from ui.elided_label import ElidedLabel
 from ui.engine_controller import EngineController
+from ui.message_actions import MessageActions
 from ui.message_input import MessageInput
 from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptMessage, TranscriptView
@@ -34,11 +39,14 @@ class ChatView(QWidget):
     title_changed = Signal(int, str)
 
     def __init__(self, chat_store: ChatStore, chat_id: int, engine: EngineController,
-                 parent: QWidget | None = None) -> None:
+                 model_defaults: Callable[[str | None], dict] | None = None,
+                 versions: ReplyVersions | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.versions = versions  # the replies Regenerate wrote, kept across restarts (None: this session only)
         self.chat_store = chat_store
         self.chat_id = chat_id
         self.engine = engine
+        self._model_defaults = model_defaults or (lambda _model: {})
         self._worker: GeneratorWorker | None = None
         self._stream: ReplyStream | None = None
         self._reply: TranscriptMessage | None = None
@@ -53,8 +61,12 @@ class ChatView(QWidget):
         self.send_button = QPushButton("Send", self, objectName="sendButton")
         self.stop_button = QPushButton("Stop", self)
         self.regenerate_button = QPushButton("Regenerate", self)
-        self.info_label = QLabel(self)
-        self.info_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.info_label = ElidedLabel(parent=self)
+        self.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.send_button.setToolTip("Send the message (Enter)")
+        for b in (self.send_button, self.stop_button, self.regenerate_button):
+            b.setFocusPolicy(Qt.TabFocus)  # a click leaves the keyboard in the message box
 
         buttons = QHBoxLayout()
         buttons.addWidget(self.info_label, 1)
@@ -71,6 +83,8 @@ class ChatView(QWidget):
         self.send_button.clicked.connect(self._on_send_clicked)
         self.stop_button.clicked.connect(self.stop)
         self.regenerate_button.clicked.connect(self.regenerate)
+        self.actions = MessageActions(self)
+        self.transcript.action_requested.connect(self.actions.run)
         self._load()
 
     # ---- public API (tests drive these, as a user would through the buttons) ----
@@ -83,8 +97,8 @@ class ChatView(QWidget):
         if not text or self.is_streaming:
             return
         self.input.clear()
-        self.chat_store.add_message(self.chat_id, "user", text)
-        self.transcript.messages.append(TranscriptMessage("user", text))
+        msg_id = self.chat_store.add_message(self.chat_id, "user", text)
+        self.transcript.messages.append(TranscriptMessage("user", text, msg_id=msg_id))
         self._maybe_title_from(text)
         self._start_reply(new_message=True)
 
@@ -104,47 +118,52 @@ class ChatView(QWidget):
         if not msgs or msgs[-1].role != "assistant" or self._last_assistant_id() is None:
             return
         self._reply_id = self._last_assistant_id()
-        msgs.pop()
+        earlier = msgs.pop()
         self._start_reply(new_message=False)
+        self._reply.versions = [v for v in earlier.versions or [earlier.content] if v]  # kept to flip back to
+        self.input.setFocus()
 
     def set_busy_text(self, text: str) -> None:
         self.info_label.setText(text)
 
+    def effective_settings(self) -> dict:
+        """What this chat sends (and the settings panel shows): its settings over the model's and Ember's."""
+        chat = self.chat_store.get_chat(self.chat_id)
+        return effective_settings(chat.settings, self._model_defaults(chat.model or self.engine.current_model))
+
     # ---- the reply ----
     def _start_reply(self, new_message: bool) -> None:
-        history = self._api_messages()
+        system, sampling = request_fields(self.effective_settings())
+        history = self._api_messages(system)
         self._reply = TranscriptMessage("assistant", "", "streaming")
         self.transcript.messages.append(self._reply)
         if new_message:
             self._reply_id = self.chat_store.add_message(self.chat_id, "assistant", "", status="streaming")
         else:
             self.chat_store.update_message(self._reply_id, "", "streaming")
+        self._reply.msg_id = self._reply_id
         self._t_sent, self._t_first, self._tokens, self._stats = time.monotonic(), 0.0, 0, None
         self._last_persist = self._t_sent
         client = self.engine.client()
         if client is None:
             self.transcript.render_now()
-            self._finish("error", "The engine is not running. Start it from the Server menu or the tray.")
+            self._finish("error", "The engine is not running. Start it from the Engine menu or the tray.")
             return
-        chat = self.chat_store.get_chat(self.chat_id)
-        settings = dict(chat.settings)
-        model = chat.model  # None: whatever the server has loaded
+        model = self.chat_store.get_chat(self.chat_id).model  # None: whatever the server has loaded
         loaded = self.engine.last_status.get("model")
         load_first = bool(model and loaded and model != loaded and not self.engine.is_remote)
-        self._stream = ReplyStream(client, history, load_first=load_first, model=model, **_sampling(settings))
+        self._stream = ReplyStream(client, history, load_first=load_first, model=model, **sampling)
         self._worker = GeneratorWorker(self._stream.run)
         self._worker.yielded.connect(self._on_delta)
         self._worker.errored.connect(self._on_error)
         self._worker.returned.connect(self._on_returned)
         self._worker.finished.connect(self._on_worker_finished)
-        self._update_buttons()
+        self.update_buttons()
         self.transcript.render_now()
         self.reply_started.emit(self.chat_id)
         self._worker.start()
 
-    def _api_messages(self) -> list[dict]:
-        chat = self.chat_store.get_chat(self.chat_id)
-        system = chat.settings.get("system_prompt")
+    def _api_messages(self, system: str | None) -> list[dict]:
         out = [{"role": "system", "content": system}] if system else []
         out += [{"role": m.role, "content": m.content} for m in self.transcript.messages
                 if m.role in ("user", "assistant") and m.content and m.status != "error"]
@@ -194,12 +213,16 @@ class ChatView(QWidget):
         reply, self._worker = self._reply, None
         if reply is not None:
             reply.status, reply.error = status, error
+            reply.add_version()
+            self.keep_versions(reply)
             stats = self._stats or {}
             self.chat_store.update_message(self._reply_id, reply.content, status,
                                            tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"))
         self._reply, self._stream = None, None
         self.transcript.render_now()
-        self._update_buttons()
+        focus = self.window().focusWidget()
+        self.update_buttons()
+        self._keep_typing_focus(focus)
         self.reply_finished.emit(self.chat_id, status)
 
     def _emit_stats(self, server_tok_s: float | None) -> None:
@@ -221,10 +244,19 @@ class ChatView(QWidget):
             status = m.status
             if status == "streaming":  # a reply cut off by a previous crash of the app
                 status = "stopped"
-            msgs.append(TranscriptMessage(m.role, m.content, status,
-                                          "the reply was interrupted" if status == "error" else None))
+            msg = TranscriptMessage(m.role, m.content, status,
+                                    "the reply was interrupted" if status == "error" else None, msg_id=m.id)
+            if m.role == "assistant" and self.versions is not None:
+                versions, shown = self.versions.get(m.id)
+                if versions and versions[shown] == m.content:  # the one shown is the one stored
+                    msg.versions, msg.shown = versions, shown
+            msgs.append(msg)
         self.transcript.set_messages(msgs)
-        self._update_buttons()
+        self.update_buttons()
+
+    def keep_versions(self, m: TranscriptMessage) -> None:
+        if self.versions is not None and m.msg_id is not None and len(m.versions) > 1:
+            self.versions.put(m.msg_id, m.versions, m.shown)
 
     def _last_assistant_id(self) -> int | None:
         for m in reversed(self.chat_store.messages(self.chat_id)):
@@ -242,14 +274,16 @@ class ChatView(QWidget):
     def _on_send_clicked(self) -> None:
         self.send(self.input.toPlainText())
 
-    def _update_buttons(self) -> None:
+    def _keep_typing_focus(self, focus: QWidget | None) -> None:
+        """A button that had the keyboard (and is now disabled) must not hand it on to the search box."""
+        if self.isVisible() and (focus is None or focus in (self.send_button, self.stop_button,
+                                                            self.regenerate_button)):
+            self.input.setFocus()
+
+    def update_buttons(self) -> None:
         streaming = self.is_streaming
         self.send_button.setEnabled(not streaming)
         self.stop_button.setEnabled(streaming)
         self.regenerate_button.setEnabled(not streaming and any(
             m.role == "assistant" for m in self.transcript.messages))
 
-
-def _sampling(settings: dict) -> dict:
-    """The chat's settings as `chat_stream` keyword arguments (only the ones that are set)."""
-    return {k: settings[k] for k in ("temperature", "top_p", "max_tokens") if settings.get(k) is not None}

@@ -43,6 +43,7 @@ class EngineController(QObject):
         self.supervisor = supervisor
         self.last_status: dict = {}
         self.models: list[str] = []
+        self.model_names: dict[str, str] = {}  # id -> the name /v1/models gives (Ember's: the store's)
         self._client: EngineClient | None = None
         self._client_key: tuple | None = None
         self._poll_worker: FunctionWorker | None = None
@@ -224,6 +225,7 @@ class EngineController(QObject):
 
     def _on_models(self, models: list[dict]) -> None:
         ids = [m["id"] for m in models]  # client.models() keeps only entries with an id
+        self.model_names = {m["id"]: m["name"] for m in models if isinstance(m.get("name"), str) and m["name"]}
         if ids != self.models:
             self.models = ids
             self.models_changed.emit(ids)

@@ -20,6 +20,7 @@ class InstalledTable(QWidget):
 
     default_changed = Signal(str)
     changed = Signal()
+    load_requested = Signal(str)  # Load: the engine loads this model now (the app connects it)
 
     def __init__(self, store: ModelStore, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -36,13 +37,15 @@ class InstalledTable(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setSectionResizeMode(0, QHeaderView.Stretch)
+        self.load_button = QPushButton("Load", self, objectName="sendButton")
+        self.load_button.setToolTip("Load this model into the engine now (new chats use it)")
         self.verify_button = QPushButton("Verify", self)
         self.delete_button = QPushButton("Delete", self)
         self.default_button = QPushButton("Set as default", self)
         self.import_button = QPushButton("Import file…", self)
         self.message = QLabel(self, wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.verify_button, self.delete_button, self.default_button):
+        for b in (self.load_button, self.verify_button, self.delete_button, self.default_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.import_button)
@@ -50,6 +53,7 @@ class InstalledTable(QWidget):
         layout.addWidget(self.table)
         layout.addWidget(self.message)
         layout.addLayout(buttons)
+        self.load_button.clicked.connect(self._on_load_clicked)
         self.verify_button.clicked.connect(self._on_verify_clicked)
         self.delete_button.clicked.connect(self._on_delete_clicked)
         self.default_button.clicked.connect(self._on_default_clicked)
@@ -68,7 +72,8 @@ class InstalledTable(QWidget):
             item.setToolTip(f"{m.id}\n{m.path}\nsha256 {m.sha256}")
             self.table.setItem(row, 0, item)
             self.table.setItem(row, 1, QTableWidgetItem(m.architecture))
-            self.table.setItem(row, 2, QTableWidgetItem(f"{m.quantization} ({m.format})"))
+            self.table.setItem(row, 2, QTableWidgetItem(m.quantization if m.format == "gguf"
+                                                        else f"{m.quantization} ({m.format})"))
             self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
             self.table.setItem(row, 4, QTableWidgetItem(str(m.context_length or "?")))
             self.table.setItem(row, 5, QTableWidgetItem(m.source))
@@ -144,6 +149,11 @@ class InstalledTable(QWidget):
         self.select(manifest.id)
         self.changed.emit()
 
+    def _on_load_clicked(self) -> None:
+        if (model_id := self.selected_id()) is not None:
+            self.message.setText(f"Loading {model_id}… (the status bar shows when it is ready)")
+            self.load_requested.emit(model_id)
+
     def _on_verify_clicked(self) -> None:
         if (model_id := self.selected_id()) is not None:
             self.verify(model_id)
@@ -167,6 +177,7 @@ class InstalledTable(QWidget):
     def _update_buttons(self) -> None:
         has = self.selected_id() is not None
         busy = self._worker is not None and not self._worker.is_finished
+        self.load_button.setEnabled(has)
         self.verify_button.setEnabled(has and not busy)
         self.delete_button.setEnabled(has)
         self.default_button.setEnabled(has)

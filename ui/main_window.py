@@ -9,20 +9,24 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QSplitter,
                                QStackedWidget, QWidget)
 
 from app.history import ChatStore
+from app.reply_versions import ReplyVersions
 from app.settings import Settings
+from app.version import ember_version
 from ui.chat_list import ChatListPanel
 from ui.chat_settings_panel import ChatSettingsPanel
 from ui.chat_view import ChatView
 from ui.engine_controller import EngineController
+from ui.engine_log_dialog import EngineLogDialog
 from ui.resources import icon
 from ui.status_bar import EngineStatusBar
 from ui.tray import TrayIcon
+from ui.window_actions import build_menus
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,9 @@ class MainWindow(QMainWindow):
     def __init__(self, settings: Settings, chat_store: ChatStore, engine: EngineController,
                  open_model_manager: Callable[[QWidget], None] | None = None,
                  open_settings: Callable[[QWidget], None] | None = None,
+                 model_defaults: Callable[[str | None], dict] | None = None,
+                 local_models: Callable[[], list[tuple[str, str]]] | None = None,
+                 reply_versions: ReplyVersions | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
@@ -43,10 +50,14 @@ class MainWindow(QMainWindow):
         self.tray: TrayIcon | None = None  # set by the app when a tray icon exists
         self._open_model_manager = open_model_manager
         self._open_settings = open_settings
+        self._model_defaults = model_defaults or (lambda _model: {})
+        self._local_models = local_models or (lambda: [])
+        self._reply_versions = reply_versions
+        self._log_dialog: EngineLogDialog | None = None
         self._views: dict[int, ChatView] = {}
         self.setWindowTitle("Ember")
         self.setWindowIcon(icon("ember"))
-        self.resize(1100, 720)
+        self._restore_geometry()
 
         self.chat_list = ChatListPanel(chat_store, self)
         self.stack = QStackedWidget(self)
@@ -58,7 +69,7 @@ class MainWindow(QMainWindow):
         splitter.addWidget(self.stack)
         splitter.addWidget(self.settings_panel)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([220, 620, 260])
+        splitter.setSizes([220, 600, 280])
         self.setCentralWidget(splitter)
         self.status = EngineStatusBar(engine, self)
         self.setStatusBar(self.status)
@@ -68,9 +79,11 @@ class MainWindow(QMainWindow):
         self.chat_list.chat_deleted.connect(self._on_chat_deleted)
         self.settings_panel.settings_changed.connect(self._on_chat_settings_changed)
         self.settings_panel.model_changed.connect(self._on_chat_model_changed)
-        engine.models_changed.connect(self.settings_panel.set_models)
+        engine.models_changed.connect(self.refresh_model_picker)
         engine.message.connect(self._on_engine_message)
-        self.settings_panel.set_models(list(engine.models))
+        engine.status_changed.connect(self._on_engine_status)
+        self._shown_model: str | None = None
+        self.refresh_model_picker()
         if self.chat_list.list.count():
             self.chat_list.list.setCurrentRow(0)
 
@@ -90,7 +103,7 @@ class MainWindow(QMainWindow):
     def open_chat(self, chat_id: int) -> ChatView:
         view = self._views.get(chat_id)
         if view is None:
-            view = ChatView(self.chat_store, chat_id, self.engine, self)
+            view = ChatView(self.chat_store, chat_id, self.engine, self._model_defaults, self._reply_versions, self)
             view.reply_stats.connect(self._on_reply_stats)
             view.title_changed.connect(self._on_title_changed)
             view.reply_started.connect(self._on_reply_started)
@@ -98,8 +111,7 @@ class MainWindow(QMainWindow):
             self._views[chat_id] = view
             self.stack.addWidget(view)
         self.stack.setCurrentWidget(view)
-        chat = self.chat_store.get_chat(chat_id)
-        self.settings_panel.load(chat.settings, chat.model)
+        self._show_chat_settings(view)
         if self.chat_list.current_chat_id() != chat_id:
             self.chat_list.select(chat_id)
         view.input.setFocus()
@@ -109,7 +121,29 @@ class MainWindow(QMainWindow):
         text = self.chat_store.export_markdown(chat_id) if fmt == "md" else self.chat_store.export_json(chat_id)
         Path(path).write_text(text, encoding="utf-8")
 
+    def refresh_model_picker(self, *_: object) -> None:
+        """The engine's models, and (for the local engine) the store's, which it lists on its next poll."""
+        ids, names = list(self.engine.models), dict(self.engine.model_names)
+        if not self.engine.is_remote:
+            for model_id, name in self._local_models():
+                if model_id not in ids:
+                    ids.append(model_id)
+                names.setdefault(model_id, name)
+        self.settings_panel.set_models(ids, names)
+
+    def _show_chat_settings(self, view: ChatView) -> None:
+        """The panel shows what this chat sends: its settings over the model's recommendation."""
+        chat = self.chat_store.get_chat(view.chat_id)
+        self._shown_model = chat.model or self.engine.current_model
+        self.settings_panel.load(chat.settings, chat.model, self._model_defaults(self._shown_model))
+
     # ---- slots ----
+    def _on_engine_status(self, _status: dict) -> None:
+        view = self.current_view()  # the loaded model changed: its recommended settings may differ
+        if view is not None and self.engine.current_model != self._shown_model \
+                and not self.chat_store.get_chat(view.chat_id).model:
+            self._show_chat_settings(view)
+
     def _on_chat_deleted(self, chat_id: int) -> None:
         view = self._views.pop(chat_id, None)
         if view is not None:
@@ -128,6 +162,7 @@ class MainWindow(QMainWindow):
         view = self.current_view()
         if view is not None:
             self.chat_store.set_chat_model(view.chat_id, model or None)
+            self._show_chat_settings(view)
 
     def _on_reply_stats(self, stats: dict) -> None:
         view = self.current_view()
@@ -157,39 +192,61 @@ class MainWindow(QMainWindow):
             self.export_chat(view.chat_id, Path(path), fmt)
 
     def _on_about(self) -> None:
-        QMessageBox.about(self, "About Ember", "Ember runs language models on this machine.\n"
-                          "The engine is also an OpenAI-compatible server for other programs.")
+        QMessageBox.about(self, "About Ember", f"Ember {ember_version()}\n\n"
+                          "Ember runs language models on this machine. Its engine is also an "
+                          f"OpenAI-compatible server for other programs ({self.engine.base_url or 'not running'}).")
+
+    def _on_regenerate(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.regenerate()
+
+    def _on_stop(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.stop()
+
+    def _on_search(self) -> None:
+        self.chat_list.search.setFocus()
+        self.chat_list.search.selectAll()
+
+    def show_engine_log(self) -> EngineLogDialog:
+        if self._log_dialog is None:
+            sup = self.engine.supervisor
+            engine_log = sup.log_path if sup is not None else self.settings.logs_dir / "engine.log"
+            self._log_dialog = EngineLogDialog(engine_log, self.settings.logs_dir / "ember.log", self)
+        self._log_dialog.refresh()
+        self._log_dialog.show()
+        self._log_dialog.raise_()
+        return self._log_dialog
 
     # ---- window ----
     def _build_menus(self) -> None:
-        def action(menu, text, slot, shortcut=None) -> QAction:
-            a = QAction(text, self)
-            if shortcut:
-                a.setShortcut(QKeySequence(shortcut))
-            a.triggered.connect(slot)
-            menu.addAction(a)
-            return a
+        self.actions = build_menus(
+            self, new_chat=self.new_chat, export=self._on_export, regenerate=self._on_regenerate,
+            stop=self._on_stop, search=self._on_search, engine=self.engine,
+            models=lambda: self._open_model_manager and self._open_model_manager(self),
+            settings=lambda: self._open_settings and self._open_settings(self),
+            engine_log=self.show_engine_log, about=self._on_about)
+        self.new_chat_action, self.models_action = self.actions.new_chat, self.actions.models
+        self.settings_action = self.actions.settings
 
-        file_menu = self.menuBar().addMenu("&File")
-        self.new_chat_action = action(file_menu, "New chat", self.new_chat, QKeySequence.New)
-        self.export_md_action = action(file_menu, "Export chat as Markdown…", lambda: self._on_export("md"))
-        self.export_json_action = action(file_menu, "Export chat as JSON…", lambda: self._on_export("json"))
-        file_menu.addSeparator()
-        action(file_menu, "Close window", self.close, QKeySequence.Close)
-        action(file_menu, "Quit", self.engine.request_quit, QKeySequence.Quit)
-        server = self.menuBar().addMenu("&Engine")
-        action(server, "Start server", self.engine.start_server)
-        action(server, "Stop server", self.engine.stop_server)
-        action(server, "Restart server", self.engine.restart_server)
-        self.models_action = action(self.menuBar().addMenu("&Models"), "Model manager…",
-                                    lambda: self._open_model_manager and self._open_model_manager(self))
-        self.settings_action = action(self.menuBar().addMenu("&Settings"), "Preferences…",
-                                      lambda: self._open_settings and self._open_settings(self),
-                                      QKeySequence.Preferences)
-        action(self.menuBar().addMenu("&Help"), "About Ember", self._on_about)
+    def _restore_geometry(self) -> None:
+        saved = self.settings.window_geometry
+        if not (saved and self.restoreGeometry(QByteArray.fromBase64(saved.encode("ascii")))):
+            self.resize(1100, 720)
+
+    def save_geometry(self) -> None:
+        """Remember the window's size and place (in settings.json) for the next start."""
+        self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode("ascii")
+        try:
+            self.settings.save()
+        except OSError as e:
+            log.warning("could not save the window size: %s", e)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
         """With close_to_tray, closing hides the window and the engine keeps serving."""
+        self.save_geometry()
         if self.settings.close_to_tray and self.tray is not None and self.tray.isVisible():
             event.ignore()
             self.hide()

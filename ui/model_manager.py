@@ -1,7 +1,13 @@
-"""The model manager: catalog (with fit badges), downloads, and installed models, as three tabs."""
+"""The model manager: catalog (with fit badges and hub search), downloads, and installed models, as three tabs.
+
+When it opens, a worker asks the hub (huggingface_hub's HfApi) for the sizes and checksums the
+catalog does not list; offline, the catalog keeps its estimates and says so.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from dataclasses import replace
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTabWidget, QVBoxLayout, QWidget
@@ -10,12 +16,16 @@ from app.catalog import Catalog, CatalogEntry
 from app.download_jobs import JobState
 from app.downloads import DownloadManager
 from app.fit import FitAdvice
+from app.hub import with_hub_facts
 from app.settings import Settings
 from app.store import ModelStore
 from ui.catalog_table import CatalogTable
 from ui.download_bridge import DownloadBridge
 from ui.downloads_panel import DownloadsPanel
+from ui.elided_label import ElidedLabel
+from ui.hub_search import HubSearch
 from ui.installed_table import InstalledTable
+from ui.workers import FunctionWorker
 
 
 class ModelManagerDialog(QDialog):
@@ -25,6 +35,7 @@ class ModelManagerDialog(QDialog):
     """
 
     model_installed = Signal(str)
+    store_changed = Signal()  # a model was added (download, import) or removed
 
     def __init__(self, store: ModelStore, catalog: Catalog, downloads: DownloadManager | None, settings: Settings,
                  advise: Callable[[CatalogEntry], FitAdvice] | None = None, parent: QWidget | None = None) -> None:
@@ -34,9 +45,18 @@ class ModelManagerDialog(QDialog):
         self.store = store
         self.downloads = downloads
         self.catalog_table = CatalogTable(catalog, advise, self)
+        self.hub_search = HubSearch(settings.hub_base_url, self)
+        self.hub_status = ElidedLabel(parent=self, objectName="hubStatus")
+        catalog_tab = QWidget(self)
+        catalog_layout = QVBoxLayout(catalog_tab)
+        catalog_layout.addWidget(self.hub_search)
+        catalog_layout.addWidget(self.catalog_table, 1)
+        catalog_layout.addWidget(self.hub_status)
         self.installed = InstalledTable(store, settings, self)
         self.tabs = QTabWidget(self)
-        self.tabs.addTab(self.catalog_table, "Catalog")
+        self.tabs.addTab(catalog_tab, "Catalog")
+        self.hub_search.found.connect(self.catalog_table.set_hub_entries)
+        self.hub_search.cleared.connect(lambda: self.catalog_table.set_hub_entries([]))
         self.downloads_panel: DownloadsPanel | None = None
         if downloads is not None:
             self.bridge = DownloadBridge(downloads, self)
@@ -54,9 +74,34 @@ class ModelManagerDialog(QDialog):
         layout.addWidget(buttons)
         self.installed.changed.connect(self._on_installed_changed)
         self._on_installed_changed()
+        self._facts_worker: FunctionWorker | None = None
+        self.fetch_hub_facts(settings.hub_base_url)
+
+    def fetch_hub_facts(self, hub_base_url: str) -> FunctionWorker:
+        """Sizes and sha256 from the hub for the entries that lack them (a worker; offline keeps estimates)."""
+        self.hub_status.setText("Asking the hub for exact sizes…")
+        self._facts_worker = FunctionWorker(with_hub_facts, hub_base_url, list(self.catalog_table.catalog))
+        self._facts_worker.returned.connect(self._on_hub_facts)
+        self._facts_worker.errored.connect(self._on_hub_facts_failed)
+        self._facts_worker.start()
+        return self._facts_worker
+
+    def _on_hub_facts(self, entries: list) -> None:
+        before = sum(1 for e in self.catalog_table.catalog if e.size_bytes)
+        self.catalog_table.set_catalog(Catalog(entries))
+        filled = sum(1 for e in entries if e.size_bytes) - before
+        left = sum(1 for e in entries if not e.size_bytes)
+        self.hub_status.setText(f"Exact sizes from the hub for {filled} model{'s' if filled != 1 else ''}" +
+                                (f"; sizes marked ~ are estimates ({left})." if left else "."))
+
+    def _on_hub_facts_failed(self, error: Exception) -> None:
+        self.hub_status.setText(f"Sizes marked ~ are estimates (parameters × bits per weight): {error}")
+        self.hub_status.setToolTip(str(error))
 
     def start_download(self, entry: CatalogEntry) -> str | None:
         assert self.downloads_panel is not None, "no DownloadManager was given"
+        # the name on every row (downloads, installed, the chat's picker): one that tells quantizations apart
+        entry = replace(entry, name=self.catalog_table.display_name(entry))
         job_id = self.downloads_panel.start(entry)
         self.tabs.setCurrentWidget(self.downloads_panel)
         return job_id
@@ -74,3 +119,4 @@ class ModelManagerDialog(QDialog):
 
     def _on_installed_changed(self) -> None:
         self.catalog_table.set_installed({m.id for m in self.store.list()})
+        self.store_changed.emit()

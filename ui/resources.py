@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QToolTip
 
 from app.supervisor import SupervisorState
 from ui.engine_controller import REMOTE
@@ -71,8 +71,7 @@ def apply_theme(app: QApplication, theme: str) -> None:
     app.setStyle("Fusion")
     if theme == "system":
         theme = "dark" if app.styleHints().colorScheme() == Qt.ColorScheme.Dark else "light"
-    if theme == "dark":
-        app.setPalette(_dark_palette())
-    else:
-        app.setPalette(_light_palette())
+    palette = _dark_palette() if theme == "dark" else _light_palette()
+    app.setPalette(palette)
+    QToolTip.setPalette(palette)  # tooltips and the tray's notice balloon keep their own palette
     app.setStyleSheet(resource_path("style.qss").read_text(encoding="utf-8"))

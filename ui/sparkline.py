@@ -17,6 +17,10 @@ class Sparkline(QWidget):
         self.setFixedSize(QSize(120, 18))
         self.setToolTip("Engine throughput, tokens per second (all chats together)")
 
+    def clear(self) -> None:
+        self.values.clear()
+        self.update()
+
     def add(self, value: float) -> None:
         self.values.append(max(0.0, float(value)))
         self.update()
@@ -49,4 +53,5 @@ class Sparkline(QWidget):
         painter.setPen(QPen(accent, 1.5))
         painter.drawPath(line)
         painter.setPen(self.palette().text().color())
-        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignLeft | Qt.AlignVCenter, f"{top:.0f}")
+        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignLeft | Qt.AlignVCenter,
+                         f"{self.values[-1]:.0f} tok/s")

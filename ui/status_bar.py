@@ -6,6 +6,7 @@ from PySide6.QtCore import QSize
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from app.supervisor import SupervisorState
+from ui.elided_label import ElidedLabel
 from ui.engine_controller import REMOTE, EngineController
 from ui.resources import engine_state_icon
 from ui.sparkline import Sparkline
@@ -27,23 +28,25 @@ class EngineStatusBar(QStatusBar):
         super().__init__(parent)
         self.engine = engine
         self.state_icon = QLabel(self)
-        self.state_label = QLabel(self)
+        self.state_label = QLabel(self)  # short texts: these never shorten
         self.loading = QProgressBar(self, maximumWidth=90, maximumHeight=14, textVisible=False)
         self.loading.setRange(0, 0)  # busy: the engine does not report a fraction while loading
-        self.model_label = QLabel(self)
+        self.model_label = ElidedLabel(parent=self)
         self.device_label = QLabel(self)
-        self.running_label = QLabel(self)
-        self.reply_label = QLabel(self)
-        self.kv_label = QLabel(self)
+        self.running_label = ElidedLabel(parent=self)
+        self.reply_label = ElidedLabel(parent=self)
+        self.kv_label = ElidedLabel(parent=self)
         self.ram_label = QLabel(self)
         self.chart = Sparkline(parent=self)
         for w in (self.state_icon, self.state_label, self.loading, self.model_label, self.device_label):
             self.addWidget(w)
         for w in (self.running_label, self.reply_label, self.kv_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
-        self.reply_label.setToolTip("The current reply: tokens per second and time to first token")
-        self.running_label.setToolTip("Replies the engine is generating together in one batch, and waiting")
-        self.kv_label.setToolTip("KV-cache blocks in use / total, and the prefix-cache hit rate")
+        self.reply_label.setToolTip("This chat's reply: its speed in tokens (about ¾ of a word) per second, "
+                                    "and how long the first one took to arrive")
+        self.running_label.setToolTip("Replies the engine is writing at the same time, and those waiting")
+        self.kv_label.setToolTip("Memory for conversations (the KV cache) in use")
+        self.ram_label.setToolTip("Memory in use on this computer, all programs together")
         engine.state_changed.connect(self._on_state_changed)
         engine.status_changed.connect(self._on_status_changed)
         self._on_state_changed(engine.state)
@@ -53,6 +56,13 @@ class EngineStatusBar(QStatusBar):
         self.state_icon.setPixmap(engine_state_icon(state).pixmap(QSize(16, 16)))
         self.state_label.setText(STATE_TEXT.get(state, state))
         self.loading.setVisible(state == SupervisorState.STARTING)
+        if state in (SupervisorState.STOPPED, SupervisorState.ERROR, SupervisorState.CRASHED):
+            self.clear_engine_figures()  # a stopped engine has no model and no speed
+
+    def clear_engine_figures(self) -> None:
+        for label in (self.model_label, self.device_label, self.running_label, self.reply_label, self.kv_label):
+            label.setText("")
+        self.chart.clear()
 
     def _on_status_changed(self, status: dict) -> None:
         state = status.get("status")
@@ -64,18 +74,22 @@ class EngineStatusBar(QStatusBar):
         elif state == "ready" and self.engine.state == SupervisorState.READY:
             self.loading.setVisible(False)
         model = status.get("model")
-        self.model_label.setText(f"Model: {model}" if model else "")
+        self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}" if model else "")
+        self.model_label.setToolTip(model or "")
         parts = [p for p in (status.get("backend"), status.get("device")) if p]
         self.device_label.setText(" · ".join(parts))
         kv = status.get("kv") or {}
         if kv.get("blocks_total"):
-            text = f"KV {kv.get('blocks_used', 0)}/{kv['blocks_total']}"
+            used, total = kv.get("blocks_used", 0), kv["blocks_total"]
+            self.kv_label.setText(f"Chat memory {100 * used / total:.0f}% used")
+            tip = f"Memory for conversations (the KV cache): {used} of {total} blocks in use"
             if kv.get("prefix_hit_rate") is not None:
-                text += f" · prefix hits {100 * float(kv['prefix_hit_rate']):.0f}%"
-            self.kv_label.setText(text)
+                tip += (f".\n{100 * float(kv['prefix_hit_rate']):.0f}% of prompt tokens were reused from "
+                        "earlier turns (prefix cache) instead of being read again")
+            self.kv_label.setToolTip(tip)
         running, waiting = status.get("num_running"), status.get("num_waiting") or 0
-        self.running_label.setText(f"{running} running" + (f" · {waiting} waiting" if waiting else "")
-                                   if running else "")
+        self.running_label.setText((f"{running} {'reply' if running == 1 else 'replies'} in progress"
+                                    + (f" · {waiting} waiting" if waiting else "")) if running else "")
         tok_s = status.get("generation_tok_s")
         if tok_s is not None:
             self.chart.add(float(tok_s))
@@ -85,7 +99,9 @@ class EngineStatusBar(QStatusBar):
         self._update_ram(status)
 
     def on_reply_stats(self, stats: dict) -> None:
-        self.reply_label.setText(f"{stats.get('tok_s', 0):.1f} tok/s · TTFT {1000 * stats.get('ttft_s', 0):.0f} ms")
+        self.reply_label.setText(f"{stats.get('tok_s', 0):.1f} tok/s")  # the chat's own line has the rest
+        self.reply_label.setToolTip(f"This chat's reply: {stats.get('tok_s', 0):.1f} tokens (about ¾ of a word) "
+                                    f"per second; the first arrived after {1000 * stats.get('ttft_s', 0):.0f} ms")
 
     def _update_ram(self, status: dict | None = None) -> None:
         vm = psutil.virtual_memory()

@@ -48,12 +48,12 @@ class TrayIcon(QSystemTrayIcon):
         self.copy_key_action.setEnabled(bool(c.api_key))
         if not c.is_remote:
             if c.state in (SupervisorState.STOPPED, SupervisorState.ERROR):
-                self.server_action = self._add("Start server", c.start_server)
+                self.server_action = self._add("Start engine", c.start_server)
             else:
-                self.server_action = self._add("Stop server", c.stop_server)
+                self.server_action = self._add("Stop engine", c.stop_server)
         m.addSeparator()
         model = c.current_model
-        current = self._add(f"Model: {model}" if model else "Model: none loaded", None)
+        current = self._add(f"Model: {c.model_names.get(model, model)}" if model else "Model: none loaded", None)
         current.setEnabled(False)
         m.addSeparator()
         self.quit_action = self._add("Quit Ember", c.request_quit)
@@ -73,7 +73,7 @@ class TrayIcon(QSystemTrayIcon):
         if settings.tray_notice_shown:
             return
         self.showMessage("Ember is still running",
-                         "The server keeps serving from the tray. Choose Quit Ember in this menu to stop it.",
+                         "The engine keeps serving other programs from the tray. Choose Quit Ember in this menu to stop it.",
                          QSystemTrayIcon.Information, 8000)
         settings.tray_notice_shown = True
         if self._save_settings is not None:
