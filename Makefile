@@ -19,7 +19,13 @@ WHEELHOUSE ?= $(HOME)/.cache/ember/wheels/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU
 KERNELS := $(VENV)/lib/ember_kernels/ember_kernels.so
 KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernel_library.py engine/kernels/build.py
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench clean llama-server
+
+# llama.cpp's own llama-server, built from the same llama-cpp-python sources with the same CPU
+# flags as the wheel above: the baseline for `ember bench server` and `ember bench footprint`.
+# Benchmarks only; not part of install or test. Statically linked, no HTTPS, no downloaded web UI.
+LLAMA_SERVER_DIR ?= $(HOME)/.cache/ember/llama-server/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU_KEY)
+LLAMA_SERVER := $(LLAMA_SERVER_DIR)/build/bin/llama-server
 
 install: $(VENV)/.installed $(KERNELS)
 
@@ -53,6 +59,25 @@ test: install
 
 bench: install
 	$(VENV)/bin/ember bench decode
+
+llama-server: $(LLAMA_SERVER)
+	@echo $(LLAMA_SERVER)
+
+$(LLAMA_SERVER):
+	mkdir -p $(LLAMA_SERVER_DIR)
+	test -d $(LLAMA_SERVER_DIR)/src || { \
+		python3 -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_SERVER_DIR) $(LLAMA_CPP) && \
+		rm -rf $(LLAMA_SERVER_DIR)/src.tmp && mkdir $(LLAMA_SERVER_DIR)/src.tmp && \
+		tar xzf $(LLAMA_SERVER_DIR)/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_DIR)/src.tmp \
+			--strip-components=1 && \
+		mv $(LLAMA_SERVER_DIR)/src.tmp $(LLAMA_SERVER_DIR)/src; }
+	cmake -S $(LLAMA_SERVER_DIR)/src/vendor/llama.cpp -B $(LLAMA_SERVER_DIR)/build $(if $(shell command -v ninja),-G Ninja) \
+		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+		-DCMAKE_C_FLAGS="$(LLAMA_CFLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_CFLAGS)" \
+		-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+	nice -n 19 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.model_files.fit import (MAX_DEFAULT_CONTEXT, BackendError, GiB, MachineInfo, choose_backend,
                                     default_context, estimate_bytes, footprint_of, kv_itemsize, kv_room,
                                     max_context_that_fits, probe_host)
+from engine.model_files.memory import describe, engine_memory
 
 __all__ = ["FitAdvice", "MachineInfo", "fit_advice", "probe_host"]
 
@@ -53,10 +54,27 @@ def fit_advice(size_bytes: int | None, meta, machine: MachineInfo | None = None,
     chat = min(chat_context, longest)
     slots = max(1, min(max_slots, room // (per_tok * chat)))
     reason = (f"fits on {d.device} ({d.backend}): {_gib(room)} left for the KV cache after the weights "
-              f"({per_tok // 1024} KiB/token) → {longest} tokens, {slots} chats of {chat}")
+              f"({per_tok // 1024} KiB/token) → {longest} tokens, {slots} chats of {chat}. Memory: "
+              + describe(engine_memory(fp, d.backend, d.dtype, chat, slots, d.available_bytes), chat, slots))
     return FitAdvice(True, longest, slots, reason + estimated, d.device, per_tok,
                      estimate_bytes(fp, d.backend, longest, d.dtype))
 
 
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
+
+
+def memory_line(size_bytes: int, meta, machine: MachineInfo | None = None, *, backend: str = "auto",
+                device: str = "auto", dtype: str = "auto", kv_memory_fraction: float = 0.25,
+                context: int = MAX_DEFAULT_CONTEXT, chats: int = 4) -> str:
+    """Settings' line: the memory the engine takes for `chats` chats of `context` tokens, with the
+    backend and dtype `auto` resolves to here (engine/model_files/memory.py, the engine's rule)."""
+    machine = machine or probe_host()
+    fp = footprint_of(meta, size_bytes)
+    context = min(context, fp.context_length)
+    try:
+        d = choose_backend(machine, fp, backend=backend, device=device, context_length=context, dtype=dtype)
+    except BackendError as e:
+        return str(e)
+    est = engine_memory(fp, d.backend, d.dtype, context, chats, d.available_bytes, kv_memory_fraction)
+    return f"{d.backend} on {d.device}: " + describe(est, context, chats)

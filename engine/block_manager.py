@@ -8,15 +8,22 @@ Prefix cache: a block whose B tokens are all computed gets a chained hash
 h_i = H(h_{i-1}, tokens of block i), so h_i names the whole prefix up to that block. A new
 sequence reuses the longest run of cached leading blocks (ref_count + 1) instead of computing
 them; never all of its tokens, so at least one is computed and yields the next token's logits.
-Freed blocks keep their hash (lazy eviction) and wait on an LRU free list: freed blocks are
-appended at the tail, allocation takes the head and only then drops its stale hash, and a
-cache hit on a free block takes it off the list.
+Freed blocks keep their hash (lazy eviction) and wait on an LRU list of cached free blocks:
+freed blocks are appended at the tail, a cache hit on one takes it off the list, and at most
+`max_cached_free` of them are kept (the oldest give up their hash beyond that).
+
+Memory follows use: a free block without a hash is "clean", and clean blocks are handed out
+lowest id first (before any cached block is evicted), so the blocks ever written stay a compact
+prefix of the pool. Each block that turns clean is reported to `on_clean` (the torch runner gives
+its pages back to the OS); a pool reserved but not touched then holds only live and cached KV.
 """
 from __future__ import annotations
 
 import hashlib
+import heapq
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 
 from engine.sequence import Sequence
 
@@ -48,16 +55,23 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 max_cached_free: int | None = None,
+                 on_clean: Callable[[list[int], Callable[[int], bool]], None] | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
+        if max_cached_free is not None and max_cached_free < 0:
+            raise ValueError("max_cached_free must be >= 0")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.max_cached_free = max_cached_free  # None: keep every freed block's hash
+        self.on_clean = on_clean
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        # LRU free list; an OrderedDict is a deque that can also drop a revived block in O(1).
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.clean_free: list[int] = list(range(num_blocks))  # a min-heap: lowest id first
+        # LRU of free blocks holding a hash; an OrderedDict is a deque that can also drop a revived block in O(1).
+        self.cached_free: OrderedDict[int, None] = OrderedDict()
         self.used_block_ids: set[int] = set()
         self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0  # of those, found
@@ -65,7 +79,7 @@ class BlockManager:
     # ---- accounting ----------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        return len(self.clean_free) + len(self.cached_free)
 
     @property
     def num_used_blocks(self) -> int:
@@ -93,33 +107,60 @@ class BlockManager:
 
     # ---- block pool ----------------------------------------------------------------------
     def _take_free_block(self) -> int:
-        """Pop the least recently freed block; its stale hash, if any, is evicted now."""
-        block_id, _ = self.free_block_ids.popitem(last=False)
+        """The lowest clean block, else the least recently freed cached one (its hash goes now)."""
+        if self.clean_free:
+            block_id = heapq.heappop(self.clean_free)
+        else:
+            block_id, _ = self.cached_free.popitem(last=False)
+            self._drop_hash(self.blocks[block_id])
         block = self.blocks[block_id]
         assert block.ref_count == 0
-        if block.hash != NO_HASH:
-            del self.hash_to_block_id[block.hash]
-            block.hash, block.token_ids = NO_HASH, ()
         block.ref_count = 1
         self.used_block_ids.add(block_id)
         return block_id
+
+    def _drop_hash(self, block: Block) -> None:
+        del self.hash_to_block_id[block.hash]
+        block.hash, block.token_ids = NO_HASH, ()
 
     def _touch(self, block_id: int) -> None:
         """Take one more reference to a cached block, reviving it if it was free."""
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self.free_block_ids[block_id]
+            del self.cached_free[block_id]
             self.used_block_ids.add(block_id)
         block.ref_count += 1
 
-    def _release(self, block_id: int) -> None:
+    def _release(self, block_id: int, cleaned: list[int]) -> None:
+        """Drop one reference; a block that turns clean is appended to `cleaned`."""
         block = self.blocks[block_id]
-        if block.ref_count <= 0:  # a bookkeeping bug; never let it corrupt the free list
+        if block.ref_count <= 0:  # a bookkeeping bug; never let it corrupt the free lists
             raise RuntimeError(f"double free of KV block {block_id}")
         block.ref_count -= 1
-        if block.ref_count == 0:
-            self.used_block_ids.remove(block_id)
-            self.free_block_ids[block_id] = None  # tail: evicted last
+        if block.ref_count:
+            return
+        self.used_block_ids.remove(block_id)
+        if block.hash == NO_HASH:
+            heapq.heappush(self.clean_free, block_id)
+            cleaned.append(block_id)
+            return
+        self.cached_free[block_id] = None  # tail: evicted last
+        if self.max_cached_free is not None and len(self.cached_free) > self.max_cached_free:
+            old, _ = self.cached_free.popitem(last=False)
+            self._drop_hash(self.blocks[old])
+            heapq.heappush(self.clean_free, old)
+            cleaned.append(old)
+
+    def is_clean(self, block_id: int) -> bool:
+        """Free and holding no hash: nothing will read its KV before it is written again."""
+        block = self.blocks[block_id]
+        return block.ref_count == 0 and block.hash == NO_HASH
+
+    def _report_clean(self, cleaned: list[int]) -> None:
+        """on_clean(blocks that just turned clean, is_clean): is_clean lets a listener whose
+        pages span several blocks check the neighbours."""
+        if cleaned and self.on_clean is not None:
+            self.on_clean(cleaned, self.is_clean)
 
     # ---- prefix cache --------------------------------------------------------------------
     def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
@@ -220,7 +261,7 @@ class BlockManager:
         if (start % self.block_size and (start + num_new_tokens - 1) // self.block_size == first
                 and first < len(table) and self.blocks[table[first]].ref_count == 1):
             return True  # fast path: the tokens go into the sequence's own last block
-        return self.num_needed_blocks(seq, num_new_tokens) <= len(self.free_block_ids)
+        return self.num_needed_blocks(seq, num_new_tokens) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> list[tuple[int, int]]:
         """Make seq's table cover num_computed_tokens + n tokens. A shared block about to be
@@ -231,14 +272,14 @@ class BlockManager:
         first = start // B
         if start % B and end_blocks == first + 1 <= len(table) and self.blocks[table[first]].ref_count == 1:
             return []  # fast path: the tokens go into the sequence's own last block
-        if self.num_needed_blocks(seq, num_new_tokens) > len(self.free_block_ids):
+        if self.num_needed_blocks(seq, num_new_tokens) > self.num_free_blocks:
             raise RuntimeError("not enough free KV blocks; check can_append first")
         copies = []
         for i in range(start // B, min(len(table), end_blocks)):
             src = table[i]
             if self.blocks[src].ref_count > 1:  # shared with a fork: copy before writing
                 dst = self._take_free_block()
-                self._release(src)
+                self._release(src, [])  # still referenced: it cannot turn clean
                 table[i] = dst
                 copies.append((src, dst))
         while len(table) < end_blocks:
@@ -256,8 +297,10 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop seq's references, last block first so a prefix outlives its tails on the LRU list."""
+        cleaned: list[int] = []
         for block_id in reversed(seq.block_table):
-            self._release(block_id)
+            self._release(block_id, cleaned)
+        self._report_clean(cleaned)
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
@@ -267,16 +310,24 @@ class BlockManager:
         call it once token_ids and num_computed_tokens are rolled back."""
         del seq.block_hashes[seq.num_tokens // self.block_size:]
         keep = self.num_blocks_for(seq.num_computed_tokens)
+        cleaned: list[int] = []
         while len(seq.block_table) > keep:
-            self._release(seq.block_table.pop())
+            self._release(seq.block_table.pop(), cleaned)
+        self._report_clean(cleaned)
         seq.num_hashed_blocks = min(seq.num_hashed_blocks, seq.num_computed_tokens // self.block_size)
 
     def check(self) -> None:
         """Invariants, for tests: every block is free xor used, refs match, the cache is consistent."""
-        assert len(self.free_block_ids) + len(self.used_block_ids) == self.num_blocks
-        assert not self.used_block_ids & self.free_block_ids.keys()
+        clean = set(self.clean_free)
+        assert len(clean) == len(self.clean_free), "a block is twice on the clean list"
+        assert len(clean) + len(self.cached_free) + len(self.used_block_ids) == self.num_blocks
+        assert not (self.used_block_ids & clean or self.used_block_ids & self.cached_free.keys()
+                    or clean & self.cached_free.keys())
+        if self.max_cached_free is not None:
+            assert len(self.cached_free) <= self.max_cached_free
         for block in self.blocks:
             assert (block.ref_count > 0) == (block.block_id in self.used_block_ids), block
+            assert (block.block_id in clean) == (block.ref_count == 0 and block.hash == NO_HASH), block
             if block.hash != NO_HASH:
                 assert self.hash_to_block_id[block.hash] == block.block_id, block
         assert all(self.blocks[b].hash == h for h, b in self.hash_to_block_id.items())

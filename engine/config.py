@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.model_files.memory import DEFAULT_BLOCK_SIZE, DEFAULT_KV_FRACTION, KV_CACHE_MAX_BYTES
+
 
 WEIGHTS = ("auto", "quantized", "dense")  # EngineConfig.weights
+# EngineConfig.kv_cache_dtype; q8_0 is llama.cpp's 8-bit cache type (engine/kernels/csrc/kv_quant.cpp)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +22,22 @@ class EngineConfig:
     weights: str = field(default="auto", metadata={
         "help": "auto | quantized | dense: keep a GGUF's 4/8-bit weights as they are (Ember's CPU "
                 "kernels; auto when they are built and the device is a CPU) or dequantize them"})
+    kv_cache_dtype: str = field(default="auto", metadata={
+        "help": "auto | float32 | bfloat16 | float16 | q8_0: the KV cache's type (auto: the dtype; q8_0: "
+                "8 bits and a scale per 32 values, half of bf16, on Ember's CPU kernels or llama.cpp)"})
     device: str = "cpu"  # "cpu" | "cuda" | "mps"
-    block_size: int = 16  # tokens per KV block; 16 suits CPUs (vLLM's default too)
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per KV block; 16 suits CPUs (vLLM's default too)
     max_num_seqs: int = field(default=64, metadata={"help": "sequences batched in one step"})
     max_num_batched_tokens: int = 1024  # token budget of one step (decodes + prefill chunks)
     max_prefill_chunk: int = 256  # a prompt is prefilled in chunks of at most this many tokens
     max_model_len: int | None = field(default=None, metadata={
         "help": "context length (default: the model's own, capped at 4096)"})
-    kv_memory_fraction: float = field(default=0.25, metadata={
+    kv_memory_fraction: float = field(default=DEFAULT_KV_FRACTION, metadata={
         "help": "share of the memory free after the weights are loaded that the KV cache takes"})
-    kv_cache_max_bytes: int = 1 << 30  # cap on the KV pool (zeroed up front: keep it modest)
+    kv_cache_max_bytes: int = KV_CACHE_MAX_BYTES  # cap on the KV pool (reserved; memory is committed as chats write it)
+    kv_idle_cache_tokens: int | None = field(default=None, metadata={
+        "help": "KV that finished chats keep for their next turn (prefix cache), in tokens; the rest "
+                "goes back to the system (default: one context, max_model_len)"})
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "fixed KV pool size in blocks (tests, benchmarks); overrides the memory share and the byte cap"})
     enable_prefix_caching: bool = True
@@ -38,11 +48,15 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {self.kv_cache_dtype!r}")
         if self.weights not in WEIGHTS:
             raise ValueError(f"weights must be auto, quantized or dense, not {self.weights!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_prefill_chunk < 1:
             raise ValueError("max_prefill_chunk must be positive")
+        if self.kv_idle_cache_tokens is not None and self.kv_idle_cache_tokens < 0:
+            raise ValueError("kv_idle_cache_tokens must be >= 0")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError("kv_memory_fraction must be in (0, 1]")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.model_files.fit import kv_bytes_per_token
+from engine.model_files.memory import kv_pool_blocks
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -16,12 +17,16 @@ def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head
 
 
 def num_kv_blocks(config: EngineConfig, block_bytes: int, free_bytes: int, max_model_len: int) -> int:
-    """Pool size from the memory left after the weights: a fraction of what is free, capped;
-    never below what one full-length sequence needs (else nothing could run) and never above
-    what max_num_seqs full-length sequences could use (a tiny model would otherwise get
-    millions of slots)."""
+    """The pool for this config (engine/model_files/memory.py's rule, which Settings shows too),
+    unless a fixed number of blocks is asked for."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_seq = -(-max_model_len // config.block_size)
-    budget = min(int(free_bytes * config.kv_memory_fraction), config.kv_cache_max_bytes)
-    return max(min(budget // block_bytes, config.max_num_seqs * per_seq), per_seq)
+    return kv_pool_blocks(block_bytes, free_bytes, max_model_len, config.max_num_seqs,
+                          block_size=config.block_size, kv_memory_fraction=config.kv_memory_fraction,
+                          kv_cache_max_bytes=config.kv_cache_max_bytes)
+
+
+def idle_cache_tokens(config: EngineConfig, max_model_len: int) -> int:
+    """KV tokens finished sequences may keep for later prompts (the torch runner's cached free
+    blocks, llama.cpp's idle slots); beyond it their memory goes back to the system."""
+    return max_model_len if config.kv_idle_cache_tokens is None else config.kv_idle_cache_tokens

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from engine.kv_sizing import idle_cache_tokens
 from engine.loaders.chat_template import ChatTemplate
 from engine.loaders.tokenizer import Tokenizer
 from engine.runner import Runner, TokenLogprobs
@@ -80,8 +81,11 @@ class LLMEngine:
         # Block-hash prefix caching needs a runner whose KV the block tables address (torch);
         # a runner with its own prompt cache (llama.cpp's slots) serves prefixes instead.
         caching = config.enable_prefix_caching
+        # Blocks that turn clean go back to a runner that can return their memory (give_back).
+        idle_blocks = idle_cache_tokens(config, runner.max_model_len) // config.block_size
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
-                                          enable_prefix_caching=caching and runner.paged_kv)
+                                          enable_prefix_caching=caching and runner.paged_kv,
+                                          max_cached_free=idle_blocks, on_clean=getattr(runner, "give_back", None))
         self.prompt_cache = runner.prompt_cache if caching else None
         self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
         self._requests: dict[str, _Request] = {}

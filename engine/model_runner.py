@@ -14,6 +14,7 @@ import psutil
 import torch
 
 from engine.config import EngineConfig
+from engine.kv_pool import KVPool
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.attention import AttentionMetadata
 from engine.layers.step_sampler import StepSampler
@@ -56,6 +57,21 @@ def resolve_weights(name: str, device: torch.device, dtype: torch.dtype = torch.
     return True
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device, head_dim: int) -> torch.dtype:
+    """The pool's element type: the engine's dtype (auto), another float type, or int8 for q8_0
+    rows (Ember's CPU kernels write and read them: engine/kernels/csrc/kv_quant.cpp)."""
+    from engine.kernels import kernels
+
+    if name == "auto":
+        return dtype
+    if name != "q8_0":
+        return getattr(torch, name)
+    if device.type != "cpu" or kernels() is None or head_dim % 32:
+        raise RuntimeError("a q8_0 KV cache needs Ember's CPU kernels and head_dim a multiple of 32 "
+                           f"(device {device}, head_dim {head_dim}); on llama.cpp use --backend llama.cpp")
+    return torch.int8
+
+
 def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -84,19 +100,23 @@ class ModelRunner:
         ctx = mc.context_length or MAX_DEFAULT_CONTEXT
         self.max_model_len = default_context(ctx, config.max_model_len)
         B = config.block_size
-        block_bytes = kv_bytes_per_block(mc.num_layers, B, mc.num_kv_heads, mc.head_dim,
-                                         self.dtype.itemsize)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype, self.device, mc.head_dim)
+        width = mc.head_dim + mc.head_dim // 16 if self.kv_dtype == torch.int8 else mc.head_dim  # q8_0 rows
+        block_bytes = kv_bytes_per_block(mc.num_layers, B, mc.num_kv_heads, width, self.kv_dtype.itemsize)
         self.num_blocks = num_kv_blocks(config, block_bytes, free_memory_bytes(self.device), self.max_model_len)
-        shape = (self.num_blocks, B, mc.num_kv_heads, mc.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(mc.num_layers)]
+        self.kv_pool = KVPool(mc.num_layers, self.num_blocks, B, mc.num_kv_heads, width, self.kv_dtype, self.device)
+        self.kv_caches = self.kv_pool.caches
         self.sampler = StepSampler()
-        log.info("KV pool: %d blocks of %d tokens (%.1f MiB), max_model_len %d",
-                 self.num_blocks, B, self.num_blocks * block_bytes / 2**20, self.max_model_len)
+        log.info("KV pool: %d blocks of %d tokens (%.1f MiB %s), max_model_len %d", self.num_blocks, B,
+                 self.num_blocks * block_bytes / 2**20,
+                 "reserved, committed as written" if self.kv_pool.lazy else "allocated", self.max_model_len)
 
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks
+
+    def give_back(self, block_ids, is_clean) -> None:
+        """The block manager's on_clean: clean blocks' pages go back to the OS (engine/kv_pool.py)."""
+        self.kv_pool.give_back(block_ids, is_clean)
 
     def release(self, seq) -> None:
         """The pool is shared and addressed by block tables: only the sampler's state goes."""
@@ -106,6 +126,7 @@ class ModelRunner:
         """Drop the weights and the pool now (idempotent); the runner is unusable afterwards."""
         self.model = None
         self.kv_caches = []
+        self.kv_pool.close()
 
     def copy_blocks(self, pairs: Seq[tuple[int, int]]) -> None:
         """Copy-on-write for forked sequences: duplicate src block into dst in every layer."""

@@ -59,6 +59,9 @@ class Runner(Protocol):
         says) and score the prompt rows of sequences that ask for prompt logprobs."""
         ...
 
+    # Optional: `give_back(block_ids, is_clean)`, the block manager's on_clean, for a runner whose
+    # pool can return clean blocks' memory to the system (the torch runner's CPU pool).
+
     def release(self, seq: Sequence) -> None:
         """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);
         a finished sequence's per-request state goes with it. A no-op for unknown sequences."""

@@ -119,7 +119,7 @@ def test_lru_evicts_least_recently_freed_and_prefix_last():
     bm.hash_blocks(a)
     first, second, third = a.block_table
     bm.free(a)  # freed tail first: the prefix block is evicted last
-    assert list(bm.free_block_ids)[-3:] == [third, second, first]
+    assert list(bm.cached_free)[-3:] == [third, second, first]
     other = _seq([50, 51, 52, 53, 54, 55, 56, 57, 58, 59])  # needs 5 blocks: 3 never-hashed + 2 evicted
     bm.allocate(other)
     assert first not in other.block_table and second in other.block_table and third in other.block_table
@@ -208,6 +208,39 @@ def test_trim_releases_blocks_past_a_rollback():
     bm.check()
 
 
+def test_clean_blocks_go_out_lowest_first_and_are_reported_once():
+    """Freed blocks without a hash are reused before untouched ones, so the blocks ever written
+    stay a compact prefix of the pool; each block that turns clean is reported to on_clean."""
+    reported: list[int] = []
+    bm = BlockManager(32, 4, max_cached_free=0, on_clean=lambda ids, _: reported.extend(ids))
+    a, b = _seq(range(10)), _seq(range(100, 110))
+    bm.allocate(a)
+    bm.allocate(b)
+    assert (a.block_table, b.block_table) == ([0, 1, 2], [3, 4, 5])
+    a.num_computed_tokens = 10
+    bm.hash_blocks(a)  # two full blocks hashed; with no cache budget they are cleaned when freed
+    bm.free(a)
+    assert sorted(reported) == [0, 1, 2] and bm.num_cached_blocks == 0
+    c = _seq(range(200, 206))
+    bm.allocate(c)
+    assert c.block_table == [0, 1]  # not 6, 7: the touched set does not grow
+    bm.check()
+
+
+def test_the_idle_cache_keeps_the_most_recently_freed_blocks():
+    reported: list[int] = []
+    bm = BlockManager(32, 4, max_cached_free=2, on_clean=lambda ids, _: reported.extend(ids))
+    a = _seq(range(13))  # blocks 0..3, three full
+    bm.allocate(a)
+    a.num_computed_tokens = 13
+    bm.hash_blocks(a)
+    bm.free(a)  # freed last block first: 3 (no hash) cleaned, then 2, 1, 0 cached; 2 evicted
+    assert reported == [3, 2] and list(bm.cached_free) == [1, 0]
+    again = _seq(range(13))
+    assert bm.match_prefix(again) == [0, 1]  # the prefix survives
+    bm.check()
+
+
 # ---- stateful property test -----------------------------------------------------------------
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=30)  # a tiny alphabet: many shared prefixes
@@ -215,14 +248,23 @@ TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=30)  # a tiny alphabet
 
 class BlockManagerMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4]),
-                caching=st.booleans())
-    def setup(self, num_blocks, block_size, caching):
-        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+                caching=st.booleans(), max_cached_free=st.sampled_from([None, 0, 1, 3]))
+    def setup(self, num_blocks, block_size, caching, max_cached_free):
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching,
+                               max_cached_free=max_cached_free, on_clean=self._give_back)
         self.B = block_size
         self.pool = {}  # (block, offset) -> prefix tuple whose K/V sit there
         self.live: list[Sequence] = []  # hold blocks
         self.waiting: list[Sequence] = []  # preempted: no blocks, tokens kept
         self.next_id = 0
+
+    def _give_back(self, block_ids: list[int], is_clean) -> None:
+        """What the torch runner does with a clean block: its pages go back and read as zeros.
+        A block still in use (or still cached) given back would fail the read-back invariants."""
+        for b in block_ids:
+            assert is_clean(b) and self.bm.blocks[b].ref_count == 0 and self.bm.blocks[b].hash == NO_HASH
+            for off in range(self.B):
+                self.pool.pop((b, off), None)
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -248,7 +290,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not self.bm.can_allocate(seq, n, cached):
             return False
         free_before = self.bm.num_free_blocks
+        lowest = min(self.bm.clean_free, default=None)
         self.bm.allocate(seq, n, cached)
+        if lowest is not None and len(seq.block_table) > len(cached):
+            assert lowest in seq.block_table  # clean blocks are handed out lowest first
         assert self.bm.num_free_blocks <= free_before
         assert seq.num_computed_tokens == seq.num_cached_tokens == len(cached) * self.B < seq.num_tokens
         self._write(seq, n)

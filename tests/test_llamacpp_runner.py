@@ -46,6 +46,11 @@ class Seq:
     def scores_prompt(self) -> bool:
         return self.params.prompt_logprobs is not None
 
+    @property
+    def is_finished(self) -> bool:
+        """The runner's release() is called here for sequences that are done."""
+        return True
+
 
 def step(runner: LlamaCppRunner, seqs: list[Seq], chunk: int | None = None) -> torch.Tensor:
     """Run one step over `seqs` (each computes all its pending tokens, or `chunk` of them) and

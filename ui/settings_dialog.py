@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app.settings import Settings
+from ui.memory_estimate import MemoryEstimateRow
 
 
 class PathEdit(QWidget):
@@ -67,7 +68,7 @@ class SettingsDialog(QDialog):
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
         self.threads.setSpecialValueText("automatic")
         self.theme = self._combo(["system", "light", "dark"], s.theme)
-        self.close_to_tray = QCheckBox("Closing the window keeps the server running in the tray", self,
+        self.close_to_tray = QCheckBox("Closing the window keeps the engine serving from the tray", self,
                                        checked=s.close_to_tray)
         self.connection_url = QLineEdit(s.connection_url or "", self,
                                         placeholderText="empty: the local engine; e.g. http://host:8000/v1")
@@ -81,19 +82,28 @@ class SettingsDialog(QDialog):
         key_row.addWidget(copy_key)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
-        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("API key", key_row),
+        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
+        self.memory = MemoryEstimateRow(s, self)  # the engine's memory for N chats of C tokens
+        for signal in (self.backend.currentTextChanged, self.device.currentTextChanged,
+                       self.dtype.currentTextChanged, self.kv_fraction.valueChanged):
+            signal.connect(lambda *_: self.memory.update_engine(self.backend.currentText(), self.device.currentText(),
+                                                                self.dtype.currentText(), self.kv_fraction.value()))
         layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
-                                                ("KV-cache memory", self.kv_fraction), ("Threads", self.threads)]))
+                                                ("Memory for chats", self.kv_fraction), ("Threads", self.threads),
+                                                ("Memory", self.memory)]))
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
-                                                    ("API key", self.connection_key)]))
+                                                    ("Server's key", self.connection_key)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
         layout.addWidget(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.Save | QDialogButtonBox.Cancel, self)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
-        self.kv_fraction.setToolTip("Share of free memory (after the weights) given to the KV cache")
+        self.kv_fraction.setToolTip("Share of the memory left after the model's weights that holds the chats' "
+                                    "context (the KV cache): 0.25 is a quarter. More lets longer or more chats run")
+        self.api_key.setToolTip("Programs that use Ember's server send this key (Authorization: Bearer …)")
+        self.connection_key.setToolTip("The key the remote server asks for, if any")
         self.dtype.setToolTip("Weights and KV cache of the torch backend. auto: bf16 on GPUs and on CPUs with "
                               "fast bf16 (AVX512-BF16, AMX), float32 elsewhere; llama.cpp keeps the file's quantization")
 

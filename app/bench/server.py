@@ -13,6 +13,7 @@ threads and the same chat requests, so the peer's continuous batching is measure
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import statistics
@@ -112,9 +113,11 @@ def bench_backend(backend: str, model_args: list[str], conc: list[int], max_toke
             "startup_s": round(load_s, 1), "rounds": rounds}
 
 
-def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int, threads: int | None,
-                       ctx_per_slot: int, log_path: Path) -> dict:
-    """llama.cpp's server with one slot per client, driven by the same clients as Ember's."""
+@contextlib.contextmanager
+def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int | None, log_path: Path,
+                 extra: tuple[str, ...] = ()):
+    """llama.cpp's server on a free port with `slots` slots and `ctx` cells in all, healthy;
+    yields (process, base URL) and stops it afterwards. Also `ember bench footprint`'s peer."""
     import os
     import socket
     import subprocess
@@ -124,9 +127,8 @@ def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    slots = max(conc)
     cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-           "-c", str(slots * ctx_per_slot), "-t", str(threads or os.cpu_count() or 1), "--no-webui"]
+           "-c", str(ctx), "-t", str(threads or os.cpu_count() or 1), "--no-webui", *extra]
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -143,14 +145,30 @@ def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int
             if time.perf_counter() - t0 > 300:
                 raise TimeoutError("llama-server did not become healthy in 300 s")
             time.sleep(0.5)
+        yield proc, base
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int, threads: int | None,
+                       ctx_per_slot: int, log_path: Path) -> dict:
+    """llama.cpp's server with one slot per client, driven by the same clients as Ember's."""
+    slots = max(conc)
+    t0 = time.perf_counter()
+    with llama_server(binary, model, slots, slots * ctx_per_slot, threads, log_path) as (_, base):
         load_s = time.perf_counter() - t0
         rounds = _rounds("llama-server", base, {}, conc, max_tokens)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     return {"backend": "llama-server", "device": "cpu", "model": Path(model).name,
             "startup_s": round(load_s, 1), "rounds": rounds}
 
@@ -168,7 +186,8 @@ def run(args) -> int:
     from app.engine_process import to_argv
 
     conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    extra = to_argv({"dtype": args.dtype, "weights": args.weights, "device": args.device,
+    extra = to_argv({"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
+                     "device": args.device,
                      "max_num_seqs": max(conc + [16]),
                      "threads": args.threads})
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"

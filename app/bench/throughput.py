@@ -72,7 +72,8 @@ def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
     from engine.backends import load_engine
     from engine.config import EngineConfig
 
-    cfg = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, num_threads=args.threads,
+    cfg = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
+                       num_threads=args.threads,
                        max_num_seqs=max([*args.concurrency, *(getattr(args, "profile", None) or [])]),
                        max_model_len=1024,
                        enable_prefix_caching=prefix_caching)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import WEIGHTS
+from engine.config import KV_CACHE_DTYPES, WEIGHTS
 from engine.model_files.fit import BACKENDS, DEVICES, DTYPES
 
 
@@ -22,6 +22,8 @@ def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, b
                    help="auto: CUDA, then MPS, then the CPU, whichever the model fits")
     p.add_argument("--dtype", choices=DTYPES, default=d.get("dtype", "auto"),
                    help="the torch engine's weights and KV (auto: bf16 where the hardware has it)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.get("kv_cache_dtype", "auto"),
+                   help="the KV cache's type (auto: --dtype's; q8_0: 8-bit, half of bf16's memory)")
     p.add_argument("--weights", choices=WEIGHTS, default=d.get("weights", "auto"),
                    help="the torch engine's GGUF matrices: kept 4/8-bit for Ember's CPU kernels, or "
                         "dequantized to --dtype (auto: quantized where the kernels run)")

@@ -4,9 +4,10 @@ One `llama_context` holds every running sequence, each under its own llama `seq_
 free pool, the shape of llama.cpp's server: slot id = seq_id). Each engine step becomes one
 `llama_batch`: for every scheduled sequence its new tokens at positions c..c+n-1 tagged with its
 seq_id, an output flag on the rows the engine samples (or scores), then one `llama_decode`.
-KV memory is llama.cpp's own (f16, one unified buffer of `num_blocks * block_size` cells shared by
-all sequences); the engine's BlockManager does the admission accounting against the same number of
-blocks, so llama.cpp is never asked for more cells than it has. Block-hash prefix caching cannot
+KV memory is llama.cpp's own (f16, one unified buffer of cells shared by all sequences); the
+engine's BlockManager does the admission accounting against `num_blocks * block_size` cells, and
+the context starts small and is re-created larger as the chats need it, up to that many
+(llamacpp_context.py), so llama.cpp is never asked for more cells than it has. Block-hash prefix caching cannot
 point into llama.cpp's cells; a prompt cache of slots does its work instead (slot_cache.py): a
 released slot keeps its cells, a new prompt starts from the longest prefix some slot holds (taking
 an idle slot over, or sharing cells with `llama_memory_seq_cp`), and idle slots are evicted whenever
@@ -22,9 +23,10 @@ import psutil
 import torch
 
 from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext
+from engine.backends.llamacpp_context import ResizableContext, kv_cache_type
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
-from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
+from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_blocks
 from engine.layers.step_sampler import StepSampler
 from engine.model_files.fit import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
 from engine.runner import RunnerOutput
@@ -82,7 +84,6 @@ class LlamaCppRunner:
         self.n_batch = config.max_num_batched_tokens
 
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = self.num_blocks * B
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, 512)
         cparams.n_seq_max = self.n_seq_max
@@ -90,15 +91,15 @@ class LlamaCppRunner:
         threads = config.num_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
         self.flash_attn = flash_attn
+        cparams.type_k = cparams.type_v = kv_cache_type(config.kv_cache_dtype, flash_attn)
         cparams.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                    else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cparams.no_perf = True
-        self._ctx = ll.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
+        try:
+            self._context = ResizableContext(ll, self._model, cparams, max_cells=self.num_blocks * B)
+        except MemoryError as e:
             ll.llama_model_free(self._model)
-            raise LlamaCppError(f"llama.cpp could not create a context of {cparams.n_ctx} cells "
-                                "(out of memory? try a smaller --max-model-len or KV fraction)")
-        self._mem = ll.llama_get_memory(self._ctx)
+            raise LlamaCppError(str(e)) from None
         self._batch = LlamaBatch(ll, self.n_batch)  # reused every step
         self._threads = threads
         self._scoring: ScoringContext | None = None
@@ -107,16 +108,29 @@ class LlamaCppRunner:
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
         self.caches_prompts = (config.enable_prefix_caching if prompt_cache is None else prompt_cache) and not recurrent
         self.sampler = StepSampler()
-        self.n_cells = self.num_blocks * B
+        self.idle_cells_max = idle_cache_tokens(config, self.max_model_len)  # idle slots' cells kept
         self._slots = SlotCache(self.n_seq_max, min_match=B)
         self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id (live slots)
         self._live: dict[int, object] = {}  # live llama seq_id -> its engine Sequence
         self._kv_len: dict[int, int] = {}  # live llama seq_id -> number of positions in llama's KV
-        log.info("llama.cpp runner: %s, %d threads, %d KV cells (%d blocks, %.1f MiB f16), "
-                 "%d slots, max_model_len %d", path.name, threads, cparams.n_ctx, self.num_blocks,
-                 self.num_blocks * block_bytes / 2**20, self.n_seq_max, self.max_model_len)
+        log.info("llama.cpp runner: %s, %d threads, KV cells %d growing to %d (%d blocks, %.1f MiB f16), "
+                 "%d slots, max_model_len %d", path.name, threads, self._context.cells, self.num_blocks * B,
+                 self.num_blocks, self.num_blocks * block_bytes / 2**20, self.n_seq_max, self.max_model_len)
 
     # ---- Runner interface ---------------------------------------------------------------------
+    @property
+    def _ctx(self):
+        return self._context.ctx  # re-created when the context grows or shrinks
+
+    @property
+    def _mem(self):
+        return self._context.mem
+
+    @property
+    def n_cells(self) -> int:
+        """KV cells llama.cpp holds now (the context grows with the chats, up to the pool)."""
+        return self._context.cells
+
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks
 
@@ -145,6 +159,10 @@ class LlamaCppRunner:
         if not n:
             self._clear(slot)
         self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
+        while self._slots.idle_cells > self.idle_cells_max:  # the idle budget; the rest goes back
+            self._clear(self._slots.evict_lru())
+        if not self._live:
+            self._context.shrink(self._slots.idle_cells, list(self._slots.idle))
 
     def match_prompt(self, seq) -> int:
         """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
@@ -184,10 +202,17 @@ class LlamaCppRunner:
     def _clear(self, slot: int) -> None:
         self._ll.llama_memory_seq_rm(self._mem, slot, 0, -1)  # whole sequence: never fails
 
+    def _held_slots(self) -> list[int]:
+        """Slots whose cells hold tokens: the live ones and the idle ones."""
+        return [slot for slot, n in self._kv_len.items() if n] + list(self._slots.idle)
+
     def _make_room(self, num_new: int) -> None:
-        """Evict idle slots (oldest first) until live + idle cells + this step's tokens fit.
-        The block manager bounds the live cells, so evicting every idle slot always suffices."""
+        """Grow the context until live + idle cells + this step's tokens fit, else (the pool is
+        whole) evict idle slots, oldest first. The block manager bounds the live cells by the
+        pool, so evicting every idle slot always suffices."""
         live = sum(self._kv_len.values())
+        if self._context.grow(live + num_new + self._slots.idle_cells, self._held_slots()):
+            return
         while live + num_new + self._slots.idle_cells > self.n_cells:
             slot = self._slots.evict_lru()
             if slot is None:
@@ -268,13 +293,15 @@ class LlamaCppRunner:
             while (slot := self._slots.evict_lru()) is not None:
                 self._clear(slot)
             ret = self._ll.llama_decode(self._ctx, self._batch.batch)
+        if ret == 1 and self._context.grow(self.n_cells + 1, self._held_slots()):  # still none: grow
+            ret = self._ll.llama_decode(self._ctx, self._batch.batch)
         if ret == 0:
             return
         # On 1 (and -1) llama.cpp restores the memory state to what it was before the call.
         if ret == 1:
             raise LlamaCppError(
                 f"llama.cpp found no KV slot for a batch of {self._batch.batch.n_tokens} tokens "
-                f"({self.num_blocks * self.config.block_size} cells); lower max_num_seqs or "
+                f"({self.n_cells} cells); lower max_num_seqs or "
                 "max_model_len, or raise the KV memory fraction")
         if ret == 2:
             raise LlamaCppError("llama_decode was aborted")
@@ -292,9 +319,9 @@ class LlamaCppRunner:
         if getattr(self, "_batch", None) is not None:
             self._batch.free()
             self._batch = None
-        if getattr(self, "_ctx", None):
-            ll.llama_free(self._ctx)
-            self._ctx = None
+        if getattr(self, "_context", None) is not None:
+            self._context.close()
+            self._context = None
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None

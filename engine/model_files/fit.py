@@ -65,9 +65,9 @@ class MachineInfo:
     ember_kernels: bool = False  # Ember's CPU kernels are built and this CPU runs them (AVX2+)
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int = 2) -> int:
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: float = 2) -> int:
     """K and V, every layer, only the KV heads: 2 · L · n_kv · hd · itemsize (2: f16, llama.cpp's KV)."""
-    return 2 * num_layers * num_kv_heads * head_dim * itemsize
+    return int(2 * num_layers * num_kv_heads * head_dim * itemsize)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ class ModelFootprint:
     context_length: int  # the model's trained context
     kernels_cover: bool = False  # a GGUF whose every matrix type Ember's kernels hold quantized
 
-    def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
+    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes)
 
 
@@ -149,8 +149,13 @@ def choose_dtype(m: MachineInfo, backend: str, device: str, requested: str = "au
     return dtype, f"auto: {why}"
 
 
-def kv_itemsize(backend: str, dtype: str) -> int:
-    """Bytes per KV element: llama.cpp keeps its KV cache in f16; torch in the engine's dtype."""
+def kv_itemsize(backend: str, dtype: str, kv_cache_dtype: str = "auto") -> float:
+    """Bytes per KV element: llama.cpp keeps its KV cache in f16, torch in the engine's dtype,
+    unless the cache's own type is set; q8_0 is a byte and a float16 scale per 32 values."""
+    if kv_cache_dtype == "q8_0":
+        return 17 / 16
+    if kv_cache_dtype != "auto":
+        return 4 if kv_cache_dtype == "float32" else 2
     if backend == "llama.cpp":
         return 2
     return 4 if dtype == "float32" else 2

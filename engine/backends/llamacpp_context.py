@@ -1,0 +1,106 @@
+"""llama.cpp's KV for the llama.cpp runner, sized from the chats actually open, not reserved whole.
+
+llama.cpp allocates and clears a context's KV buffer (and sizes its compute buffers by it) when
+the context is made, so the only way for that memory to follow use is the context's size itself.
+The runner starts with a small context and, when a step needs more cells than it has, this
+re-creates it larger (a quarter more than needed, so that growing costs a few copies in all, at
+most the block manager's pool, so the engine's admission never asks for cells llama.cpp could
+not have; doubling would leave up to half of it unused); when nothing runs and the idle slots
+hold far fewer cells than it has, it re-creates it smaller. Every slot's cells move across with
+`llama_state_seq_get_data` / `set_data` (a copy of the KV bytes, no recompute), so the prompt
+cache survives a resize. Cells a slot shared with another (`llama_memory_seq_cp`) are copied
+once per slot; the runner already counts them once per slot.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+
+log = logging.getLogger(__name__)
+
+PAD = 256  # llama.cpp pads n_ctx to a multiple of 256 cells
+MIN_CELLS = 512  # the context a runner starts with (and shrinks back to)
+
+
+def round_cells(n: int) -> int:
+    return max(PAD, -(-n // PAD) * PAD)
+
+
+# EngineConfig.kv_cache_dtype -> ggml's type of llama.cpp's KV cells (GGML_TYPE_BF16 is 30)
+KV_TYPES = {"auto": 1, "float16": 1, "float32": 0, "bfloat16": 30, "q8_0": 8}
+
+
+def kv_cache_type(name: str, flash_attn: bool) -> int:
+    """llama.cpp's cache type for the setting (auto: f16, its default); a quantized V cache
+    needs flash attention, as llama.cpp's own server says."""
+    if name == "q8_0" and not flash_attn:
+        raise RuntimeError("a q8_0 KV cache on llama.cpp needs flash attention")
+    return KV_TYPES[name]
+
+
+class ResizableContext:
+    """One llama_context (`ctx`, `mem`, `cells`) that `grow` and `shrink` re-create."""
+
+    def __init__(self, ll, model, cparams, max_cells: int, min_cells: int = MIN_CELLS) -> None:
+        self._ll, self._model, self._cparams = ll, model, cparams
+        self.max_cells = max_cells
+        self.min_cells = min(round_cells(min_cells), max_cells)
+        self.num_resizes = 0
+        self.ctx = self._create(self.min_cells)
+        self.cells = self.min_cells
+
+    def _create(self, cells: int):
+        self._cparams.n_ctx = cells
+        ctx = self._ll.llama_init_from_model(self._model, self._cparams)
+        if not ctx:
+            raise MemoryError(f"llama.cpp could not create a context of {cells} cells "
+                              "(out of memory? try a smaller --max-model-len or KV fraction)")
+        self.mem = self._ll.llama_get_memory(ctx)
+        return ctx
+
+    def target(self, needed: int) -> int:
+        """The size to grow to for `needed` cells: a quarter more, within [min, max]."""
+        return min(self.max_cells, max(round_cells(needed + needed // 4), self.min_cells))
+
+    def grow(self, needed: int, slots: list[int]) -> bool:
+        """Make room for `needed` cells if the pool allows more; False when it is already whole."""
+        if needed <= self.cells or self.cells >= self.max_cells:
+            return needed <= self.cells
+        self._resize(self.target(needed), slots)
+        return needed <= self.cells
+
+    def shrink(self, needed: int, slots: list[int]) -> None:
+        """Nothing runs: give back the cells beyond what the idle slots hold, when that halves it."""
+        size = max(self.min_cells, round_cells(needed))
+        if 2 * size <= self.cells:
+            self._resize(size, slots)
+
+    def _resize(self, cells: int, slots: list[int]) -> None:
+        ll = self._ll
+        saved = []
+        for slot in slots:  # the KV of every slot that holds cells, as bytes
+            size = ll.llama_state_seq_get_size(self.ctx, slot)
+            # An anonymous mapping, not the heap: unmapped as soon as it is restored, so the copies
+            # never stay behind in malloc's arenas (they are MiBs each, under its mmap threshold).
+            m = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE)
+            buf = (ctypes.c_uint8 * size).from_buffer(m)
+            if ll.llama_state_seq_get_data(self.ctx, buf, size, slot) != size:
+                raise RuntimeError(f"llama.cpp could not save slot {slot} to resize the context")
+            saved.append((slot, m, buf, size))
+        old, carried = self.cells, len(saved)
+        ll.llama_free(self.ctx)  # before the new one: the peak is one KV buffer plus the copies
+        self.ctx, self.cells = self._create(cells), cells
+        while saved:
+            slot, m, buf, size = saved.pop(0)
+            if not ll.llama_state_seq_set_data(self.ctx, buf, size, slot):
+                raise RuntimeError(f"llama.cpp could not restore slot {slot} after resizing the context")
+            del buf
+            m.close()
+        self.num_resizes += 1
+        log.info("llama.cpp context: %d -> %d KV cells (%d slots carried over)", old, cells, carried)
+
+    def close(self) -> None:
+        if self.ctx:
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
