@@ -139,3 +139,26 @@ def test_q8_kv_fidelity_against_llama_cpp(bundled_model_path):
     print("\n" + format_summary("Ember, q8_0 KV vs llama.cpp f16 KV", ours) + "\n"
           + format_summary("llama.cpp q8_0 KV vs its f16 KV", own))
     assert abs(ours["ppl_ratio"] - 1) <= 0.01 and ours["kl"] <= 0.01, ours
+
+
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_engines_run_on_a_q8_cache(bundled_model_path, backend):
+    """`kv_cache_dtype="q8_0"` on both runners: the torch pool holds int8 rows at 17/16 bytes a
+    value; a greedy reply comes out the same alone and after its prompt is cached."""
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+    from engine.sampling_params import SamplingParams
+
+    engine, _ = load_engine(EngineConfig(model_path=str(bundled_model_path), kv_cache_dtype="q8_0",
+                                         num_kv_blocks=64), backend)
+    if backend == "torch":
+        k = engine.runner.kv_caches[0][0]
+        hd = engine.runner.model.config.head_dim
+        assert k.dtype == torch.int8 and k.shape[-1] == hd + hd // 16
+    ids = engine.tokenizer.encode("The capital of France is")
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    first = engine.generate([ids], params)[0].output_token_ids
+    again = engine.generate([ids], params)[0].output_token_ids
+    assert len(first) == 12 and first == again
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(model_path=str(bundled_model_path), kv_cache_dtype="q4")
