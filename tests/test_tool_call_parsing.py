@@ -8,7 +8,8 @@ import llguidance
 import pytest
 
 from engine.loaders.chat_template import ChatTemplate
-from engine.server.tool_calls import ToolFormat, forced_call_grammar, may_start_call, parse_tool_calls, tool_format
+from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls, tool_format
+from engine.server.tool_calls import forced_call_grammar
 from engine.server.tool_protocol import Tool
 
 QWEN_LIKE = "{% if tools %}<tools>{{ tools | tojson }}</tools> reply in <tool_call></tool_call>{% endif %}"

@@ -1,11 +1,14 @@
 """A chat rendered as Markdown in a read-only QTextBrowser: code blocks monospace and coloured
-(pygments), a line of actions under each message (copy, copy code, edit & resend, earlier replies).
+(pygments), a line of actions under each message (copy, copy code, edit & resend, earlier replies),
+and tool calls in a reply (the model's own syntax, engine/model_files/tool_call_syntax.py) as a
+collapsed line per call — name and arguments in brief — that opens to the arguments as JSON.
 
 The actions are links of the form `ember:<action>/<message index>[/<code block>]`; the view emits
 `action_requested(action, index, block)` and the chat view does the work.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -13,6 +16,7 @@ from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
+from engine.model_files.tool_call_syntax import ToolFormat, parse_tool_calls
 from ui.code_highlight import code_blocks, highlight
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -30,6 +34,7 @@ class TranscriptMessage:
     msg_id: int | None = None  # its row in the chat store
     versions: list[str] = field(default_factory=list)  # every reply a Regenerate wrote here (this session)
     shown: int = 0  # which of `versions` `content` is
+    opened: set[int] = field(default_factory=set)  # the tool calls shown with their arguments
 
     def add_version(self) -> None:
         """The reply just written becomes the newest version (after the earlier ones it replaced)."""
@@ -73,6 +78,42 @@ def _actions(m: TranscriptMessage, i: int) -> str:
     return " · ".join(links)
 
 
+def tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the reply without its tool calls, [(name, arguments JSON)]): the syntaxes that mark a
+    call explicitly (Hermes/Qwen, Mistral); a Llama 3 call is bare JSON, shown as the model wrote it."""
+    for fmt in (ToolFormat.HERMES, ToolFormat.MISTRAL):
+        content, calls = parse_tool_calls(fmt, text)
+        if calls:
+            return content, [(c.name, c.arguments) for c in calls]
+    return text, []
+
+
+def _brief(arguments: str, limit: int = 60) -> str:
+    """`city="Paris", unit="celsius"`, cut to `limit` characters."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        args = None
+    text = (", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+            if isinstance(args, dict) else arguments)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tool_call_lines(m: TranscriptMessage, i: int, calls: list[tuple[str, str]], actions: bool) -> list[str]:
+    out = []
+    for n, (name, arguments) in enumerate(calls):
+        opened = n in m.opened or not actions
+        toggle = _link("tool", i, "hide arguments" if opened else "arguments", n) if actions else ""
+        out.append(f"{'▾' if opened else '▸'} **Tool call** `{name}({_brief(arguments)})` {toggle}".rstrip())
+        if opened:
+            try:
+                pretty = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+            except ValueError:
+                pretty = arguments
+            out.append(f"```json\n{pretty}\n```")
+    return out
+
+
 def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str:
     """The transcript as one Markdown document: a heading per turn, the text as the model wrote it."""
     parts: list[str] = []
@@ -80,14 +121,15 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str
         if m.role == "system":
             continue
         title = ROLE_TITLES.get(m.role, m.role.title())
-        body = m.content
+        body, calls = (m.content, []) if m.role != "assistant" or m.status == "streaming" else tool_calls(m.content)
         if m.status == "streaming":
             body = (body + " ▍") if body else "_…thinking_"
         if _open_fence(body):  # an unfinished code block must not swallow what follows
             body += "\n```"
         if actions and m.status != "streaming":
             body = _with_code_links(body, i)
-        parts.append(f"#### {title}\n\n{body}")
+        parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
+        parts += _tool_call_lines(m, i, calls, actions)
         if m.status == "stopped":
             parts.append("_(stopped)_")
         elif m.status == "error":
@@ -221,6 +263,10 @@ class TranscriptView(QTextBrowser):
             action, index = parts[0], int(parts[1])
             block = int(parts[2]) if len(parts) > 2 else -1
         except (IndexError, ValueError):
+            return
+        if action == "tool" and 0 <= index < len(self._messages):  # open or close a tool call, here
+            self._messages[index].opened ^= {block}
+            self.render_now()
             return
         self.action_requested.emit(action, index, block)
 

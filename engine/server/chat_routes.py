@@ -21,7 +21,7 @@ from engine.server.protocol import ChatCompletionRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 from engine.server.structured import ReplyShape, reply_shape
-from engine.server.tool_calls import ToolFormat, may_start_call, parse_tool_calls
+from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls
 
 
 class ChatChoice:

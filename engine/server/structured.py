@@ -11,7 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.grammar import ANY_JSON_OBJECT, Grammar, GrammarCompiler, GrammarError
 from engine.server.errors import APIError
-from engine.server.tool_calls import ToolFormat, forced_call_grammar, tool_format
+from engine.model_files.tool_call_syntax import ToolFormat, tool_format
+from engine.server.tool_calls import forced_call_grammar
 from engine.server.tool_protocol import ResponseFormat
 
 

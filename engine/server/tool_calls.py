@@ -1,127 +1,15 @@
-"""Tool calls in a model's own syntax: which syntax its chat template uses, how to parse a reply
-into OpenAI `tool_calls`, and the grammar that forces a call (tool_choice required or named).
-
-The family comes from the template text, never the file name (a fine-tune keeps its base's
-template and renames the file):
-- Hermes / Qwen2.5: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one per call;
-- Llama 3.x: the reply is `{"name": ..., "parameters": {...}}` (after an optional <|python_tag|>),
-  several separated by `;`;
-- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+"""The grammar that forces a tool call (tool_choice required or named) in a model's own syntax;
+the syntax itself, and the parsing of replies, is engine/model_files/tool_call_syntax.py.
 A template that never mentions `tools` cannot show the model its tools: a 400, not a silent drop.
 """
 from __future__ import annotations
 
 import json
-import re
-import secrets
-from dataclasses import dataclass
-from enum import StrEnum
 
 from engine.grammar import JSON_OPTIONS
+from engine.model_files.tool_call_syntax import ToolFormat
 
 
-class ToolFormat(StrEnum):
-    HERMES = "hermes"
-    LLAMA3 = "llama3"
-    MISTRAL = "mistral"
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedCall:
-    name: str
-    arguments: str  # JSON text
-    id: str
-
-    def as_openai(self, index: int | None = None) -> dict:
-        d = {"id": self.id, "type": "function",
-             "function": {"name": self.name, "arguments": self.arguments}}
-        if index is not None:
-            d["index"] = index
-        return d
-
-
-def tool_format(template_source: str) -> ToolFormat | None:
-    """The tool-call syntax a chat template teaches its model; None: it has no tool support."""
-    src = template_source
-    if "tools" not in src:
-        return None
-    if "<tool_call>" in src:
-        return ToolFormat.HERMES
-    if "[TOOL_CALLS]" in src:
-        return ToolFormat.MISTRAL
-    if "<|start_header_id|>" in src and ("parameters" in src or "<|python_tag|>" in src):
-        return ToolFormat.LLAMA3
-    return None
-
-
-def call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
-
-
-# ---- parsing ----------------------------------------------------------------------------------
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-
-def _call(obj, args_key: str) -> ParsedCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("arguments", {}))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ParsedCall(obj["name"], text, call_id())
-
-
-def _loads(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def parse_tool_calls(fmt: ToolFormat, text: str) -> tuple[str, list[ParsedCall]]:
-    """(the reply's plain content, its tool calls); text that does not parse stays content."""
-    if fmt is ToolFormat.HERMES:
-        calls = [_call(_loads(m.group(1)), "arguments") for m in _HERMES.finditer(text)]
-        if not calls or any(c is None for c in calls):
-            return text, []
-        return _HERMES.sub("", text).strip(), calls
-    if fmt is ToolFormat.MISTRAL:
-        head, sep, tail = text.partition("[TOOL_CALLS]")
-        items = _loads(tail.strip()) if sep else None
-        if isinstance(items, dict):
-            items = [items]
-        calls = [_call(o, "arguments") for o in items] if isinstance(items, list) else []
-        if not calls or any(c is None for c in calls):
-            return text, []
-        return head.strip(), calls
-    body = text.strip().removeprefix("<|python_tag|>").strip()
-    if not body.startswith("{"):
-        return text, []
-    parts = [_loads(p) for p in body.split(";")] if _loads(body) is None else [_loads(body)]
-    calls = [_call(o, "parameters") for o in parts]
-    if not calls or any(c is None for c in calls):
-        return text, []
-    return "", calls
-
-
-def may_start_call(fmt: ToolFormat, text: str) -> int:
-    """Where in streamed `text` a tool call may begin (len(text) if nowhere): text before that
-    is content for sure; from there on it is held back until the reply ends."""
-    marker = {ToolFormat.HERMES: "<tool_call>", ToolFormat.MISTRAL: "[TOOL_CALLS]"}.get(fmt)
-    if marker is None:  # Llama 3: a call is the whole reply
-        stripped = text.lstrip()
-        if not stripped:
-            return len(text)
-        return 0 if stripped[0] in "{<" else len(text)
-    at = text.find(marker)
-    if at >= 0:
-        return at
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):  # a marker cut by the stream
-        if marker.startswith(text[-k:]):
-            return len(text) - k
-    return len(text)
-
-
-# ---- forcing a call ---------------------------------------------------------------------------
 def _call_schema(tool, args_key: str) -> dict:
     f = tool.function
     params = f.parameters if isinstance(f.parameters, dict) else {"type": "object"}
