@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox,
                                QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
@@ -63,8 +63,9 @@ class SettingsDialog(QDialog):
         self.backend = self._combo(["auto", "torch", "llama.cpp"], s.backend)
         self.device = self._combo(["auto", "cpu", "cuda", "mps"], s.device)
         self.dtype = self._combo(["auto", "float32", "bfloat16", "float16"], s.dtype)
-        self.kv_fraction = QDoubleSpinBox(self, minimum=0.01, maximum=0.95, singleStep=0.05, decimals=2,
-                                          value=s.kv_memory_fraction)
+        # a share of the memory free after the weights, in the user's words: a percentage
+        self.kv_fraction = QSpinBox(self, minimum=1, maximum=95, singleStep=5, suffix="% of free memory",
+                                    value=round(s.kv_memory_fraction * 100))
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
         self.threads.setSpecialValueText("automatic")
         self.theme = self._combo(["system", "light", "dark"], s.theme)
@@ -88,7 +89,7 @@ class SettingsDialog(QDialog):
         for signal in (self.backend.currentTextChanged, self.device.currentTextChanged,
                        self.dtype.currentTextChanged, self.kv_fraction.valueChanged):
             signal.connect(lambda *_: self.memory.update_engine(self.backend.currentText(), self.device.currentText(),
-                                                                self.dtype.currentText(), self.kv_fraction.value()))
+                                                                self.dtype.currentText(), self.kv_fraction.value() / 100))
         layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
                                                 ("Memory for chats", self.kv_fraction), ("Threads", self.threads),
                                                 ("Memory", self.memory)]))
@@ -114,7 +115,7 @@ class SettingsDialog(QDialog):
             "server_port": self.server_port.value(), "api_key": self.api_key.text().strip(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),
-            "kv_memory_fraction": self.kv_fraction.value(), "threads": self.threads.value() or None,
+            "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,
             "connection_key": self.connection_key.text().strip() or None,
