@@ -31,6 +31,7 @@ def add_sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> N
     p.add_argument("--seed", type=int, default=None, help="same seed, same text")
     p.add_argument("--max-tokens", "-n", type=int, default=512)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="go on past the end-of-text token (as llama.cpp's)")
 
 
 def resolve_model(model: str | None) -> str:
@@ -75,7 +76,7 @@ def sampling_params(args):
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
         presence_penalty=args.presence_penalty, seed=args.seed, max_tokens=args.max_tokens,
-        stop=list(args.stop))
+        stop=list(args.stop), ignore_eos=args.ignore_eos)
 
 
 def stream(engine, prompt, params, out=sys.stdout) -> str:
@@ -129,9 +130,12 @@ def run_chat(args) -> int:
     while True:
         try:
             line = input("> ").strip()
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             print()
             return 0
+        except KeyboardInterrupt:  # at the prompt, as in Python's REPL: a fresh line, the chat stays
+            print("\n(Ctrl-D or an empty line quits)", file=sys.stderr)
+            continue
         if not line:
             return 0
         if line == "/reset":

@@ -75,7 +75,7 @@ def test_generate_uses_the_chat_template_unless_raw(tmp_path, tiny_model_factory
 def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(tmp_path, tiny_model_factory):
     env = {**os.environ, "EMBER_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
     model = str(tiny_model_factory(ctx=LONG_CTX))
-    proc = subprocess.Popen(ember_cmd("chat", "--model", model, "--backend", "torch", "-n", "100000"),
+    proc = subprocess.Popen(ember_cmd("chat", "--model", model, "--backend", "torch", "-n", "100000", "--ignore-eos"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
     try:
         proc.stdin.write(b"Tell me a story.\n")
