@@ -154,11 +154,9 @@ def kv_itemsize(backend: str, dtype: str, kv_cache_dtype: str = "auto") -> float
     unless the cache's own type is set; q8_0 is a byte and a float16 scale per 32 values."""
     if kv_cache_dtype == "q8_0":
         return 17 / 16
-    if kv_cache_dtype != "auto":
-        return 4 if kv_cache_dtype == "float32" else 2
-    if backend == "llama.cpp":
-        return 2
-    return 4 if dtype == "float32" else 2
+    if kv_cache_dtype == "auto":
+        kv_cache_dtype = "float16" if backend == "llama.cpp" else dtype
+    return 4 if kv_cache_dtype == "float32" else 2
 
 
 def kv_room(fp: ModelFootprint, available: int) -> int:

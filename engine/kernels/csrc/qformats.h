@@ -13,6 +13,12 @@
 
 namespace ember {
 
+// Code w of byte i of k-group c (0..7) of a 6-bit block: the scalar twin of w6_512.
+static inline int w6_code(const uint8_t* blk, int c, int64_t i) {
+  const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];
+  return (((c < 4 ? v : v >> 4) & 0x0F) | (((h >> (2 * (c & 3))) & 3) << 4)) - 32;
+}
+
 // u of k-group j (all 16 columns x 4 values), from the 6-bit tile.
 __attribute__((target("avx512f,avx512bw"))) static inline __m512i w6_512(const uint8_t* qw, int64_t j) {
   const uint8_t* blk = qw + (j >> 3) * 384;
@@ -63,10 +69,7 @@ __attribute__((target("avx2"))) static void prepare_w6(const uint8_t* qw, int64_
   for (int64_t j = 0; j < K / 4; ++j) {
     const uint8_t* blk = qw + (j >> 3) * 384;
     const int c = (int)(j & 7);
-    for (int i = 0; i < 64; ++i) {
-      const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];
-      out[j * 64 + i] = (int8_t)((((c < 4 ? v : v >> 4) & 0x0F) | (((h >> (2 * (c & 3))) & 3) << 4)) - 32 + offset);
-    }
+    for (int i = 0; i < 64; ++i) out[j * 64 + i] = (int8_t)(w6_code(blk, c, i) + offset);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "ember.h"
+#include "qformats.h"
 
 namespace ember {
 
@@ -23,11 +24,8 @@ static void dequant_rows(const uint8_t* qb, D dq, Mn mq, bool has_min, const int
         const int64_t b = i / 32, j = i % 32, g = (j % 16) / 4;
         const uint8_t byte = qb[t * tile_bytes + b * 256 + g * 64 + c * 4 + j % 4];
         q = j < 16 ? byte & 15 : byte >> 4;
-      } else if (bits == 6) {  // qformats.h: k-group kg of the block, its low nibble and high 2 bits
-        const int64_t b = i / 32, kg = (i % 32) / 4, at = c * 4 + i % 4;
-        const uint8_t* blk = qb + t * tile_bytes + b * 384;
-        const uint8_t v = blk[(kg % 4) * 64 + at], h = blk[256 + (kg / 4) * 64 + at];
-        q = (((kg < 4 ? v : v >> 4) & 15) | (((h >> (2 * (kg % 4))) & 3) << 4)) - 32;
+      } else if (bits == 6) {  // k-group (i % 32) / 4 of block i / 32 (qformats.h)
+        q = w6_code(qb + t * tile_bytes + i / 32 * 384, (int)(i % 32 / 4), c * 4 + i % 4);
       } else {
         q = (int8_t)qb[t * tile_bytes + (i / 4) * 64 + c * 4 + i % 4];
       }
