@@ -61,7 +61,7 @@ def build_engine(args):
 
     path = resolve_model(args.model)
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                          num_threads=args.threads,
+                          num_threads=args.threads, speculative=args.speculative,
                           max_model_len=args.ctx)
     try:
         return load_engine(config, args.backend, args.device)[0]

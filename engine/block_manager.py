@@ -305,11 +305,12 @@ class BlockManager:
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
 
-    def trim(self, seq: Sequence) -> None:
-        """Free blocks past num_computed_tokens after a rollback (rejected speculative tokens);
-        call it once token_ids and num_computed_tokens are rolled back."""
+    def trim(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Free blocks past the first num_tokens positions (default num_computed_tokens) after a
+        rollback (rejected speculative tokens); call it once token_ids and num_computed_tokens
+        are rolled back."""
         del seq.block_hashes[seq.num_tokens // self.block_size:]
-        keep = self.num_blocks_for(seq.num_computed_tokens)
+        keep = self.num_blocks_for(seq.num_computed_tokens if num_tokens is None else num_tokens)
         cleaned: list[int] = []
         while len(seq.block_table) > keep:
             self._release(seq.block_table.pop(), cleaned)

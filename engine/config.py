@@ -41,6 +41,12 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "fixed KV pool size in blocks (tests, benchmarks); overrides the memory share and the byte cap"})
     enable_prefix_caching: bool = True
+    speculative: str = field(default="off", metadata={
+        "help": "off | ngram | draft:PATH: speculative decoding with prompt lookup or a draft model of "
+                "the same vocabulary (drafts per step chosen from measured costs; exact)"})
+    num_speculative_tokens: int | None = field(default=None, metadata={
+        "help": "drafts per step (default: chosen each step by measured goodput, up to 8; 0 keeps the "
+                "drafter's shadow statistics only)"})
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads of the kernels (default: torch's own; all cores for llama.cpp)"})
     seed: int = 0
@@ -54,6 +60,11 @@ class EngineConfig:
             raise ValueError(f"weights must be auto, quantized or dense, not {self.weights!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if self.speculative not in ("off", "ngram") and not (self.speculative.startswith("draft:")
+                                                             and len(self.speculative) > 6):
+            raise ValueError(f"speculative must be off, ngram or draft:PATH, not {self.speculative!r}")
+        if self.num_speculative_tokens is not None and not 0 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be between 0 and 16")
         if self.max_prefill_chunk < 1:
             raise ValueError("max_prefill_chunk must be positive")
         if self.kv_idle_cache_tokens is not None and self.kv_idle_cache_tokens < 0:

@@ -6,6 +6,7 @@ No torch: the runner (engine/runner.py) hands back plain token ids and logprob r
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from engine.runner import Runner, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
+from engine.speculative.speculator import SpecStats, Speculator, make_speculator
 
 
 class ContextLengthError(ValueError):
@@ -42,6 +44,8 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # [None, lp(t1|t0), ...] once scored
     arrival_time: float = 0.0
     first_token_time: float | None = None
+    num_spec_proposed: int = 0  # draft tokens verified for this request
+    num_spec_accepted: int = 0  # of those, accepted
 
 
 @dataclass(slots=True)
@@ -54,6 +58,7 @@ class EngineStats:
     num_waiting: int
     block_size: int
     max_model_len: int
+    spec: SpecStats | None = None  # speculative decoding's counters, when it is on
 
 
 @dataclass(slots=True)
@@ -69,7 +74,7 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | None = None, tokenizer: Tokenizer | None = None,
-                 chat_template: ChatTemplate | None = None) -> None:
+                 chat_template: ChatTemplate | None = None, speculator: Speculator | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer or Tokenizer.from_gguf(config.model_path)
         self.chat_template = chat_template or ChatTemplate.from_gguf(config.model_path)
@@ -88,6 +93,8 @@ class LLMEngine:
                                           max_cached_free=idle_blocks, on_clean=getattr(runner, "give_back", None))
         self.prompt_cache = runner.prompt_cache if caching else None
         self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
+        # Drafts for the next step's decodes (engine/speculative/); None: plain decoding.
+        self.speculator = speculator if speculator is not None else make_speculator(config, runner)
         self._requests: dict[str, _Request] = {}
         self._pending_aborts: list[str] = []
         self._ids = itertools.count()
@@ -120,8 +127,13 @@ class LLMEngine:
         if req is None:
             return
         self.scheduler.abort(request_id)
-        self.runner.release(req.seq)
+        self._release(req.seq)
         self._pending_aborts.append(request_id)
+
+    def _release(self, seq: Sequence) -> None:
+        self.runner.release(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -132,13 +144,14 @@ class LLMEngine:
         self._pending_aborts.clear()
         out = self.scheduler.schedule()
         for seq in out.preempted:
-            self.runner.release(seq)
+            self._release(seq)
         for seq in out.finished:  # could not fit the pool even alone: end it, say why
-            self.runner.release(seq)
+            self._release(seq)
             req = self._requests[seq.request_id]
             outputs.append(self._finish(seq.request_id, "length", new_text=self._flush(req)))
         if not out.seqs:
             return outputs
+        started = time.monotonic()
         result = self.runner.execute(out)
         for seq in out.seqs:  # before postprocess: positions count from num_computed_tokens
             scored = result.prompt_logprobs.get(seq.seq_id)
@@ -147,11 +160,13 @@ class LLMEngine:
         sampled = out.sampled_seqs()
         self.scheduler.postprocess(out, result.token_ids)
         now = time.monotonic()
-        for seq, token, lp in zip(sampled, result.token_ids, result.logprobs):
+        for seq, tokens, lps in zip(sampled, result.token_ids, result.logprobs):
             req = self._requests[seq.request_id]
             if req.first_token_time is None:
                 req.first_token_time = now
-            outputs.append(self._on_token(req, token, lp))
+            outputs.append(self._on_tokens(req, tokens, lps))
+        if self.speculator is not None:
+            self.speculator.after_step(out, result.token_ids, now - started, self.scheduler.running)
         return outputs
 
     def _add_prompt_logprobs(self, seq: Sequence, scored: list[TokenLogprobs]) -> None:
@@ -163,25 +178,37 @@ class LLMEngine:
             if pos == len(req.prompt_logprobs):
                 req.prompt_logprobs.append(lp)
 
-    def _on_token(self, req: _Request, token: int, lp) -> RequestOutput:
+    def _on_tokens(self, req: _Request, tokens: list[int], lps: list[TokenLogprobs] | None) -> RequestOutput:
+        """This step's tokens of one request (one, or accepted drafts and one more), already in
+        seq.token_ids: detokenize and check the stopping rules token by token; tokens after the
+        one that ends the request are dropped."""
         seq, params = req.seq, req.seq.params
         reason, matched, text = None, False, ""
-        if (token in self.tokenizer.stop_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            reason = "stop"
-        else:
-            text = req.detok.add(token)
-            if req.stops is not None:
-                text, matched = req.stops.feed(text)
-                reason = "stop" if matched else None
-        if reason is None and (len(seq.output_token_ids) >= seq.max_tokens
-                               or seq.num_tokens >= self.max_model_len):
-            reason = "length"
+        n_out = seq.num_output_tokens - len(tokens)  # output tokens before this step's
+        for j, token in enumerate(tokens):
+            n_out += 1
+            if (token in self.tokenizer.stop_ids and not params.ignore_eos) or token in params.stop_token_ids:
+                reason = "stop"
+            else:
+                piece = req.detok.add(token)
+                if req.stops is not None:
+                    piece, matched = req.stops.feed(piece)
+                    reason = "stop" if matched else None
+                text += piece
+            if reason is None and (n_out >= seq.max_tokens or seq.num_prompt_tokens + n_out >= self.max_model_len):
+                reason = "length"
+            if reason is not None:
+                if j + 1 < len(tokens):  # drafts accepted past the end: not part of the reply
+                    del seq.token_ids[j + 1 - len(tokens):]
+                    tokens = tokens[:j + 1]
+                    lps = lps[:j + 1] if lps is not None else None
+                break
         req.text += text
         if reason is None:
-            return self._output(req, [token], text, None, lp)
+            return self._output(req, tokens, text, None, lps)
         if not matched:  # no stop string can match any more: release held-back text
             text += self._flush(req)
-        return self._finish(seq.request_id, reason, new_text=text, new_ids=[token], logprobs=lp)
+        return self._finish(seq.request_id, reason, new_text=text, new_ids=tokens, logprobs=lps)
 
     @staticmethod
     def _flush(req: _Request) -> str:
@@ -196,7 +223,7 @@ class LLMEngine:
         if reason != "abort" and not req.seq.status.is_finished:
             status = SequenceStatus.FINISHED_LENGTH if reason == "length" else SequenceStatus.FINISHED_STOPPED
             self.scheduler.finish(req.seq, status)
-            self.runner.release(req.seq)
+            self._release(req.seq)
         return self._output(req, list(new_ids), new_text, reason, logprobs)
 
     def _output(self, req: _Request, ids: list[int], text: str, reason: str | None, lp) -> RequestOutput:
@@ -205,9 +232,10 @@ class LLMEngine:
             request_id=seq.request_id, new_token_ids=ids, new_text=text,
             output_token_ids=list(seq.output_token_ids), text=req.text, finished=reason is not None,
             finish_reason=reason, num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens, logprobs=[lp] if lp is not None else None,
+            num_cached_tokens=seq.num_cached_tokens, logprobs=lp or None,
             prompt_logprobs=req.prompt_logprobs or None, arrival_time=req.arrival_time,
-            first_token_time=req.first_token_time)
+            first_token_time=req.first_token_time, num_spec_proposed=seq.num_spec_proposed,
+            num_spec_accepted=seq.num_spec_accepted)
 
     # ---- conveniences ---------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]], params: SamplingParams | list[SamplingParams]
@@ -229,8 +257,11 @@ class LLMEngine:
             cached_tokens=pc.num_cached_tokens if pc is not None else bm.num_cached_tokens,
             prefix_hit_rate=bm.prefix_hit_rate,
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            block_size=self.config.block_size, max_model_len=self.max_model_len)
+            block_size=self.config.block_size, max_model_len=self.max_model_len,
+            spec=dataclasses.replace(self.speculator.stats) if self.speculator is not None else None)
 
     def close(self) -> None:
-        """Release the runner: its model and KV memory are freed now (idempotent)."""
+        """Release the runner (and a draft model): models and KV memory are freed now (idempotent)."""
         self.runner.close()
+        if self.speculator is not None:
+            self.speculator.close()

@@ -149,7 +149,7 @@ class ModelRunner:
         for seq, n in zip(out.seqs, out.num_new_tokens):
             c = seq.num_computed_tokens
             table = seq.block_table
-            input_ids.extend(seq.token_ids[c:c + n])
+            input_ids.extend(seq.new_token_ids(n))
             positions.extend(range(c, c + n))
             slots.extend(table[p // B] * B + p % B for p in range(c, c + n))
             query_start.append(query_start[-1] + n)

@@ -28,8 +28,10 @@ class TokenLogprobs:
 class RunnerOutput:
     """One step's results, in `out.sampled_seqs()` order."""
 
-    token_ids: list[int]  # the token each sampled sequence appends
-    logprobs: list[TokenLogprobs | None]  # per sampled sequence, when its request asks
+    # the tokens each sampled sequence appends: one, or with d drafts verified the accepted
+    # drafts and one more (the target's own token at the first rejection, or a bonus token)
+    token_ids: list[list[int]]
+    logprobs: list[list[TokenLogprobs] | None]  # per sampled sequence and token, when its request asks
     # seq_id -> logprobs of prompt positions c+1, c+2, ... scored this step (c: the sequence's
     # num_computed_tokens before it), for every scheduled sequence that scores its prompt
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
@@ -37,6 +39,7 @@ class RunnerOutput:
 
 class Runner(Protocol):
     max_model_len: int  # context length in tokens: prompt + reply
+    vocab_size: int  # rows of its logits (a draft model must match it: engine/speculative/vocab_check.py)
     # The KV lives in the block manager's blocks (block tables address it), so block-hash prefix
     # caching can hand a sequence cached blocks. A runner whose KV is its own (llama.cpp's cells)
     # says False and may offer a prompt cache instead.
@@ -55,8 +58,9 @@ class Runner(Protocol):
         ...
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        """Compute out's new tokens, then sample each sampled sequence (the rows out.num_logits
-        says) and score the prompt rows of sequences that ask for prompt logprobs."""
+        """Compute out's new tokens (`seq.new_token_ids(n)`: known tokens, then drafts), then
+        sample each sampled sequence (the rows out.num_logits says; with drafts, verify them)
+        and score the prompt rows of sequences that ask for prompt logprobs."""
         ...
 
     # Optional: `give_back(block_ids, is_clean)`, the block manager's on_clean, for a runner whose

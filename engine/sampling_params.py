@@ -27,6 +27,7 @@ class SamplingParams:
     priority: int = 0  # lower runs first: interactive chats 0, background API jobs 1
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
+    speculative: bool = True  # False: never draft for this request (the API's "speculative": "off")
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -36,18 +36,24 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)  # their KV was freed this step
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy before the forward
     finished: list[Sequence] = field(default_factory=list)  # ended here: cannot fit even alone
+    # per seq: how many of its new tokens are drafts (seq.spec_token_ids, after its known tokens)
+    num_spec_tokens: list[int] = field(default_factory=list)
     # Which rows get logits, decided here once for the runners and the engine (at construction:
     # postprocess moves num_computed_tokens on afterwards).
     is_sampled: list[bool] = field(init=False)  # per seq: all known tokens computed after this step
     num_logits: list[int] = field(init=False)  # per seq: logits for its last num_logits new tokens
 
     def __post_init__(self) -> None:
+        if not self.num_spec_tokens:
+            self.num_spec_tokens = [0] * len(self.seqs)
         # A sequence yields a token once every known token has K/V: the logits of its last new
-        # token. One that scores its prompt needs every new token's logits (row j predicts c+j+1).
-        self.is_sampled = [s.num_computed_tokens + n == len(s.token_ids)
-                           for s, n in zip(self.seqs, self.num_new_tokens)]
-        self.num_logits = [n if s.scores_prompt else int(sampled)
-                           for s, n, sampled in zip(self.seqs, self.num_new_tokens, self.is_sampled)]
+        # token, and with d drafts the d before it too (row j verifies draft j). One that scores
+        # its prompt needs every new token's logits (row j predicts c+j+1).
+        self.is_sampled = [s.num_computed_tokens + n - d == len(s.token_ids)
+                           for s, n, d in zip(self.seqs, self.num_new_tokens, self.num_spec_tokens)]
+        self.num_logits = [n if s.scores_prompt else (1 + d if sampled else 0)
+                           for s, n, d, sampled in zip(self.seqs, self.num_new_tokens, self.num_spec_tokens,
+                                                       self.is_sampled)]
 
     @property
     def num_batched_tokens(self) -> int:
@@ -187,6 +193,7 @@ class Scheduler:
         bm = self.block_manager
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}  # new tokens per sequence, in scheduling order
+        drafts: dict[Sequence, int] = {}  # of those, draft tokens to verify
         preempted: list[Sequence] = []
         finished: list[Sequence] = []
         block_copies: list[tuple[int, int]] = []
@@ -194,6 +201,8 @@ class Scheduler:
         def preempt(victim: Sequence) -> None:
             nonlocal budget
             budget += scheduled.pop(victim, 0)  # its slots of this step are freed too
+            drafts.pop(victim, None)
+            victim.clear_spec()
             self.running.remove(victim)
             bm.free(victim)  # num_computed_tokens -> 0; token_ids stay and are recomputed
             victim.status = SequenceStatus.WAITING
@@ -217,14 +226,21 @@ class Scheduler:
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
                 finished.append(seq)
                 continue
-            while not bm.can_append(seq, n):
+            d = self._num_drafts(seq, n, budget)
+            if d and not bm.can_append(seq, n + d):
+                d = 0  # drafts never preempt anyone
+            while not bm.can_append(seq, n + d):
                 preempt(max(self.running, key=_by_key))  # the least urgent; may be seq itself
                 if seq.status is not running:
                     break
             else:
-                block_copies += bm.append_slots(seq, n)
-                scheduled[seq] = n
-                budget -= n
+                block_copies += bm.append_slots(seq, n + d)
+                scheduled[seq] = n + d
+                budget -= n + d
+                if d:
+                    drafts[seq] = d
+            if seq.spec_token_ids and not d:
+                seq.clear_spec()
 
         # 2. Waiting sequences in order; a head that does not fit blocks the rest (no
         #    overtaking) unless running work of strictly lower priority can make room.
@@ -263,10 +279,24 @@ class Scheduler:
         if preempted and block_copies:  # drop copies into blocks a victim gave back
             live = {b for s in scheduled for b in s.block_table}
             block_copies = [(src, dst) for src, dst in block_copies if dst in live]
+        for seq, d in drafts.items():  # the runner verifies exactly d of them
+            del seq.spec_token_ids[d:]
+            if seq.spec_probs is not None:
+                seq.spec_probs = seq.spec_probs[:d]
         decodes = [s for s, n in scheduled.items() if n == 1]
         seqs = decodes + [s for s, n in scheduled.items() if n != 1]
         return SchedulerOutput(seqs, [scheduled[s] for s in seqs], len(decodes), preempted,
-                               block_copies, finished)
+                               block_copies, finished, [drafts.get(s, 0) for s in seqs])
+
+    def _num_drafts(self, seq: Sequence, n: int, budget: int) -> int:
+        """How many of seq's drafts this step verifies: only after a decode's one known token, and
+        never past the budget, max_tokens or the context (d drafts can yield d + 1 tokens)."""
+        if n != 1 or not seq.spec_token_ids:
+            return 0
+        d = min(len(seq.spec_token_ids), budget - 1, seq.max_tokens - seq.num_output_tokens - 1)
+        if self.max_model_len is not None:
+            d = min(d, self.max_model_len - seq.num_tokens - 1)
+        return max(d, 0)
 
     def _room_without(self, victims: list[Sequence], seq: Sequence, n: int, cached: list[int]) -> bool:
         """Whether seq would fit once all victims gave their blocks back (so that a priority
@@ -276,20 +306,28 @@ class Scheduler:
         freed = sum(1 for b, c in refs.items() if bm.blocks[b].ref_count == c)
         return bm.num_needed_blocks(seq, n, cached) <= bm.num_free_blocks + freed
 
-    def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> None:
-        """After the forward: the scheduled tokens are computed; append one sampled token to each
-        sampled sequence (in out.seqs order) and offer newly full blocks to the prefix cache."""
+    def postprocess(self, out: SchedulerOutput, sampled_token_ids: list[list[int]]) -> None:
+        """After the forward: the scheduled tokens are computed; append each sampled sequence's
+        tokens (in out.seqs order: one, or a drafts' accepted prefix and one more) and offer newly
+        full blocks to the prefix cache. Rejected drafts' K/V are past num_computed_tokens: the
+        next step overwrites them, and blocks that held only them go back to the pool."""
         tokens = iter(sampled_token_ids)
         bm, B, running = self.block_manager, self.block_manager.block_size, SequenceStatus.RUNNING
-        for seq, n, is_sampled in zip(out.seqs, out.num_new_tokens, out.is_sampled):
-            token = next(tokens) if is_sampled else None
+        for seq, n, d, is_sampled in zip(out.seqs, out.num_new_tokens, out.num_spec_tokens, out.is_sampled):
+            new = next(tokens) if is_sampled else ()
             if seq.status is not running:
                 continue  # aborted or finished since schedule()
-            seq.num_computed_tokens += n
+            accepted = len(new) - 1 if d else 0
+            seq.num_computed_tokens += n - d + accepted
+            if d:
+                seq.num_spec_proposed += d
+                seq.num_spec_accepted += accepted
+                seq.clear_spec()
             if seq.num_computed_tokens // B > seq.num_hashed_blocks:
                 bm.hash_blocks(seq)
-            if token is not None:
-                seq.token_ids.append(token)
+            seq.token_ids.extend(new)
+            if accepted < d:
+                bm.trim(seq, seq.num_tokens)
 
 
 def _by_key(seq: Sequence) -> tuple[int, float, int]:

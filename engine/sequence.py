@@ -4,6 +4,10 @@
 leading tokens whose K/V are in the pool; the tokens after it are what the next step must
 compute (a prefill chunk, or the one token sampled last step). Preemption by recompute sets it
 back to 0 and keeps ``token_ids``, so the generated tokens are recomputed as part of the prompt.
+
+Speculative decoding adds ``spec_token_ids``: draft tokens that follow ``token_ids`` and that the
+next step verifies (engine/speculative/). They are never in ``token_ids`` until accepted, so
+nothing is hashed into the prefix cache or counted as output before the target agrees.
 """
 from __future__ import annotations
 
@@ -51,6 +55,10 @@ class Sequence:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.max_tokens = self.params.max_tokens  # the scheduler may lower it to fit the pool
         self.num_preemptions = 0
+        self.spec_token_ids: list[int] = []  # drafts the next step verifies after token_ids
+        self.spec_probs = None  # the drafter's distributions for them ([k, V] tensor) or None: one-hot
+        self.num_spec_proposed = 0  # draft tokens verified for this request
+        self.num_spec_accepted = 0  # of those, accepted
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -95,6 +103,18 @@ class Sequence:
         """More than one known token still lacks K/V (a prompt, or a recompute after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1
 
+    def new_token_ids(self, n: int) -> list[int]:
+        """The n tokens a step computes: known tokens from num_computed_tokens on, then drafts."""
+        c = self.num_computed_tokens
+        ids = self.token_ids[c:c + n]
+        if len(ids) < n:
+            ids += self.spec_token_ids[:n - len(ids)]
+        return ids
+
+    def clear_spec(self) -> None:
+        self.spec_token_ids = []
+        self.spec_probs = None
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
@@ -107,4 +127,5 @@ class Sequence:
         child.block_hashes = list(self.block_hashes)
         child.block_table = []
         child.num_hashed_blocks = 0
+        child.spec_token_ids, child.spec_probs = [], None
         return child

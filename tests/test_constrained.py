@@ -49,7 +49,7 @@ def _decode(schema: dict, params: dict, steps: int = 200, seed: int = 0) -> str:
     for _ in range(steps):
         seq.num_computed_tokens = seq.num_tokens - 1  # the last token is this step's input
         sched = SchedulerOutput(seqs=[seq], num_new_tokens=[1], num_decodes=1)
-        t = sampler(sched, torch.randn(1, BYTES.vocab_size) * 3).token_ids[0]
+        t = sampler(sched, torch.randn(1, BYTES.vocab_size) * 3).token_ids[0][0]
         if t in BYTES.eos_tokens:
             break
         out.append(t)

@@ -20,6 +20,7 @@ from engine.backends.llamacpp_runner import LlamaCppError, LlamaCppRunner  # noq
 from engine.config import EngineConfig  # noqa: E402
 from engine.scheduler import SchedulerOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.sequence import Sequence  # noqa: E402
 
 REL_TOL = 1e-2  # max |runner - oracle| / max |oracle| per row (float and Q8_0 tiny models)
 # Real Q4_1 weights: llama.cpp quantizes activations to 8 bits, so any rounding change (another
@@ -37,6 +38,9 @@ class Seq:
     token_ids: list[int]
     num_computed_tokens: int = 0
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    new_token_ids = Sequence.new_token_ids
 
     @property
     def num_tokens(self) -> int:

@@ -29,7 +29,7 @@ class CountingRunner:
         return self.num_blocks
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        tokens = [(s.token_ids[-1] + 1) % VOCAB for s in out.sampled_seqs()]
+        tokens = [[(s.token_ids[-1] + 1) % VOCAB] for s in out.sampled_seqs()]
         scored = {}
         for s, n in zip(out.seqs, out.num_new_tokens):
             if s.params.prompt_logprobs is not None:

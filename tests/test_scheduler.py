@@ -31,7 +31,7 @@ class PoolModel:
         self.B = block_size
         self.pool = [[None] * block_size for _ in range(num_blocks)]
 
-    def execute(self, out: SchedulerOutput) -> list[int]:
+    def execute(self, out: SchedulerOutput) -> list[list[int]]:
         for src, dst in out.block_copies:
             self.pool[dst] = list(self.pool[src])
         sampled = []
@@ -41,7 +41,7 @@ class PoolModel:
                 self.pool[table[p // self.B]][p % self.B] = seq.token_ids[p]
             if is_sampled:
                 context = [self.pool[table[p // self.B]][p % self.B] for p in range(c + n)]
-                sampled.append(next_token(context))
+                sampled.append([next_token(context)])
         return sampled
 
 

@@ -20,7 +20,7 @@ def draws(sampler: StepSampler, seq: Sequence, n: int = 8, preempt_at: int | Non
         if i == preempt_at:  # the engine releases a preempted sequence; it is WAITING again
             seq.status = SequenceStatus.WAITING
             sampler.release(seq)
-        tokens.append(sampler(SchedulerOutput([seq], [1], num_decodes=1), LOGITS).token_ids[0])
+        tokens.append(sampler(SchedulerOutput([seq], [1], num_decodes=1), LOGITS).token_ids[0][0])
     return tokens
 
 
@@ -54,8 +54,8 @@ def test_rows_are_read_as_the_scheduler_output_says():
     for j, t in enumerate([6, 7, 8, 12]):  # scoring's rows predict 6, 7, 8, then its first token 12
         logits[1 + j, t] = 10.0
     result = StepSampler()(out, logits)
-    assert result.token_ids == [11, 12]
-    assert result.logprobs[0].token_id == 11 and result.logprobs[1] is None
+    assert result.token_ids == [[11], [12]]
+    assert result.logprobs[0][0].token_id == 11 and result.logprobs[1] is None
     scored = result.prompt_logprobs[scoring.seq_id]
     assert [lp.token_id for lp in scored] == [6, 7, 8]  # positions 1..3: the prompt's own tokens
     assert all(math.isclose(lp.logprob, 0.0, abs_tol=1e-6) and lp.top[0][0] == lp.token_id for lp in scored)

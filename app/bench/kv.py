@@ -97,7 +97,7 @@ def measure_waste(chats: list[Chat], block_size: int, max_context: int) -> tuple
     peak = (0, 0)
     while sched.has_unfinished():
         out = sched.schedule()
-        tokens = [script[s.seq_id][s.num_output_tokens] for s in out.sampled_seqs()]
+        tokens = [[script[s.seq_id][s.num_output_tokens]] for s in out.sampled_seqs()]
         sched.postprocess(out, tokens)
         for s in out.sampled_seqs():
             if s.num_output_tokens >= len(script[s.seq_id]):
@@ -162,7 +162,7 @@ def measure_multiturn(num_chats: int, turns: int, seed: int, block_size: int, po
         submit(chat)
     while sched.has_unfinished():
         out = sched.schedule()
-        sched.postprocess(out, [owner[s.seq_id][1][s.num_output_tokens] for s in out.sampled_seqs()])
+        sched.postprocess(out, [[owner[s.seq_id][1][s.num_output_tokens]] for s in out.sampled_seqs()])
         for s in out.sampled_seqs():
             chat, reply = owner[s.seq_id]
             if s.num_output_tokens >= len(reply):

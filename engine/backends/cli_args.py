@@ -27,3 +27,6 @@ def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, b
     p.add_argument("--weights", choices=WEIGHTS, default=d.get("weights", "auto"),
                    help="the torch engine's GGUF matrices: kept 4/8-bit for Ember's CPU kernels, or "
                         "dequantized to --dtype (auto: quantized where the kernels run)")
+    p.add_argument("--speculative", default=d.get("speculative", "off"), metavar="off|ngram|draft:PATH",
+                   help="speculative decoding: prompt lookup (ngram) or a draft model of the same vocabulary; "
+                        "drafts per step chosen from measured costs, the reply unchanged")

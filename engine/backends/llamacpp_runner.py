@@ -196,7 +196,8 @@ class LlamaCppRunner:
         return n
 
     def _match(self, seq):
-        live = {slot: s.token_ids[:self._kv_len[slot]] for slot, s in self._live.items()}
+        # cells past num_computed_tokens may hold rejected drafts: never a match
+        live = {slot: s.token_ids[:min(self._kv_len[slot], s.num_computed_tokens)] for slot, s in self._live.items()}
         return self._slots.match(seq.token_ids, live, limit=seq.num_tokens - 1)
 
     def _clear(self, slot: int) -> None:
@@ -232,7 +233,7 @@ class LlamaCppRunner:
             slot = self._slot(seq)
             c = seq.num_computed_tokens
             self._rollback(slot, c)
-            self._batch.put(i, slot, seq.token_ids[c:c + k], c)
+            self._batch.put(i, slot, seq.new_token_ids(k), c)
             rows.extend(range(i + k - m, i + k))
             i += k
         self._batch.finish(n, rows)

@@ -3,7 +3,9 @@
 Every runner that produces logits ends its `execute` here (nano-vllm's runner samples too), so
 the engine loop never holds a tensor. The rows arrive in `out.seqs` order, `out.num_logits[i]`
 of them per sequence: the last one is the sampling row of a sampled sequence, and a sequence
-that scores its prompt has one row per new token (row j predicts position c + j + 1).
+that scores its prompt has one row per new token (row j predicts position c + j + 1). A sequence
+that verifies d drafts has d + 1 sampling rows: row j is the target's distribution after draft
+j − 1 (engine/speculative/verify.py has the maths of accepting them).
 
 A seeded request draws from its own torch.Generator, kept here from its first sampled step until
 it finishes: a preempted sequence keeps it, so its recompute continues the same random stream
@@ -14,10 +16,11 @@ from __future__ import annotations
 import torch
 
 from engine.layers.constrained import Constraints
-from engine.layers.sampler import Sampler, token_logprobs
+from engine.layers.sampler import Sampler, apply_penalties, token_logprobs
 from engine.runner import RunnerOutput, TokenLogprobs
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from engine.speculative.verify import final_probs, num_matching, rejection_sample
 
 
 class StepSampler:
@@ -29,24 +32,61 @@ class StepSampler:
     @torch.inference_mode()
     def __call__(self, out: SchedulerOutput, logits: torch.Tensor) -> RunnerOutput:
         """`logits`: float32 [sum(out.num_logits), V], on the CPU."""
-        sample_rows: list[int] = []
         sampled: list[Sequence] = []
+        spans: list[tuple[int, int]] = []  # per sampled seq: (first row, drafts verified)
         scored: dict[int, list[TokenLogprobs]] = {}
         row = 0
-        for seq, k, is_sampled in zip(out.seqs, out.num_logits, out.is_sampled):
+        for seq, k, is_sampled, d in zip(out.seqs, out.num_logits, out.is_sampled, out.num_spec_tokens):
             if seq.scores_prompt:
                 scored[seq.seq_id] = self._score_prompt(seq, logits[row:row + k])
             row += k
             if is_sampled:
-                sample_rows.append(row - 1)
                 sampled.append(seq)
-        rows = logits[sample_rows]  # a copy: the constraints write into it
-        self.constraints.apply(rows, sampled)
-        result = self.sampler(
-            rows, [s.params for s in sampled], [self._generator(s) for s in sampled],
-            [s.token_ids for s in sampled], [s.num_prompt_tokens for s in sampled])
-        self.constraints.accept(sampled, result.token_ids)
-        return RunnerOutput(result.token_ids, result.logprobs, scored)
+                spans.append((row - 1 - d, d))
+        # One sampler call over every row that draws: a sequence's last row, and with drafts each
+        # draft's row too (its history holds the drafts before it). Drafts with the drafter's
+        # probabilities on a sampled request go through rejection sampling instead.
+        rows_idx, row_seqs, hists = [], [], []
+        for seq, (first, d) in zip(sampled, spans):
+            if d and seq.spec_probs is not None and not seq.params.is_greedy:
+                continue
+            for j in range(d + 1):
+                rows_idx.append(first + j)
+                row_seqs.append(seq)
+                hists.append(seq.token_ids + seq.spec_token_ids[:j] if j else seq.token_ids)
+        rows = logits[rows_idx]  # a copy: the constraints write into it
+        self.constraints.apply(rows, row_seqs)
+        drawn = self.sampler(rows, [s.params for s in row_seqs], [self._generator(s) for s in row_seqs],
+                             hists, [s.num_prompt_tokens for s in row_seqs])
+        tokens: list[list[int]] = []
+        lps: list[list[TokenLogprobs] | None] = []
+        r = 0
+        for seq, (first, d) in zip(sampled, spans):
+            if d and seq.spec_probs is not None and not seq.params.is_greedy:
+                toks, lp = self._reject(seq, logits[first:first + d + 1])
+            else:
+                a = num_matching(seq.spec_token_ids[:d], drawn.token_ids[r:r + d])
+                toks, lp = drawn.token_ids[r:r + a + 1], drawn.logprobs[r:r + a + 1]
+                r += d + 1
+            tokens.append(toks)
+            lps.append(lp if seq.params.logprobs is not None else None)
+        self.constraints.accept(sampled, [t[0] for t in tokens])  # grammar requests never draft
+        return RunnerOutput(tokens, lps, scored)
+
+    def _reject(self, seq: Sequence, rows: torch.Tensor) -> tuple[list[int], list[TokenLogprobs]]:
+        """Rejection sampling for drafts that came with the drafter's distributions."""
+        drafts, n = seq.spec_token_ids, rows.shape[0]
+        hists = [seq.token_ids + drafts[:j] for j in range(n)]
+        rows = rows.clone()
+        self.constraints.apply(rows, [seq] * n)
+        p = torch.stack([final_probs(rows[j], seq.params, hists[j], seq.num_prompt_tokens) for j in range(n)])
+        toks = rejection_sample(p, drafts, seq.spec_probs, self._generator(seq))
+        lp = []
+        if seq.params.logprobs is not None:
+            pen = apply_penalties(rows.clone(), [seq.params] * n, hists, [seq.num_prompt_tokens] * n)
+            logp = torch.log_softmax(pen, dim=-1)
+            lp = [token_logprobs(logp[j], t, seq.params.logprobs) for j, t in enumerate(toks)]
+        return toks, lp
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         params = seq.params

@@ -89,9 +89,13 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
         d["max_model_len"] = s.max_model_len if s is not None else None
         d["num_requests"] = engine_thread.num_requests
         d["generation_tok_s"] = round(metrics.generation_tok_s(), 2)
-        rate = getattr(s, "spec_acceptance_rate", None)
-        if rate is not None:
-            d["spec_acceptance_rate"] = rate
+        spec = s.spec if s is not None else None
+        if spec is not None:
+            d["speculative"] = {
+                "drafter": spec.drafter, "draft_tokens": spec.num_proposed, "accepted_tokens": spec.num_accepted,
+                "acceptance_rate": spec.acceptance_rate, "mean_accepted_length": spec.mean_accepted,
+                "tokens_per_target_pass": spec.tokens_per_pass, "draft_seconds": round(spec.draft_seconds, 3),
+                "verify_seconds": round(spec.verify_seconds, 3)}
         return d
 
     @app.post("/v1/engine/load")

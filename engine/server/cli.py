@@ -31,7 +31,8 @@ log = logging.getLogger("engine.server")
 # EngineConfig field -> its `serve` flag (the argparse dest is the flag's name)
 CONFIG_FLAGS = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
                 "num_kv_blocks": "--num-kv-blocks", "kv_memory_fraction": "--kv-memory-fraction",
-                "kv_idle_cache_tokens": "--kv-idle-cache-tokens", "num_threads": "--threads"}
+                "kv_idle_cache_tokens": "--kv-idle-cache-tokens", "num_threads": "--threads",
+                "num_speculative_tokens": "--num-speculative-tokens"}
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 
@@ -58,7 +59,7 @@ def add_config_args(p: argparse.ArgumentParser, defaults: dict | None = None) ->
 def config_kwargs(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that the flags in `args` set (dtype is one of the backend flags)."""
     return {"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
-            **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
+            "speculative": args.speculative, **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
 
 
 def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:

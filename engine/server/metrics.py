@@ -146,9 +146,17 @@ class Metrics:
                 "requests_running": ("Sequences in the running queue.", stats.num_running),
                 "requests_waiting": ("Sequences waiting for KV blocks or budget.", stats.num_waiting),
             })
-            rate = getattr(stats, "spec_acceptance_rate", None)
-            if rate is not None:
-                gauges["speculative_acceptance_rate"] = ("Draft tokens accepted / proposed.", rate)
+            spec = stats.spec
+            if spec is not None:
+                gauges.update({
+                    "speculative_draft_tokens": ("Draft tokens verified since start.", spec.num_proposed),
+                    "speculative_accepted_tokens": ("Draft tokens accepted since start.", spec.num_accepted),
+                    "speculative_acceptance_rate": ("Draft tokens accepted / verified.", spec.acceptance_rate or 0.0),
+                    "speculative_tokens_per_pass": ("Tokens emitted per verifying target pass.",
+                                                    spec.tokens_per_pass or 0.0),
+                    "speculative_draft_seconds": ("Seconds spent drafting since start.", spec.draft_seconds),
+                    "speculative_verify_seconds": ("Seconds of steps that verified drafts.", spec.verify_seconds),
+                })
         for name, (help, v) in gauges.items():
             lines += [f"# HELP ember_{name} {help}", f"# TYPE ember_{name} gauge", f"ember_{name} {_fmt(v)}"]
         return "\n".join(lines) + "\n"

@@ -71,6 +71,8 @@ class SamplingRequest(BaseModel):
     # extensions (vLLM names): benchmarks need fixed-length replies; background jobs a priority
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     priority: int = Field(0, ge=0, le=10, description="Lower runs first; the app's chats use 0.")
+    speculative: Literal["auto", "off"] = Field(
+        "auto", description="off: no speculative decoding for this request (the output is the same either way).")
 
     @field_validator("stop")
     @classmethod

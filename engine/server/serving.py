@@ -94,7 +94,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int, vocab_size: int, logp
             frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
             seed=seed, max_tokens=max_tokens, stop=req.stop_list, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, ignore_eos=req.ignore_eos, priority=req.priority,
-            logit_bias=bias, grammar=grammar)
+            logit_bias=bias, grammar=grammar, speculative=req.speculative != "off")
     except ValueError as e:
         raise APIError(400, str(e), code="invalid_value") from None
 

@@ -1,0 +1,136 @@
+"""A small model of the same vocabulary drafts for the target, in the same engine process.
+
+The draft runs on Ember's own ModelRunner (kernels, paged KV) with its own pool and block manager:
+each target sequence has a shadow Sequence here whose KV mirrors the target's tokens. To draft k
+tokens for a batch: one forward catches every shadow up to its sequence (the tokens accepted last
+step and the one after them) and yields draft 1, then k − 1 one-token forwards yield the rest, all
+sequences batched. Drafts the target rejected are rolled back by moving the shadow's
+num_computed_tokens back to the common prefix. Greedy requests draft the argmax (q one-hot); a
+sampled request draws from the draft's softmax at the request's temperature and hands q to the
+verifier (engine/speculative/verify.py), so the output stays distributed as the target's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+from engine.speculative.drafter import Draft
+from engine.speculative.goodput import StepCosts
+from engine.speculative.vocab_check import check_draft_vocab
+
+log = logging.getLogger(__name__)
+_SHADOW_PARAMS = SamplingParams(max_tokens=1 << 30)
+
+
+class DraftModelDrafter:
+    name = "draft"
+    shadow = False
+
+    def __init__(self, draft_path: str, target: EngineConfig, target_vocab_size: int, num_blocks: int) -> None:
+        from engine.model_runner import ModelRunner
+
+        check_draft_vocab(target.model_path, draft_path)
+        config = dataclasses.replace(target, model_path=draft_path, speculative="off", num_kv_blocks=num_blocks,
+                                     enable_prefix_caching=False)
+        self.runner = ModelRunner(config)
+        self.vocab_size = min(target_vocab_size, self.runner.vocab_size)  # padded rows never drafted
+        self.block_manager = BlockManager(self.runner.kv_capacity_blocks(), config.block_size,
+                                          enable_prefix_caching=False, on_clean=self.runner.give_back)
+        self.costs = StepCosts()  # draft forward seconds by batched tokens
+        self._shadows: dict[int, Sequence] = {}
+        self._generators: dict[int, torch.Generator] = {}
+        log.info("draft model %s: vocab %d, %d KV blocks", draft_path, self.runner.vocab_size, num_blocks)
+
+    def available(self, seqs: list[Sequence], max_k: int) -> list[int]:
+        return [max_k] * len(seqs)
+
+    def cost(self, num_seqs: int, depth: int) -> float:
+        """One catch-up forward (about two tokens a sequence) and depth − 1 one-token forwards."""
+        if depth <= 0:
+            return 0.0
+        return self.costs(2 * num_seqs) + (depth - 1) * self.costs(num_seqs)
+
+    def _sync(self, seq: Sequence) -> Sequence | None:
+        """The shadow of seq, its tokens made seq's and its KV cut back to their common prefix."""
+        sh = self._shadows.get(seq.seq_id)
+        if sh is None:
+            sh = self._shadows[seq.seq_id] = Sequence(seq.token_ids, _SHADOW_PARAMS, seq_id=seq.seq_id)
+            return sh
+        # Up to the last sync's length (num_prompt_tokens) both lists agreed and seq's tokens only
+        # grow, so only the drafts after it can differ.
+        old, new, base = sh.token_ids, seq.token_ids, sh.num_prompt_tokens
+        c = min(sh.num_computed_tokens, len(new), len(old))
+        lcp = next((i for i in range(base, c) if old[i] != new[i]), c)
+        sh.token_ids = list(new)
+        sh.num_computed_tokens = lcp
+        sh.num_prompt_tokens = len(new)
+        return sh
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+        shadows = [self._sync(s) for s in seqs]
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        bm = self.block_manager
+        for depth in range(max(ks)):
+            group = [i for i, k in enumerate(ks) if len(tokens[i]) == depth and depth < k]
+            group.sort(key=lambda i: shadows[i].num_tokens - shadows[i].num_computed_tokens > 1)  # decodes first
+            live, ns = [], []
+            for i in group:
+                sh = shadows[i]
+                n = sh.num_tokens - sh.num_computed_tokens
+                if not bm.can_append(sh, n):
+                    continue  # the draft's pool is full: this sequence gets fewer drafts
+                if not sh.block_table:
+                    bm.allocate(sh, n)
+                else:
+                    bm.append_slots(sh, n)
+                live.append(i)
+                ns.append(n)
+            if not live:
+                break
+            out = SchedulerOutput([shadows[i] for i in live], ns, sum(n == 1 for n in ns))
+            t0 = time.perf_counter()
+            logits = self.runner.run_model(out)[:, :self.vocab_size]
+            self.costs.observe(sum(ns), time.perf_counter() - t0)
+            for row, (i, n) in enumerate(zip(live, ns)):
+                tok, q = self._pick(seqs[i], logits[row])
+                sh = shadows[i]
+                sh.num_computed_tokens += n
+                sh.token_ids.append(tok)
+                tokens[i].append(tok)
+                if q is not None:
+                    probs[i].append(q)
+        return [Draft(t, torch.stack(p) if p and len(p) == len(t) else None) for t, p in zip(tokens, probs)]
+
+    def _pick(self, seq: Sequence, row: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """The argmax for a greedy request (q one-hot), else a draw from softmax(row / T) and q."""
+        p = seq.params
+        if p.is_greedy:
+            return int(row.argmax()), None
+        q = torch.softmax(row.double() / p.temperature, -1)
+        gen = self._generators.get(seq.seq_id)
+        if gen is None and p.seed is not None:
+            gen = self._generators[seq.seq_id] = torch.Generator().manual_seed(p.seed + 1)
+        return int(torch.multinomial(q, 1, generator=gen)), q
+
+    def release(self, seq: Sequence) -> None:
+        sh = self._shadows.pop(seq.seq_id, None)
+        if sh is not None:
+            self.block_manager.free(sh)
+        if seq.is_finished:
+            self._generators.pop(seq.seq_id, None)
+
+    def close(self) -> None:
+        for sh in self._shadows.values():
+            self.block_manager.free(sh)
+        self._shadows.clear()
+        self.runner.close()
