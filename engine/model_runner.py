@@ -21,7 +21,7 @@ from engine.layers.step_sampler import StepSampler
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.fit import MAX_DEFAULT_CONTEXT, auto_dtype, cpu_has_fast_bf16, default_context
 from engine.runner import RunnerOutput
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

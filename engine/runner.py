@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.scheduler import PromptCache, SchedulerOutput
+from engine.scheduler_output import PromptCache, SchedulerOutput
 from engine.sequence import Sequence
 
 

@@ -12,7 +12,7 @@ from engine.grammar import JSON_OPTIONS, Grammar
 from engine.layers.constrained import apply_bitmask, apply_logit_bias
 from engine.layers.step_sampler import StepSampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
 BYTES = llguidance.LLTokenizer("byte")  # 256 bytes, then specials; EOS 261

@@ -205,7 +205,9 @@ def test_the_engine_core_imports_no_torch():
     import subprocess
     import sys
 
-    for mod in ("engine.sequence", "engine.block_manager", "engine.scheduler", "engine.llm_engine", "engine.runner"):
+    for mod in ("engine.sequence", "engine.block_manager", "engine.scheduler", "engine.scheduler_output",
+                "engine.llm_engine", "engine.runner", "engine.speculative.speculator", "engine.speculative.ngram",
+                "engine.speculative.goodput", "engine.speculative.vocab_check"):
         code = f"import sys, {mod}; print('torch' in sys.modules)"
         run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr

@@ -6,7 +6,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runner import RunnerOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 
 VOCAB = 100

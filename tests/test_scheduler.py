@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 1000

@@ -7,7 +7,7 @@ import torch
 
 from engine.layers.step_sampler import StepSampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
 V = 50

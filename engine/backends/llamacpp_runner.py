@@ -30,7 +30,7 @@ from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_block
 from engine.layers.step_sampler import StepSampler
 from engine.model_files.fit import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
 from engine.runner import RunnerOutput
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 from engine.layers.constrained import Constraints
 from engine.layers.sampler import Sampler, apply_penalties, token_logprobs
 from engine.runner import RunnerOutput, TokenLogprobs
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.verify import final_probs, num_matching, rejection_sample
 

@@ -11,6 +11,7 @@ verifier (engine/speculative/verify.py), so the output stays distributed as the 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -20,7 +21,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.drafter import Draft
 from engine.speculative.goodput import StepCosts
@@ -28,6 +29,39 @@ from engine.speculative.vocab_check import check_draft_vocab
 
 log = logging.getLogger(__name__)
 _SHADOW_PARAMS = SamplingParams(max_tokens=1 << 30)
+
+
+DRAFT_HEAD_ROWS = 32768  # FR-Spec's choice for 128k-152k vocabularies
+
+
+def restrict_head(model, vocab_size: int, rows: int = DRAFT_HEAD_ROWS) -> int:
+    """Let the draft's LM head score only the first `rows` token ids; returns how many it scores.
+
+    FR-Spec (Zhao et al. 2025): drafts almost never come from the rare tail of a large vocabulary,
+    yet the head's rows are a fifth of a 0.5B model's reads per token. BPE ids are in merge order,
+    which is frequency order in the tokenizer's corpus, so the first 32k ids stand in for FR-Spec's
+    frequency ranking. Exact all the same: the draft's q is its softmax over these rows (0 beyond),
+    which is what the verifier divides by. A quantized head is sliced in place (its 8-row tiles
+    are stored tile after tile: the first rows/TILE tiles are the first rows).
+    """
+    from engine.kernels.pack import TILE
+    from engine.layers.quant_linear import QuantLinear
+
+    head = model.lm_head
+    if not isinstance(head, QuantLinear) or vocab_size < 2 * rows or rows % TILE:
+        return vocab_size
+    small = copy.copy(head)
+    small._parameters = dict(head._parameters)  # nn.Module keeps parameters here; never share the dict
+    tiles = rows // TILE
+    for name in ("qw", "scales", "mins", "scales_super", "mins_super"):
+        t = getattr(head, name)
+        if t is not None:
+            setattr(small, name, torch.nn.Parameter(t.data[:tiles], requires_grad=False))
+    if head.bias is not None:
+        small.bias = torch.nn.Parameter(head.bias.data[:rows], requires_grad=False)
+    small.out_features = rows
+    model.lm_head = small
+    return rows
 
 
 class DraftModelDrafter:
@@ -42,6 +76,7 @@ class DraftModelDrafter:
                                      enable_prefix_caching=False)
         self.runner = ModelRunner(config)
         self.vocab_size = min(target_vocab_size, self.runner.vocab_size)  # padded rows never drafted
+        self.vocab_size = restrict_head(self.runner.model, self.vocab_size)
         self.block_manager = BlockManager(self.runner.kv_capacity_blocks(), config.block_size,
                                           enable_prefix_caching=False, on_clean=self.runner.give_back)
         self.costs = StepCosts()  # draft forward seconds by batched tokens

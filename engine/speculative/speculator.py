@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.runner import Runner
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.drafter import Drafter
 from engine.speculative.goodput import Acceptance, StepCosts, choose_ks
