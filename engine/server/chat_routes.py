@@ -36,12 +36,14 @@ class ChatChoice:
         self.calls: list = []
         self.content: str | None = None
         self.completion_tokens = self.cached = 0
+        self.drafted = self.accepted = 0  # speculative decoding's draft tokens, verified / accepted
         self.started = False
 
     def add(self, out) -> None:
         self.text += out.new_text
         self.lps += out.logprobs or []
         self.completion_tokens = len(out.output_token_ids)
+        self.drafted, self.accepted = out.num_spec_proposed, out.num_spec_accepted
         if out.finished:
             self.reason, self.cached = R.finish_reason(out.finish_reason), out.num_cached_tokens
             self.content = self.text
@@ -78,7 +80,8 @@ class ChatChoice:
 
 def _usage(choices: list[ChatChoice], prompt_tokens: int) -> dict:
     """OpenAI counts the prompt once for n choices; cached: what the first found cached."""
-    return R.usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached)
+    return R.usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached,
+                   sum(c.drafted for c in choices), sum(c.accepted for c in choices))
 
 
 def build_chat_router() -> APIRouter:

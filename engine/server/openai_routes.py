@@ -75,7 +75,7 @@ def build_router() -> APIRouter:
         finally:
             job.close()
         use = R.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices),
-                      sum(c.cached for c in choices))
+                      sum(c.cached for c in choices), sum(c.drafted for c in choices), sum(c.accepted for c in choices))
         return JSONResponse(R.completion(rid, model, created, [c.final() for c in choices], use))
 
     return router
@@ -92,6 +92,7 @@ class _Choice:
         self.lp = R.CompletionLogprobs(tt) if body.logprobs is not None else None
         self.echoed = not body.echo
         self.reason, self.prompt_tokens, self.completion_tokens, self.cached = None, len(ids), 0, 0
+        self.drafted = self.accepted = 0  # speculative decoding's draft tokens, verified / accepted
 
     def add(self, out) -> None:
         if not self.echoed and self.lp is not None:
@@ -106,6 +107,7 @@ class _Choice:
                 for tok, lp in zip(out.new_token_ids, out.logprobs or [None] * len(out.new_token_ids)):
                     self.lp.add(tok, lp)
             self.completion_tokens = len(out.output_token_ids)
+        self.drafted, self.accepted = out.num_spec_proposed, out.num_spec_accepted
         if out.finished:
             self.reason = "length" if self.drop else out.finish_reason
             self.cached = out.num_cached_tokens
@@ -132,7 +134,8 @@ def _completion_stream(job, first, index, choices, rid, model, created, body: Co
     def done():
         if with_usage:
             use = R.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices),
-                          sum(c.cached for c in choices))
+                          sum(c.cached for c in choices), sum(c.drafted for c in choices),
+                          sum(c.accepted for c in choices))
             yield R.usage_chunk(rid, model, created, "text_completion", use)
 
     return job_events(job, first, emit, done)
