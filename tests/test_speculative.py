@@ -79,11 +79,17 @@ def test_greedy_is_plain_greedy_under_preemption_and_prefix_hits(bundled_model_p
 
 @needs_kernels
 def test_draft_model_greedy_is_plain_greedy(bundled_model_path, plain):
-    """The bundled model drafting for itself: every draft is accepted (the bonus-token path)."""
+    """The bundled model drafting for itself: every draft is accepted (the bonus-token path). The
+    second round of the same prompts finds the draft's KV in its own prefix cache."""
     engine = _engine(bundled_model_path, speculative=f"draft:{bundled_model_path}", num_speculative_tokens=3)
     assert _greedy(engine, PROMPTS) == plain
     spec = engine.stats().spec
     assert spec.num_accepted == spec.num_proposed > 0
+    draft_cache = engine.speculator.drafter.block_manager
+    assert draft_cache.prefix_hit_rate == 0
+    assert _greedy(engine, PROMPTS) == plain
+    assert draft_cache.prefix_hit_rate > 0
+    draft_cache.check()
     engine.close()
 
 

@@ -129,6 +129,7 @@ def run(args) -> int:
                 prompts = [tok.encode(tmpl.render(messages(kind, i), add_generation_prompt=True)) for i in range(c)]
                 for d in drafters:
                     cells.setdefault((kind, c, d), []).append(_run_ember(engines[d], prompts, args.max_tokens))
+    _print_costs(engines)
     for e in engines.values():
         e.close()
     rows = []
@@ -142,6 +143,20 @@ def run(args) -> int:
         print(f"{kind:8s} {c:5d} {name:14s} {r['tok_s']:7.1f} {r.get('agg', float('nan')):7.1f} "
               f"{r['tok_s'] / base['tok_s']:7.2f}x {acc:>7s} {r.get('k', 0):5.2f}")
     return 0
+
+
+def _print_costs(engines: dict) -> None:
+    """The measured costs goodput chose k from (engine/speculative/goodput.py), as the engines saw them."""
+    for name, engine in engines.items():
+        spec = engine.speculator
+        if spec is None:
+            continue
+        t = ", ".join(f"{n}: {spec.costs(n) * 1e3:.1f}" for n in (1, 2, 3, 5, 9, 17))
+        line = f"  {name.split(':')[0]}: target step T(n) ms {t}; acceptance now {spec.acceptance.rate:.0%}"
+        draft_costs = getattr(spec.drafter, "costs", None)
+        if draft_costs is not None:
+            line += "; draft forward ms " + ", ".join(f"{n}: {draft_costs(n) * 1e3:.1f}" for n in (1, 2, 4, 8))
+        print(line)
 
 
 def _median(rs: list[dict]) -> dict:

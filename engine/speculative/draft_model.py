@@ -72,13 +72,15 @@ class DraftModelDrafter:
         from engine.model_runner import ModelRunner
 
         check_draft_vocab(target.model_path, draft_path)
-        config = dataclasses.replace(target, model_path=draft_path, speculative="off", num_kv_blocks=num_blocks,
-                                     enable_prefix_caching=False)
+        config = dataclasses.replace(target, model_path=draft_path, speculative="off", num_kv_blocks=num_blocks)
         self.runner = ModelRunner(config)
         self.vocab_size = min(target_vocab_size, self.runner.vocab_size)  # padded rows never drafted
         self.vocab_size = restrict_head(self.runner.model, self.vocab_size)
+        # Its own prefix cache: a chat's next turn (or a preempted sequence) catches up from it.
+        # Only blocks of the target's tokens are hashed, never blocks holding drafts.
         self.block_manager = BlockManager(self.runner.kv_capacity_blocks(), config.block_size,
-                                          enable_prefix_caching=False, on_clean=self.runner.give_back)
+                                          enable_prefix_caching=config.enable_prefix_caching,
+                                          on_clean=self.runner.give_back)
         self.costs = StepCosts()  # draft forward seconds by batched tokens
         self._shadows: dict[int, Sequence] = {}
         self._generators: dict[int, torch.Generator] = {}
@@ -121,13 +123,14 @@ class DraftModelDrafter:
             live, ns = [], []
             for i in group:
                 sh = shadows[i]
+                if not sh.block_table:
+                    if not bm.can_allocate(sh):
+                        continue  # the draft's pool is full: this sequence gets no drafts now
+                    bm.allocate(sh)  # its prefix-cache hits, and slots for the rest
                 n = sh.num_tokens - sh.num_computed_tokens
                 if not bm.can_append(sh, n):
                     continue  # the draft's pool is full: this sequence gets fewer drafts
-                if not sh.block_table:
-                    bm.allocate(sh, n)
-                else:
-                    bm.append_slots(sh, n)
+                bm.append_slots(sh, n)
                 live.append(i)
                 ns.append(n)
             if not live:
@@ -140,6 +143,8 @@ class DraftModelDrafter:
                 tok, q = self._pick(seqs[i], logits[row])
                 sh = shadows[i]
                 sh.num_computed_tokens += n
+                if depth == 0:  # all of token_ids are the target's own: offer full blocks to the cache
+                    bm.hash_blocks(sh)
                 sh.token_ids.append(tok)
                 tokens[i].append(tok)
                 if q is not None:
