@@ -5,7 +5,7 @@ an open-ended story), each at 1 and 4 concurrent chats, greedy, for each drafter
 lookup, a draft model); the engines live side by side and take turns per kind, so machine noise
 hits them alike. Decode tok/s per chat = (tokens − 1) / (last token − first token): prefill is
 the same work with or without drafts and is left out. With `--llama-server BIN` (and a draft
-model) llama.cpp's own server runs the same prompts plain and with `-md` (its draft-model mode).
+model) llama.cpp's own server runs the same prompts plain, with its n-gram lookup and with `-md`.
 """
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def register(bench_sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--runs", type=int, default=1, help="rounds of every (kind, chats) cell; the median is shown")
-    p.add_argument("--llama-server", default=None, metavar="BIN", help="also llama.cpp's server, plain and -md DRAFT")
+    p.add_argument("--llama-server", default=None, metavar="BIN",
+                   help="also llama.cpp's server: plain, --spec-type ngram-simple, and -md DRAFT")
     p.set_defaults(func=run)
 
 
@@ -135,7 +136,7 @@ def run(args) -> int:
     rows = []
     for (kind, c, d), rs in cells.items():
         rows.append((kind, c, "ember " + d.split(":")[0], _median(rs), _median(cells[(kind, c, "off")])))
-    if args.llama_server and args.draft:
+    if args.llama_server:
         rows += _llama_rows(args, model)
     print(f"{'kind':8s} {'chats':>5s} {'engine':14s} {'tok/s':>7s} {'agg':>7s} {'speedup':>8s} {'accept':>7s} {'k':>5s}")
     for kind, c, name, r, base in rows:
@@ -172,7 +173,11 @@ def _llama_rows(args, model: str) -> list[tuple]:
 
     rows = []
     with TemporaryDirectory() as tmp:
-        for extra, name in (((), "llama.cpp off"), (("-md", args.draft, "--draft-max", "16"), "llama.cpp draft")):
+        # llama.cpp's own defaults for each mode (its server drafts at most 3 tokens by default)
+        modes = [((), "llama.cpp off"), (("--spec-type", "ngram-simple"), "llama.cpp ngram")]
+        if args.draft:
+            modes.append((("-md", args.draft, "--spec-type", "draft-simple"), "llama.cpp draft"))
+        for extra, name in modes:
             slots = max(args.concurrency)
             with llama_server(args.llama_server, model, slots, slots * 4096, args.threads, Path(tmp) / "log",
                               extra) as (_, base):
