@@ -54,8 +54,12 @@ class StepSampler:
                 rows_idx.append(first + j)
                 row_seqs.append(seq)
                 hists.append(seq.token_ids + seq.spec_token_ids[:j] if j else seq.token_ids)
-        rows = logits[rows_idx]  # a copy: the constraints write into it
-        self.constraints.apply(rows, row_seqs)
+        constrained = any(s.params.logit_bias or s.params.grammar is not None for s in row_seqs)
+        if constrained or rows_idx != list(range(logits.shape[0])):
+            rows = logits[rows_idx]  # a copy: the constraints write into it
+            self.constraints.apply(rows, row_seqs)
+        else:
+            rows = logits  # every row draws, none constrained: no copy
         drawn = self.sampler(rows, [s.params for s in row_seqs], [self._generator(s) for s in row_seqs],
                              hists, [s.num_prompt_tokens for s in row_seqs])
         tokens: list[list[int]] = []

@@ -20,6 +20,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.layers.sampler import argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
@@ -155,7 +156,7 @@ class DraftModelDrafter:
         """The argmax for a greedy request (q one-hot), else a draw from softmax(row / T) and q."""
         p = seq.params
         if p.is_greedy:
-            return int(row.argmax()), None
+            return argmax_rows(row[None])[0], None
         q = torch.softmax(row.double() / p.temperature, -1)
         gen = self._generators.get(seq.seq_id)
         if gen is None and p.seed is not None:
