@@ -148,7 +148,10 @@ class Scheduler:
         # 1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order.
         running, chunk = SequenceStatus.RUNNING, self.max_prefill_chunk
         pool_tokens = bm.num_blocks * bm.block_size
+        # Drafts never take a slot of the budget from another decode of this step.
+        decodes_left = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in self.running)
         for seq in sorted(self.running, key=_decodes_first):
+            decodes_left -= len(seq.token_ids) - seq.num_computed_tokens == 1
             if seq.status is not running:
                 continue  # preempted earlier in this loop
             n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, budget)
@@ -160,7 +163,7 @@ class Scheduler:
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
                 finished.append(seq)
                 continue
-            d = self._num_drafts(seq, n, budget)
+            d = self._num_drafts(seq, n, budget - decodes_left)
             if d and not bm.can_append(seq, n + d):
                 d = 0  # drafts never preempt anyone
             while not bm.can_append(seq, n + d):
