@@ -7,9 +7,10 @@ T grows slowly with n while memory-bound, then linearly). Drafting depth k for b
 costs D(b, k) (0 for prompt lookup). The choice maximizes goodput for the batch,
     G(k_1..k_S) = Σ_s E_s(k_s) / (T(N + Σ_s k_s) + D(#drafting, max_s k_s)),
 N the step's other tokens. Adding the i-th draft to sequence s adds α_s^i tokens, which falls
-with i, so taking increments best-first and keeping the best prefix finds the optimum of this
-model; k = 0 everywhere (plain decoding) is one of the candidates, so speculation is chosen
-only where the measured costs say it pays.
+with i, so increments are taken best-first and the best prefix is kept (the optimum when
+drafting is free and T is convex; with a draft model's per-depth cost, a close greedy). k = 0
+everywhere (plain decoding) is one of the candidates, so speculation is chosen only where the
+measured costs say it pays.
 """
 from __future__ import annotations
 
