@@ -22,6 +22,7 @@ from typing import Any
 
 from app.client import EngineClient, EngineClientError
 from app.settings import Settings
+from app.speculative_setting import engine_speculative
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ def engine_args(settings: Settings) -> dict[str, Any]:
     return {"model_id": settings.default_model, "models_dir": str(settings.models_dir),
             "host": settings.server_host, "port": settings.server_port, "api_key": settings.api_key,
             "backend": settings.backend, "device": settings.device, "dtype": settings.dtype,
-            "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads}
+            "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads,
+            "speculative": engine_speculative(settings.speculative, settings.models_dir)}
 
 
 def to_argv(args: Mapping[str, Any]) -> list[str]:

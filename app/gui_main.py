@@ -36,7 +36,7 @@ from ui.tray import TrayIcon
 log = logging.getLogger("ember")
 
 ENGINE_FIELDS = ("server_port", "api_key", "backend", "device", "dtype", "kv_memory_fraction", "threads",
-                 "models_dir", "server_host")
+                 "models_dir", "server_host", "speculative")
 
 
 @dataclass
@@ -73,7 +73,7 @@ class EmberApp:
 
     def open_settings(self, parent: QWidget | None = None) -> SettingsDialog:
         before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
-        dialog = SettingsDialog(self.settings, self.window)
+        dialog = SettingsDialog(self.settings, self.window, models=[(m.id, m.name) for m in self.store.list()])
         dialog.settings_saved.connect(lambda s: self._on_settings_saved(before))
         dialog.open()  # window-modal, does not block the event loop
         self.settings_dialog = dialog
@@ -91,8 +91,8 @@ class EmberApp:
         if any(before[f] != getattr(self.settings, f) for f in ("connection_url", "connection_key")):
             self.controller.apply_connection()
         elif any(before[f] != getattr(self.settings, f) for f in ENGINE_FIELDS) and not self.controller.is_remote:
-            self.window.status.showMessage("Engine settings apply when the engine restarts "
-                                           "(Engine → Restart engine).", 10000)
+            # short: the status bar's figures leave the message about half the window's width
+            self.window.status.showMessage("Engine → Restart engine applies the new settings.", 10000)
 
 
 def _advisor():

@@ -15,11 +15,13 @@ import tempfile
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
+
+from app.speculative_setting import check_speculative
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ class Settings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Torch engine's dtype")
     kv_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Share of free memory given to the KV cache")
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads for inference (default: automatic)")
+    speculative: Annotated[str, AfterValidator(check_speculative)] = Field(
+        "off", description="Speculative decoding: off, ngram (prompt lookup) or a draft model (an installed "
+                           "model's id or a .gguf file); the replies are the same, only faster")
     theme: Literal["system", "light", "dark"] = Field("system", description="Window colour theme")
     default_model: str = Field("smollm2-135m-instruct-q4_1", pattern=MODEL_ID_PATTERN,
                                description="Model id loaded at start")

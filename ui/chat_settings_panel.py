@@ -1,4 +1,4 @@
-"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens.
+"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens, speculative decoding.
 
 It shows `effective_settings` (the chat's own values over the model's recommendation over Ember's
 defaults): the chat view sends that same dict, so an untouched chat sends what is on screen.
@@ -6,8 +6,8 @@ defaults): the chat view sends that same dict, so an untouched chat sends what i
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QPlainTextEdit, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QPlainTextEdit,
+                               QSpinBox, QVBoxLayout, QWidget)
 
 from app.sampling_defaults import effective_settings
 
@@ -40,6 +40,9 @@ class ChatSettingsPanel(QWidget):
                               "(1 = all of them)")
         self.max_tokens = QSpinBox(self, minimum=1, maximum=131072, singleStep=64)
         self.max_tokens.setToolTip("The longest reply, in tokens (a token is about ¾ of an English word)")
+        # stored as the chat's "speculative" (True/False); off sends "speculative": "off" with its requests
+        self.speculative = QCheckBox("Speculative decoding", self, checked=True)
+        self.set_speculation_available(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
 
         box = QGroupBox("Chat settings", self)
@@ -50,6 +53,7 @@ class ChatSettingsPanel(QWidget):
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
+        form.addRow(self.speculative)  # the whole width: its words would widen the label column
         form.addRow(self.source)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
@@ -60,6 +64,7 @@ class ChatSettingsPanel(QWidget):
         self.temperature.valueChanged.connect(self._on_edited)
         self.top_p.valueChanged.connect(self._on_edited)
         self.max_tokens.valueChanged.connect(self._on_edited)
+        self.speculative.toggled.connect(self._on_edited)
         self.model.currentIndexChanged.connect(self._on_model_edited)
         self.load({}, None)
 
@@ -76,12 +81,23 @@ class ChatSettingsPanel(QWidget):
         self.temperature.setValue(float(s["temperature"]))
         self.top_p.setValue(float(s["top_p"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
+        self.speculative.setChecked(s.get("speculative") is not False)
         self._select_model(model)
         self._loading = False
 
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
-                "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value()}
+                "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value(),
+                "speculative": self.speculative.isChecked()}
+
+    def set_speculation_available(self, available: bool) -> None:
+        """Whether the engine speculates at all (Settings → Engine); the chat's choice is kept either way."""
+        self.speculative.setEnabled(available)
+        self.speculative.setToolTip(
+            "Drafts several words ahead and has the model check them in one go: faster replies on repetitive "
+            "text and code, and the same reply. Off: this chat's replies are written one token at a time"
+            if available else "Speculative decoding is off for the engine (Settings → Engine → Speculative "
+                              "decoding); this chat's choice applies once it is on")
 
     def current_model(self) -> str | None:
         """The chosen model's id; None for "whichever model the engine has loaded"."""

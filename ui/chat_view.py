@@ -133,7 +133,11 @@ class ChatView(QWidget):
 
     # ---- the reply ----
     def _start_reply(self, new_message: bool) -> None:
-        system, sampling = request_fields(self.effective_settings())
+        settings = self.effective_settings()
+        system, sampling = request_fields(settings)
+        if settings.get("speculative") is False and (not self.engine.is_remote
+                                                     or "speculative" in self.engine.last_status):
+            sampling["speculative"] = "off"  # this chat opted out (other servers may not know the field)
         history = self._api_messages(system)
         self._reply = TranscriptMessage("assistant", "", "streaming")
         self.transcript.messages.append(self._reply)

@@ -138,7 +138,9 @@ class MainWindow(QMainWindow):
         self.settings_panel.load(chat.settings, chat.model, self._model_defaults(self._shown_model))
 
     # ---- slots ----
-    def _on_engine_status(self, _status: dict) -> None:
+    def _on_engine_status(self, status: dict) -> None:
+        if status.get("status") == "ready" or not status:
+            self.settings_panel.set_speculation_available(status.get("speculative") is not None)
         view = self.current_view()  # the loaded model changed: its recommended settings may differ
         if view is not None and self.engine.current_model != self._shown_model \
                 and not self.chat_store.get_chat(view.chat_id).model:

@@ -5,6 +5,7 @@ The figures are app.fit.memory_line's, which is the engine's own pool rule
 """
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app.fit import memory_line
@@ -23,18 +24,21 @@ class MemoryEstimateRow(QWidget):
             self._model = None
         self.chats = QSpinBox(self, minimum=1, maximum=64, value=4, suffix=" chats")
         self.context = QSpinBox(self, minimum=256, maximum=131072, singleStep=256, value=4096, suffix=" tokens")
-        self.text = QLabel(self, wordWrap=True)
-        # a wrapped label in a form row is laid out one line high before its width is known:
-        # room for three lines, so the estimate is never cut off
-        self.text.setMinimumHeight(3 * self.text.fontMetrics().lineSpacing())
+        self.text = QLabel(self, wordWrap=True, alignment=Qt.AlignLeft | Qt.AlignTop)
         row = QHBoxLayout()
         row.addWidget(self.chats)
         row.addWidget(self.context)
         row.addStretch(1)
         box = QVBoxLayout(self)
         box.setContentsMargins(0, 0, 0, 0)
+        box.setSpacing(4)
         box.addLayout(row)
         box.addWidget(self.text)
+        # A wrapped label in a form row is given the height of its text at a wider width than it gets
+        # (the form asks once), and the estimate then shows 2 of its 4-5 lines: the row asks for the
+        # spin boxes and 5 lines outright, as an explicit minimum is what the form honours.
+        self.setMinimumHeight(self.chats.sizeHint().height() + box.spacing()
+                              + 5 * self.text.fontMetrics().lineSpacing())
         self.chats.valueChanged.connect(self._refresh)
         self.context.valueChanged.connect(self._refresh)
         self._refresh()

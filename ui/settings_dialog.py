@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox,
 
 from app.settings import Settings
 from ui.memory_estimate import MemoryEstimateRow
+from ui.speculative_row import SpeculativeRow
 
 
 class PathEdit(QWidget):
@@ -45,7 +46,9 @@ class SettingsDialog(QDialog):
 
     settings_saved = Signal(object)
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, parent: QWidget | None = None,
+                 models: list[tuple[str, str]] | None = None) -> None:
+        """`models`: the installed models as (id, name), which the draft-model picker offers."""
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
         self.setMinimumWidth(520)
@@ -68,6 +71,7 @@ class SettingsDialog(QDialog):
                                     value=round(s.kv_memory_fraction * 100))
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
         self.threads.setSpecialValueText("automatic")
+        self.speculative = SpeculativeRow(s.speculative, models or [], self)
         self.theme = self._combo(["system", "light", "dark"], s.theme)
         self.close_to_tray = QCheckBox("Closing the window keeps the engine serving from the tray", self,
                                        checked=s.close_to_tray)
@@ -92,7 +96,7 @@ class SettingsDialog(QDialog):
                                                                 self.dtype.currentText(), self.kv_fraction.value() / 100))
         layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
                                                 ("Memory for chats", self.kv_fraction), ("Threads", self.threads),
-                                                ("Memory", self.memory)]))
+                                                ("Memory", self.memory), ("Speculative decoding", self.speculative)]))
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("Server's key", self.connection_key)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
@@ -116,6 +120,7 @@ class SettingsDialog(QDialog):
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),
             "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,
+            "speculative": self.speculative.value(),
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,
             "connection_key": self.connection_key.text().strip() or None,

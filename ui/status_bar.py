@@ -1,9 +1,9 @@
-"""The main window's status bar: engine state, model, backend/device, the reply's speed, KV, RAM."""
+"""The main window's status bar: engine state, model, backend/device, the reply's speed, drafts accepted, KV, RAM."""
 from __future__ import annotations
 
 import psutil
 from PySide6.QtCore import QSize
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar, QWidget
 
 from app.supervisor import SupervisorState
 from ui.elided_label import ElidedLabel
@@ -34,13 +34,17 @@ class EngineStatusBar(QStatusBar):
         self.model_label = ElidedLabel(parent=self)
         self.device_label = QLabel(self)
         self.running_label = ElidedLabel(parent=self)
-        self.reply_label = ElidedLabel(parent=self)
+        self.reply_label = QLabel(self)  # short figures: shortened they say nothing ("15.1 t…")
+        self.spec_label = QLabel(self)  # speculative decoding's acceptance, when the engine drafts
         self.kv_label = ElidedLabel(parent=self)
         self.ram_label = QLabel(self)
         self.chart = Sparkline(parent=self)
-        for w in (self.state_icon, self.state_label, self.loading, self.model_label, self.device_label):
+        for w in (self.state_icon, self.state_label, self.loading, self.device_label):
             self.addWidget(w)
-        for w in (self.running_label, self.reply_label, self.kv_label, self.ram_label, self.chart):
+        # the model's name takes the room the figures leave, and is the one shortened first (its tooltip has it)
+        self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.addWidget(self.model_label, 1)
+        for w in (self.running_label, self.reply_label, self.spec_label, self.kv_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
         self.reply_label.setToolTip("This chat's reply: its speed in tokens (about ¾ of a word) per second, "
                                     "and how long the first one took to arrive")
@@ -60,7 +64,8 @@ class EngineStatusBar(QStatusBar):
             self.clear_engine_figures()  # a stopped engine has no model and no speed
 
     def clear_engine_figures(self) -> None:
-        for label in (self.model_label, self.device_label, self.running_label, self.reply_label, self.kv_label):
+        for label in (self.model_label, self.device_label, self.running_label, self.reply_label, self.spec_label,
+                      self.kv_label):
             label.setText("")
         self.chart.clear()
 
@@ -75,7 +80,9 @@ class EngineStatusBar(QStatusBar):
             self.loading.setVisible(False)
         model = status.get("model")
         self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}" if model else "")
-        self.model_label.setToolTip(model or "")
+        self.model_label.setToolTip(self.model_label.text().removeprefix("Model: ") +
+                                    (f" ({model})" if model and model != self.engine.model_names.get(model, model)
+                                     else "") if model else "")
         parts = [p for p in (status.get("backend"), status.get("device")) if p]
         self.device_label.setText(" · ".join(parts))
         kv = status.get("kv") or {}
@@ -87,6 +94,8 @@ class EngineStatusBar(QStatusBar):
                 tip += (f".\n{100 * float(kv['prefix_hit_rate']):.0f}% of prompt tokens were reused from "
                         "earlier turns (prefix cache) instead of being read again")
             self.kv_label.setToolTip(tip)
+        self.spec_label.setText(speculation_text(status.get("speculative")))
+        self.spec_label.setToolTip(speculation_tip(status.get("speculative")))
         running, waiting = status.get("num_running"), status.get("num_waiting") or 0
         self.running_label.setText((f"{running} {'reply' if running == 1 else 'replies'} in progress"
                                     + (f" · {waiting} waiting" if waiting else "")) if running else "")
@@ -110,3 +119,27 @@ class EngineStatusBar(QStatusBar):
         if vram.get("total"):
             text += f" · VRAM {_gib(vram.get('used', 0))}/{_gib(vram['total'])}"
         self.ram_label.setText(text)
+
+
+DRAFTERS = {"ngram": "prompt lookup"}  # the engine's drafter names in the user's words; others: a draft model
+
+
+def speculation_text(spec: dict | None) -> str:
+    """E.g. "drafts 72% accepted" once the engine has checked drafts; "" while it does not speculate (or not yet)."""
+    if not spec or not spec.get("draft_tokens") or spec.get("acceptance_rate") is None:
+        return ""
+    return f"drafts {100 * float(spec['acceptance_rate']):.0f}% accepted"
+
+
+def speculation_tip(spec: dict | None) -> str:
+    if not speculation_text(spec):
+        return ""
+    drafter = DRAFTERS.get(spec.get("drafter"), "a draft model")
+    tip = (f"Speculative decoding ({drafter}), since the engine started: {spec['accepted_tokens']} of "
+           f"{spec['draft_tokens']} drafted tokens accepted")
+    if spec.get("tokens_per_target_pass"):
+        tip += f"; {float(spec['tokens_per_target_pass']):.2f} tokens per pass of the model"
+    if spec.get("verify_seconds") is not None:
+        tip += (f".\nDrafting took {float(spec.get('draft_seconds') or 0):.1f} s, "
+                f"checking {float(spec['verify_seconds']):.1f} s")
+    return tip + ". The replies are the same as without it, only sooner."
