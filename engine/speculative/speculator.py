@@ -75,8 +75,8 @@ class Speculator:
                    running: list[Sequence]) -> None:
         self.costs.observe(out.num_batched_tokens, seconds)
         verified = False
-        for seq, d, new in zip(out.sampled_seqs(), (d for d, s in zip(out.num_spec_tokens, out.is_sampled) if s),
-                               tokens):
+        sampled = [(s, d) for s, d, is_sampled in zip(out.seqs, out.num_spec_tokens, out.is_sampled) if is_sampled]
+        for (seq, d), new in zip(sampled, tokens):
             shadow = self._shadow.pop(seq.seq_id, None)
             if d:
                 a = len(new) - 1
