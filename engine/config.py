@@ -41,6 +41,9 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "fixed KV pool size in blocks (tests, benchmarks); overrides the memory share and the byte cap"})
     enable_prefix_caching: bool = True
+    exact_greedy: bool = field(default=True, metadata={
+        "help": "greedy replies independent of the other chats on the llama.cpp runner too (a CPU with flash "
+                "attention: steps with a greedy chat decode in parts of 2-63 rows; their prefill is slower)"})
     speculative: str = field(default="off", metadata={
         "help": "off | ngram | draft:PATH: speculative decoding with prompt lookup or a draft model of "
                 "the same vocabulary (drafts per step chosen from measured costs; exact)"})

@@ -1,12 +1,13 @@
 """Same request, same answer (issue 19): over real HTTP on the bundled model, a text's prompt
 logprobs (echo) do not depend on what ran before or beside it, on either backend and dtype; a
-greedy chat reply does not depend on which other chats share its steps, on the torch backend
-(float32 and, on Ember's kernels, bf16).
+greedy chat reply does not depend on which other chats share its steps, on llama.cpp and on the
+torch backend (float32 and, on Ember's kernels, bf16).
 
-Why llama.cpp needed work: ggml gives a sequence other logits when its KV cells, or its rows in
-the batch, start at an index that is not a multiple of 64; in the runner's shared context both
-depend on the load and on what idle slots hold (engine/backends/llamacpp_batch.py), so scores
-moved by up to 0.5 nats per token. A scored prompt now runs in a context of its own.
+Why llama.cpp needed work: ggml's CPU kernels sum a sequence's attention in an order that depends
+on where its KV cells lie and on how many rows a ubatch has (one row, 2-63, 64+ take three
+different flash-attention kernels), and in the runner's shared context both depend on the load.
+A scored prompt runs in a context of its own (engine/backends/llamacpp_batch.py); chats share one
+whose cells are only appended, in ubatches of 2-63 rows (engine/backends/llamacpp_runner.py).
 """
 from __future__ import annotations
 
@@ -74,11 +75,12 @@ def test_scores_are_the_same_whatever_ran_before_or_beside(server):
     assert after == fresh and again == [fresh, fresh] and among == fresh  # bit for bit
 
 
-@pytest.mark.parametrize("server", ["torch/float32", "torch/bfloat16"], indirect=True)
+@pytest.mark.parametrize("server", ["llama.cpp", "torch/float32", "torch/bfloat16"], indirect=True)
 def test_a_greedy_reply_is_the_same_alone_and_among_others(server, request):
     """The torch engine on Ember's kernels computes every row of a step on its own (quantized
     linears, attention per query row), in either dtype; dense, only oneDNN's packed float32 GEMM
-    does (its bf16 GEMM does not), and llama.cpp's kernels do not (module docstring)."""
+    does (its bf16 GEMM does not). On llama.cpp each row's attention visits its own cells in
+    position order (module docstring)."""
     if request.node.callspec.params["server"] == "torch/bfloat16" and not kernels_installed():
         pytest.skip("dense bf16 GEMMs are not batch-invariant; Ember's kernels are not built here")
     alone = asyncio.run(_burst(server, [_chat_body(0)]))[0]["choices"][0]["message"]["content"]

@@ -39,7 +39,10 @@ def test_every_serve_knob_is_declared_by_its_engine_config_field():
         field = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
         action = next(a for a in parser._actions if flag in a.option_strings)
         assert action.help == field.metadata["help"] and action.default == field.default, name
-        assert action.type in typing.get_args(hints[name]) or action.type is hints[name], name
+        if hints[name] is bool:  # --flag / --no-flag
+            assert isinstance(action, argparse.BooleanOptionalAction), name
+        else:
+            assert action.type in typing.get_args(hints[name]) or action.type is hints[name], name
 
 
 def test_ember_serve_takes_the_settings_where_no_flag_is_typed(tmp_path):

@@ -1,9 +1,10 @@
 """A reusable `llama_batch` and the context of its own that a scored prompt runs in.
 
-Why a second context (issue 19): ggml computes a sequence's logits differently when its KV
-cells, or its rows in the batch, start at an index that is not a multiple of 64 (measured on the
-bundled model: up to 1.7 logits apart, flash attention on or off), and in the runner's shared
-context both depend on what else runs and what idle slots hold. A request that asks for its
+Why a second context (issue 19): ggml sums a sequence's attention in an order that depends on
+where its KV cells lie and on the ubatch's row count (flash attention: one row splits the cells
+across threads, 64+ rows use 64-cell tiles; without it, SIMD lanes of cell index mod 16 or 64),
+up to 1.7 logits apart on the bundled model, and in the runner's shared context both depend on
+what else runs and what idle slots hold. A request that asks for its
 prompt's logprobs (echo, scoring, evaluation) therefore runs alone in `ScoringContext`: cleared
 before it starts, so its cells start at 0, its chunks start at multiples of max_prefill_chunk
 (scheduler.py), and its rows start each batch. Its scores are then the same every time, bit for
@@ -15,6 +16,14 @@ import ctypes
 
 import numpy as np
 import torch
+
+
+def parts(n: int, most: int) -> list[tuple[int, int]]:
+    """Rows [0, n) as [start, end) ranges of near-equal size, at most `most` rows each (so at
+    least two each when n >= 2 and most >= 3)."""
+    k = -(-n // most)
+    bounds = [n * j // k for j in range(k + 1)]
+    return list(zip(bounds, bounds[1:]))
 
 
 class LlamaBatch:
@@ -43,11 +52,22 @@ class LlamaBatch:
         self.logits_flag[rows] = 1
         self.batch.n_tokens = n
 
-    def logits(self, ctx, rows: list[int], vocab_size: int) -> torch.Tensor:
-        """float32 [len(rows), V] after llama_decode."""
+    def view(self, start: int, end: int):
+        """A llama_batch of rows [start, end) of this one (same memory), for a decode of its own."""
+        b = type(self.batch)()
+        for name, ptype in type(self.batch)._fields_:
+            if name != "n_tokens":
+                ptr = getattr(self.batch, name)
+                setattr(b, name, ctypes.cast(ctypes.addressof(ptr.contents) + start * ctypes.sizeof(
+                    ptype._type_), ptype) if ptr else ptr)
+        b.n_tokens = end - start
+        return b
+
+    def logits(self, ctx, rows: list[int], vocab_size: int, first: int = 0) -> torch.Tensor:
+        """float32 [len(rows), V] after llama_decode of the rows from `first` on."""
         out = torch.empty(len(rows), vocab_size, dtype=torch.float32)
         for r, i in enumerate(rows):
-            ptr = self._ll.llama_get_logits_ith(ctx, i)
+            ptr = self._ll.llama_get_logits_ith(ctx, i - first)
             if not ptr:
                 raise RuntimeError(f"llama.cpp has no logits for batch row {i}")
             ctypes.memmove(out[r].data_ptr(), ptr, vocab_size * 4)

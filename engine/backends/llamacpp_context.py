@@ -10,6 +10,14 @@ hold far fewer cells than it has, it re-creates it smaller. Every slot's cells m
 `llama_state_seq_get_data` / `set_data` (a copy of the KV bytes, no recompute), so the prompt
 cache survives a resize. Cells a slot shared with another (`llama_memory_seq_cp`) are copied
 once per slot; the runner already counts them once per slot.
+
+Cells are only ever appended (issue 19: same request, same answer). ggml's CPU flash attention
+visits a row's cells in cell order, so a sequence's logits depend on other chats only if its cells
+are out of position order, which happens when llama.cpp fills a hole that a freed sequence left
+below them (it searches for free cells from the lowest freed one). So nothing is freed: cells a
+slot gives up are handed to a reserved "grave" sequence that no row attends to (`bury`), every new
+token lands at `head`, and when the head reaches the end the context is re-created (`make_room`),
+which restores each slot's cells contiguous and in order and drops the grave.
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ log = logging.getLogger(__name__)
 
 PAD = 256  # llama.cpp pads n_ctx to a multiple of 256 cells
 MIN_CELLS = 512  # the context a runner starts with (and shrinks back to)
+FA_TILE_ROWS = 64  # GGML_FA_TILE_Q: ggml's CPU flash attention tiles ubatches of this many rows
 
 
 def round_cells(n: int) -> int:
@@ -47,8 +56,10 @@ class ResizableContext:
         self.max_cells = max_cells
         self.min_cells = min(round_cells(min_cells), max_cells)
         self.num_resizes = 0
+        self.pad, self.grave = cparams.n_seq_max - 2, cparams.n_seq_max - 1  # reserved sequence ids
         self.ctx = self._create(self.min_cells)
         self.cells = self.min_cells
+        self.head = 0  # cells below it all hold a sequence (live, idle or the grave); none above
 
     def _create(self, cells: int):
         self._cparams.n_ctx = cells
@@ -63,12 +74,28 @@ class ResizableContext:
         """The size to grow to for `needed` cells: a quarter more, within [min, max]."""
         return min(self.max_cells, max(round_cells(needed + needed // 4), self.min_cells))
 
-    def grow(self, needed: int, slots: list[int]) -> bool:
-        """Make room for `needed` cells if the pool allows more; False when it is already whole."""
-        if needed <= self.cells or self.cells >= self.max_cells:
-            return needed <= self.cells
-        self._resize(self.target(needed), slots)
-        return needed <= self.cells
+    def bury(self, seq_id: int, p0: int = 0) -> None:
+        """Give up seq_id's cells from position p0 on without freeing them (module docstring)."""
+        self._ll.llama_memory_seq_cp(self.mem, seq_id, self.grave, p0, -1)
+        self._ll.llama_memory_seq_rm(self.mem, seq_id, p0, -1)
+
+    def placed(self, n: int, padded: bool) -> None:
+        """llama.cpp put a batch of n tokens at the head (the cells above it are all free); the
+        padding row's cell (the runner's `pad` sequence, no one else's) goes to the grave."""
+        self.head += n
+        if padded:
+            self.bury(self.pad)
+
+    def make_room(self, num_new: int, needed: int, slots: list[int]) -> bool:
+        """Room for num_new cells at the head, re-creating the context (larger if `needed`, the
+        cells the `slots` hold plus num_new, asks for it) when the head is near the end; False
+        when `needed` exceeds the pool (the caller evicts idle slots and asks again)."""
+        if self.head + num_new <= self.cells:
+            return True
+        if needed > self.max_cells:
+            return False
+        self._resize(max(self.cells, self.target(needed)), slots)
+        return self.head + num_new <= self.cells
 
     def shrink(self, needed: int, slots: list[int]) -> None:
         """Nothing runs: give back the cells beyond what the idle slots hold, when that halves it."""
@@ -90,13 +117,15 @@ class ResizableContext:
             saved.append((slot, m, buf, size))
         old, carried = self.cells, len(saved)
         ll.llama_free(self.ctx)  # before the new one: the peak is one KV buffer plus the copies
-        self.ctx, self.cells = self._create(cells), cells
-        while saved:
+        self.ctx, self.cells, self.head = self._create(cells), cells, 0
+        while saved:  # into a context with no holes: each slot's cells contiguous, from the head
             slot, m, buf, size = saved.pop(0)
             if not ll.llama_state_seq_set_data(self.ctx, buf, size, slot):
                 raise RuntimeError(f"llama.cpp could not restore slot {slot} after resizing the context")
             del buf
             m.close()
+            if (last := ll.llama_memory_seq_pos_max(self.mem, slot)) >= 0:
+                self.head += last - ll.llama_memory_seq_pos_min(self.mem, slot) + 1
         self.num_resizes += 1
         log.info("llama.cpp context: %d -> %d KV cells (%d slots carried over)", old, cells, carried)
 

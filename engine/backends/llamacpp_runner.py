@@ -12,6 +12,12 @@ point into llama.cpp's cells; a prompt cache of slots does its work instead (slo
 released slot keeps its cells, a new prompt starts from the longest prefix some slot holds (taking
 an idle slot over, or sharing cells with `llama_memory_seq_cp`), and idle slots are evicted whenever
 live + idle cells could overflow the buffer. A scored prompt runs in a context of its own (llamacpp_batch.py).
+
+Same request, same answer (issue 19): on a CPU a greedy reply does not depend on what else runs.
+ggml's CPU flash attention visits each row's cells in cell order, alone per row, unless a ubatch has
+one row (it splits the cells across threads) or 64+ (64-cell tiles: results depend on where cells
+start). Cells are only appended (llamacpp_context.py); a step with a greedy sequence is decoded in
+parts of 2-63 rows (a lone row gets a padding row).
 """
 from __future__ import annotations
 
@@ -22,8 +28,8 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext
-from engine.backends.llamacpp_context import ResizableContext, kv_cache_type
+from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext, parts
+from engine.backends.llamacpp_context import FA_TILE_ROWS, ResizableContext, kv_cache_type
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_blocks
@@ -80,13 +86,15 @@ class LlamaCppRunner:
         block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, n_embd // n_head, itemsize)
         free = psutil.virtual_memory().available
         self.num_blocks = max(num_kv_blocks(config, block_bytes, free, self.max_model_len), 1)
-        self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()))
+        self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()) - 2)
         self.n_batch = config.max_num_batched_tokens
 
         cparams = ll.llama_context_default_params()
-        cparams.n_batch = self.n_batch
+        cparams.n_seq_max = self.n_seq_max + 2  # and the padding row's and the grave's (llamacpp_context)
+        cparams.n_batch = max(self.n_batch + 1, cparams.n_seq_max)  # a padding row; llama.cpp's minimum
         cparams.n_ubatch = min(self.n_batch, 512)
-        cparams.n_seq_max = self.n_seq_max
+        exact = flash_attn and not n_gpu_layers and config.exact_greedy  # ggml-cpu's FA kernels only
+        self._exact_rows = FA_TILE_ROWS - 1 if exact else 0
         cparams.kv_unified = kv_unified  # one cell pool for all sequences, as the engine's block pool
         threads = config.num_threads or os.cpu_count() or 1
         cparams.n_threads = cparams.n_threads_batch = threads
@@ -100,7 +108,7 @@ class LlamaCppRunner:
         except MemoryError as e:
             ll.llama_model_free(self._model)
             raise LlamaCppError(str(e)) from None
-        self._batch = LlamaBatch(ll, self.n_batch)  # reused every step
+        self._batch = LlamaBatch(ll, self.n_batch + 1)  # reused every step
         self._threads = threads
         self._scoring: ScoringContext | None = None
 
@@ -121,10 +129,6 @@ class LlamaCppRunner:
     @property
     def _ctx(self):
         return self._context.ctx  # re-created when the context grows or shrinks
-
-    @property
-    def _mem(self):
-        return self._context.mem
 
     @property
     def n_cells(self) -> int:
@@ -180,8 +184,7 @@ class LlamaCppRunner:
         if m.take_over:  # the same chat's next turn: keep the shared part, drop the slot's tail
             self._slots.take(m.slot)
             slot = m.slot
-            if not self._ll.llama_memory_seq_rm(self._mem, slot, n, -1):
-                raise LlamaCppError(f"llama.cpp could not trim slot {slot} to {n} tokens")
+            self._context.bury(slot, n)
         else:  # a shared prefix (a system prompt): the cells gain this slot's id, nothing is copied
             got = self._slots.acquire(keep=m.slot)
             if got is None:
@@ -189,7 +192,7 @@ class LlamaCppRunner:
             slot, dirty = got
             if dirty:
                 self._clear(slot)
-            self._ll.llama_memory_seq_cp(self._mem, m.slot, slot, 0, n)
+            self._ll.llama_memory_seq_cp(self._context.mem, m.slot, slot, 0, n)
         self._slot_of[seq.seq_id] = slot
         self._live[slot] = seq
         self._kv_len[slot] = n
@@ -201,24 +204,21 @@ class LlamaCppRunner:
         return self._slots.match(seq.token_ids, live, limit=seq.num_tokens - 1)
 
     def _clear(self, slot: int) -> None:
-        self._ll.llama_memory_seq_rm(self._mem, slot, 0, -1)  # whole sequence: never fails
+        self._context.bury(slot)  # its cells go to the grave: freeing them would leave a hole
 
     def _held_slots(self) -> list[int]:
         """Slots whose cells hold tokens: the live ones and the idle ones."""
         return [slot for slot, n in self._kv_len.items() if n] + list(self._slots.idle)
 
     def _make_room(self, num_new: int) -> None:
-        """Grow the context until live + idle cells + this step's tokens fit, else (the pool is
-        whole) evict idle slots, oldest first. The block manager bounds the live cells by the
-        pool, so evicting every idle slot always suffices."""
+        """Room for this step's tokens at the head (llamacpp_context.py); when the pool is whole,
+        idle slots are dropped, oldest first (the re-created context leaves them out). The block
+        manager bounds the live cells by the pool, so dropping every idle slot always suffices."""
         live = sum(self._kv_len.values())
-        if self._context.grow(live + num_new + self._slots.idle_cells, self._held_slots()):
-            return
-        while live + num_new + self._slots.idle_cells > self.n_cells:
-            slot = self._slots.evict_lru()
-            if slot is None:
+        while not self._context.make_room(num_new, live + num_new + self._slots.idle_cells,
+                                          self._held_slots()):
+            if self._slots.evict_lru() is None:
                 return
-            self._clear(slot)
 
     def run_model(self, out: SchedulerOutput) -> torch.Tensor:
         """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
@@ -236,20 +236,21 @@ class LlamaCppRunner:
             self._batch.put(i, slot, seq.new_token_ids(k), c)
             rows.extend(range(i + k - m, i + k))
             i += k
-        self._batch.finish(n, rows)
-        if n:
-            self._make_room(n)
-            self._decode()
+        greedy = any(s.params.temperature == 0 for s, x in zip(out.seqs, scored) if not x)
+        exact = self._exact_rows if greedy else 0  # rows per part: exact sums for greedy replies
+        if pad := bool(exact) and n == 1:  # a lone row would take another attention kernel
+            self._batch.put(n, self._context.pad, [0], 0)
+        self._batch.finish(n + pad, rows)
+        logits = self._decode(n + pad, rows, exact or n + pad, pad) if n else torch.empty(0, self.vocab_size)
         for seq, k, x in zip(out.seqs, out.num_new_tokens, scored):
             if not x:
                 self._kv_len[self._slot_of[seq.seq_id]] = seq.num_computed_tokens + k
-        logits = self._batch.logits(self._ctx, rows, self.vocab_size)
         if not any(scored):
             return logits
-        parts = list(logits.split([0 if x else m for m, x in zip(out.num_logits, scored)]))
+        pieces = list(logits.split([0 if x else m for m, x in zip(out.num_logits, scored)]))
         for j in (j for j, x in enumerate(scored) if x):  # each scored sequence's rows at its place
-            parts[j] = self._scoring_context().run(out.seqs[j], out.num_new_tokens[j], out.num_logits[j])
-        return torch.cat(parts)
+            pieces[j] = self._scoring_context().run(out.seqs[j], out.num_new_tokens[j], out.num_logits[j])
+        return torch.cat(pieces)
 
     def _scoring_context(self) -> ScoringContext:  # made at the first scored prompt
         if self._scoring is None:
@@ -284,31 +285,28 @@ class LlamaCppRunner:
             raise LlamaCppError(f"sequence expects {c} computed tokens but llama.cpp holds {have} "
                                 "(prefix caching must be off with the llama.cpp runner)")
         if c < have:
-            if not self._ll.llama_memory_seq_rm(self._mem, slot, c, -1):
-                raise LlamaCppError(f"llama.cpp could not roll back sequence slot {slot} to {c}")
+            self._context.bury(slot, c)
             self._kv_len[slot] = c
 
-    def _decode(self) -> None:
-        ret = self._ll.llama_decode(self._ctx, self._batch.batch)
-        if ret == 1 and self._slots.idle:  # no room after all (placement): drop the cache, retry
-            while (slot := self._slots.evict_lru()) is not None:
-                self._clear(slot)
-            ret = self._ll.llama_decode(self._ctx, self._batch.batch)
-        if ret == 1 and self._context.grow(self.n_cells + 1, self._held_slots()):  # still none: grow
-            ret = self._ll.llama_decode(self._ctx, self._batch.batch)
-        if ret == 0:
-            return
-        # On 1 (and -1) llama.cpp restores the memory state to what it was before the call.
-        if ret == 1:
-            raise LlamaCppError(
-                f"llama.cpp found no KV slot for a batch of {self._batch.batch.n_tokens} tokens "
-                f"({self.n_cells} cells); lower max_num_seqs or "
-                "max_model_len, or raise the KV memory fraction")
-        if ret == 2:
-            raise LlamaCppError("llama_decode was aborted")
-        if ret == -1:
-            raise LlamaCppError("llama_decode rejected the batch as invalid (positions/seq ids)")
-        raise LlamaCppError(f"llama_decode failed with code {ret}")
+    def _decode(self, n: int, rows: list[int], most: int, padded: bool) -> torch.Tensor:
+        """llama_decode the batch's n rows at the head in parts of at most `most`; rows' logits."""
+        self._make_room(n)
+        out = []  # logits of each part's rows, read before the next decode overwrites them
+        for a, b in parts(n, most):  # one part (most >= n): the batch itself
+            batch = self._batch.view(a, b) if b - a < n else self._batch.batch
+            self._check(self._ll.llama_decode(self._ctx, batch), b - a)
+            out.append(self._batch.logits(self._ctx, [r for r in rows if a <= r < b], self.vocab_size, a))
+        self._context.placed(n, padded)
+        return torch.cat(out)
+
+    def _check(self, ret: int, n: int) -> None:
+        """On 1 (and -1) llama.cpp restores the memory state to what it was before the call."""
+        if ret:
+            raise LlamaCppError({
+                1: f"llama.cpp found no KV slot for a batch of {n} tokens ({self.n_cells} cells); lower "
+                   "max_num_seqs or max_model_len, or raise the KV memory fraction",
+                2: "llama_decode was aborted", -1: "llama_decode rejected the batch as invalid (positions/seq ids)",
+            }.get(ret, f"llama_decode failed with code {ret}"))
 
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
