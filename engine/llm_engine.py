@@ -153,6 +153,8 @@ class LLMEngine:
             return outputs
         started = time.monotonic()
         result = self.runner.execute(out)
+        if self.speculator is not None:
+            self.speculator.observe_step(out, time.monotonic() - started)
         for seq in out.seqs:  # before postprocess: positions count from num_computed_tokens
             scored = result.prompt_logprobs.get(seq.seq_id)
             if scored is not None:
@@ -166,7 +168,7 @@ class LLMEngine:
                 req.first_token_time = now
             outputs.append(self._on_tokens(req, tokens, lps))
         if self.speculator is not None:
-            self.speculator.after_step(out, result.token_ids, now - started, self.scheduler.running)
+            self.speculator.after_step(out, result.token_ids, self.scheduler.running)
         return outputs
 
     def _add_prompt_logprobs(self, seq: Sequence, scored: list[TokenLogprobs]) -> None:

@@ -5,52 +5,65 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.speculative.goodput import Acceptance, StepCosts, choose_ks
+from engine.speculative.goodput import Acceptance, StepCostModel, choose_ks
 from engine.speculative.ngram import NgramDrafter
 
 
-def costs(table: dict[int, float]) -> StepCosts:
-    c = StepCosts()
-    for n, s in table.items():
-        c.observe(n, s)
-    return c
+def test_the_cost_model_recovers_a_linear_step_time():
+    """T = 5 ms + 0.2 ms a token + 0.5 ms per 1024 keys + 1 ms for several rows, recovered exactly."""
+    m = StepCostModel(forget=1.0, ridge=1e-12)
+    truth = lambda n, keys: 0.005 + 0.0002 * n + 0.0005 * keys / 1024 + 0.001 * (n > 1)
+    for n, keys in [(1, 100), (1, 3000), (2, 500), (5, 900), (9, 20000), (17, 4000), (3, 100)]:
+        m.observe(n, keys, truth(n, keys))
+    for n, keys in [(1, 50), (4, 10000), (30, 1234)]:
+        assert m(n, keys) == pytest.approx(truth(n, keys), rel=1e-6)
+    assert StepCostModel()(4, 100) == 0.0  # nothing measured: no cost known
 
 
-def test_step_costs_interpolate_and_extrapolate_pessimistically():
-    c = costs({1: 0.010, 9: 0.018, 256: 0.5})
-    assert c(1) == 0.010 and c(5) == pytest.approx(0.014)  # halfway between 1 and 9
-    assert c(512) == pytest.approx(1.0)  # past the largest: proportional to n
-    assert StepCosts()(4) == 0.0
-    c.observe(1, 0.020)
-    assert c(1) == pytest.approx(0.012)  # EWMA, weight 0.2
+def test_recent_steps_weigh_most():
+    m = StepCostModel(forget=0.5)
+    for _ in range(20):
+        m.observe(1, 100, 0.010)
+    for _ in range(20):
+        m.observe(1, 100, 0.020)
+    assert m(1, 100) == pytest.approx(0.020, rel=1e-3)
+
+
+def flat(n, keys):  # memory-bound: drafts nearly free
+    return 0.010 + 0.00003 * n
 
 
 def test_no_drafts_when_verifying_costs_as_much_as_it_yields():
     """Compute-bound verification (T(n) = n·T(1)): E(k)/T(k+1) = (1 + α + … + α^k)/(k + 1) < 1."""
-    linear = costs({n: 0.01 * n for n in range(1, 20)})
-    assert choose_ks([0.9], [8], 1, linear, lambda b, d: 0.0) == [0]
+    assert choose_ks([0.9], [8], [100], lambda n, keys: 0.01 * (1 + n), lambda b, d: 0.0) == [0]
 
 
 def test_many_drafts_when_verifying_is_nearly_free_and_they_are_accepted():
-    flat = costs({1: 0.010, 17: 0.0105})
-    assert choose_ks([0.9], [8], 1, flat, lambda b, d: 0.0) == [8]
-    assert choose_ks([0.9], [3], 1, flat, lambda b, d: 0.0) == [3]  # never past what is available
-    assert choose_ks([0.0], [8], 1, flat, lambda b, d: 0.0) == [0]
+    assert choose_ks([0.9], [8], [100], flat, lambda b, d: 0.0) == [8]
+    assert choose_ks([0.9], [3], [100], flat, lambda b, d: 0.0) == [3]  # never past what is available
+    assert choose_ks([0.0], [8], [100], flat, lambda b, d: 0.0) == [0]
 
 
 def test_an_expensive_draft_model_shortens_k():
-    flat = costs({1: 0.010, 17: 0.0105})
-    free = choose_ks([0.8], [8], 1, flat, lambda b, d: 0.0)[0]
-    dear = choose_ks([0.8], [8], 1, flat, lambda b, d: 0.004 * d)[0]
+    free = choose_ks([0.8], [8], [100], flat, lambda b, d: 0.0)[0]
+    dear = choose_ks([0.8], [8], [100], flat, lambda b, d: 0.004 * d)[0]
     assert 0 < dear < free
     # E(k) = (1 − 0.8^(k+1)) / 0.2 over ~0.010 + 0.004k: k = 1, 2, 3 give 129, 136, 134 tokens/s
     assert dear == 2
 
 
+def test_drafts_on_long_contexts_cost_their_attention():
+    """The same acceptance, attention 1 ms per 1024 keys: a 512-token chat drafts, a 16k one does not."""
+    cost = lambda n, keys: 0.010 + 0.00003 * n + 0.001 * keys / 1024
+    assert choose_ks([0.5], [4], [512], cost, lambda b, d: 0.0)[0] > 0
+    assert choose_ks([0.5], [4], [16384], cost, lambda b, d: 0.0) == [0]
+
+
 def test_the_batch_shares_the_cost():
-    """Two chats: the one whose drafts are accepted gets them, the other none."""
-    c = costs({2: 0.010, 6: 0.0104, 40: 0.03})
-    assert choose_ks([0.9, 0.05], [4, 4], 2, c, lambda b, d: 0.0) == [4, 0]
+    """Two chats, a draft costing 10% of a step: the one whose drafts are accepted gets them, the
+    other none (its first would add 0.05 tokens for 0.001 s: 5.15/0.015 < 5.1/0.014 tokens/s)."""
+    cost = lambda n, keys: 0.010 + 0.001 * n
+    assert choose_ks([0.9, 0.05], [4, 4], [100, 100], cost, lambda b, d: 0.0) == [4, 0]
 
 
 def test_acceptance_starts_at_the_engine_wide_rate_and_follows_the_sequence():

@@ -152,8 +152,9 @@ def _print_costs(engines: dict) -> None:
         spec = engine.speculator
         if spec is None:
             continue
-        t = ", ".join(f"{n}: {spec.costs(n) * 1e3:.1f}" for n in (1, 2, 3, 5, 9, 17))
-        line = f"  {name.split(':')[0]}: target step T(n) ms {t}; acceptance now {spec.acceptance.rate:.0%}"
+        a, b, c, e = (x * 1e3 for x in spec.costs.coef)
+        line = (f"  {name.split(':')[0]}: target step T = {a:.2f} + {b:.3f}/token + {c:.3f}/1k keys + {e:.2f} "
+                f"(several rows) ms over {spec.costs.num_steps} steps; acceptance now {spec.acceptance.rate:.0%}")
         draft_costs = getattr(spec.drafter, "costs", None)
         if draft_costs is not None:
             line += "; draft forward ms " + ", ".join(f"{n}: {draft_costs(n) * 1e3:.1f}" for n in (1, 2, 4, 8))

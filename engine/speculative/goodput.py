@@ -1,12 +1,15 @@
 """How many drafts pay: measured step costs, acceptance estimates, and the choice of k. No torch.
 
 With acceptance rate α per draft position (each position accepted given the ones before it),
-a sequence given k drafts emits E(k) = 1 + α + α² + … + α^k tokens in one step. A step that
-computes n tokens costs T(n), measured (the kernels share each weight's unpack across rows, so
-T grows slowly with n while memory-bound, then linearly). Drafting depth k for b sequences
-costs D(b, k) (0 for prompt lookup). The choice maximizes goodput for the batch,
-    G(k_1..k_S) = Σ_s E_s(k_s) / (T(N + Σ_s k_s) + D(#drafting, max_s k_s)),
-N the step's other tokens. Adding the i-th draft to sequence s adds α_s^i tokens, which falls
+a sequence given k drafts emits E(k) = 1 + α + α² + … + α^k tokens in one step. A step costs
+T(n, A), n the tokens it computes and A the keys their rows attend (Σ over rows of the row's
+context: every row, a draft's too, attends on its own), fitted to the measured steps
+(`StepCostModel`): the weights' cost grows slowly with n while memory-bound (the kernels share
+each weight's unpack across rows), attention grows with A, so a draft on a long context costs
+more than one on a short. Drafting depth k for b sequences costs D(b, k) (0 for prompt lookup).
+The choice maximizes goodput for the batch,
+    G(k_1..k_S) = Σ_s E_s(k_s) / (T(N + Σ_s k_s, A + Σ_s Σ_j (L_s + j)) + D(#drafting, max_s k_s)),
+N and A the step's other tokens and keys, L_s sequence s's length. Adding the i-th draft to sequence s adds α_s^i tokens, which falls
 with i, so increments are taken best-first and the best prefix is kept (the optimum when
 drafting is free and T is convex; with a draft model's per-depth cost, a close greedy). k = 0
 everywhere (plain decoding) is one of the candidates, so speculation is chosen only where the
@@ -61,6 +64,71 @@ class StepCosts:
         return t_lo + (t_hi - t_lo) * (n - lo) / (hi - lo)
 
 
+class StepCostModel:
+    """T(n, A) ≈ a + b·n + c·A/1024 + e·[n > 1]: least squares over the measured steps, recent
+    ones weighing most (each older step's weight decays by `forget`). [n > 1] is the step from one
+    row (the kernels' single-row path) to several. A small ridge keeps the fit defined before the
+    steps vary; until then drafts look cheap, so they are tried and their cost measured."""
+
+    FEATURES = 4
+
+    def __init__(self, forget: float = 0.98, ridge: float = 1e-6) -> None:
+        self.forget, self.ridge = forget, ridge
+        self._xx = [[0.0] * self.FEATURES for _ in range(self.FEATURES)]
+        self._xy = [0.0] * self.FEATURES
+        self._coef: list[float] | None = None
+        self.num_steps = 0
+
+    @staticmethod
+    def _x(n: int, attended: int) -> list[float]:
+        return [1.0, float(n), attended / 1024.0, float(n > 1)]
+
+    def observe(self, n: int, attended: int, seconds: float) -> None:
+        if n < 1 or seconds <= 0:
+            return
+        x, f = self._x(n, attended), self.forget
+        for i in range(self.FEATURES):
+            self._xy[i] = self._xy[i] * f + x[i] * seconds
+            for j in range(self.FEATURES):
+                self._xx[i][j] = self._xx[i][j] * f + x[i] * x[j]
+        self._coef = None
+        self.num_steps += 1
+
+    @property
+    def coef(self) -> list[float]:
+        """(a, b, c, e) in seconds: a step, a token, 1024 attended keys, several rows."""
+        if self._coef is None:
+            m = [row[:] + [y] for row, y in zip(self._xx, self._xy)]
+            for i in range(self.FEATURES):
+                m[i][i] += self.ridge
+            self._coef = _solve(m)
+        return self._coef
+
+    def __call__(self, n: int, attended: int) -> float:
+        if not self.num_steps:
+            return 0.0
+        return max(sum(c * x for c, x in zip(self.coef, self._x(n, attended))), 0.0)
+
+
+def _solve(m: list[list[float]]) -> list[float]:
+    """Gaussian elimination with partial pivoting on an augmented [k, k+1] system."""
+    k = len(m)
+    for col in range(k):
+        piv = max(range(col, k), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        if abs(m[col][col]) < 1e-300:
+            continue
+        for r in range(col + 1, k):
+            f = m[r][col] / m[col][col]
+            for c in range(col, k + 1):
+                m[r][c] -= f * m[col][c]
+    out = [0.0] * k
+    for r in range(k - 1, -1, -1):
+        if abs(m[r][r]) >= 1e-300:
+            out[r] = (m[r][k] - sum(m[r][c] * out[c] for c in range(r + 1, k))) / m[r][r]
+    return out
+
+
 class Acceptance:
     """Per-sequence acceptance α with an engine-wide prior: α_s = (a_s + m·α) / (t_s + m), a/t the
     accepted/tried draft positions (a position is tried when every draft before it was accepted);
@@ -92,23 +160,27 @@ class Acceptance:
         self._seq.pop(seq_id, None)
 
 
-def choose_ks(alphas: list[float], available: list[int], base_tokens: int,
-              step_cost: Callable[[int], float], draft_cost: Callable[[int, int], float]) -> list[int]:
-    """The k per sequence that maximizes G (module docstring). `draft_cost(num_drafting, depth)`."""
+def choose_ks(alphas: list[float], available: list[int], lengths: list[int],
+              step_cost: Callable[[int, int], float], draft_cost: Callable[[int, int], float]) -> list[int]:
+    """The k per sequence that maximizes G (module docstring). `step_cost(extra_tokens,
+    extra_keys)` is the step's cost with that much more than its other work; `lengths` the
+    sequences' lengths (a draft j rows past it attends L + j keys); `draft_cost(num_drafting, depth)`."""
     n = len(alphas)
     ks = [0] * n
-    best, best_ks = n / max(step_cost(base_tokens), 1e-9), list(ks)
+    base = max(step_cost(0, 0), 1e-9)
+    best, best_ks = n / base, list(ks)
     heap = [(-a, i) for i, (a, m) in enumerate(zip(alphas, available)) if m > 0 and a > 0]
     heapq.heapify(heap)
-    tokens, extra, drafting, depth = float(n), 0, 0, 0
+    tokens, extra, keys, drafting, depth = float(n), 0, 0, 0, 0
     while heap:
         neg_gain, i = heapq.heappop(heap)
         drafting += ks[i] == 0
         ks[i] += 1
         extra += 1
+        keys += lengths[i] + ks[i]
         depth = max(depth, ks[i])
         tokens -= neg_gain
-        g = tokens / max(step_cost(base_tokens + extra) + draft_cost(drafting, depth), 1e-9)
+        g = tokens / (max(step_cost(extra, keys), base) + draft_cost(drafting, depth))
         if g > best:
             best, best_ks = g, list(ks)
         if ks[i] < available[i]:

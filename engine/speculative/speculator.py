@@ -18,7 +18,7 @@ from engine.runner import Runner
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.drafter import Drafter
-from engine.speculative.goodput import Acceptance, StepCosts, choose_ks
+from engine.speculative.goodput import Acceptance, StepCostModel, choose_ks
 
 DEFAULT_MAX_K = 8
 PROBE_EVERY = 32  # steps between forced k = 1 probes of a sequence whose acceptance is not measured in shadow
@@ -57,7 +57,7 @@ class Speculator:
             raise ValueError("need 1 <= max_k <= 16 and 0 <= fixed_k <= max_k")
         self.drafter, self.max_k, self.fixed_k = drafter, max_k, fixed_k
         self.max_model_len = max_model_len
-        self.costs = StepCosts()
+        self.costs = StepCostModel()  # the target's steps
         self.acceptance = Acceptance()
         self.stats = SpecStats(drafter.name)
         self._shadow: dict[int, int] = {}  # seq_id -> the first token it would have drafted
@@ -71,10 +71,15 @@ class Speculator:
         return (p.speculative and p.grammar is None and not seq.is_finished and room > 0
                 and seq.num_tokens - seq.num_computed_tokens == 1)
 
-    def after_step(self, out: SchedulerOutput, tokens: list[list[int]], seconds: float,
-                   running: list[Sequence]) -> None:
-        self.costs.observe(out.num_batched_tokens, seconds)
-        verified = False
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The step's cost against its tokens and attended keys; before postprocess moves the counters."""
+        keys = sum(n * s.num_computed_tokens + n * (n + 1) // 2 for s, n in zip(out.seqs, out.num_new_tokens))
+        self.costs.observe(out.num_batched_tokens, keys, seconds)
+        if any(out.num_spec_tokens):
+            self.stats.verify_seconds += seconds
+
+    def after_step(self, out: SchedulerOutput, tokens: list[list[int]], running: list[Sequence]) -> None:
+        """Acceptance of what the step verified (or would have, in shadow), then the next drafts."""
         sampled = [(s, d) for s, d, is_sampled in zip(out.seqs, out.num_spec_tokens, out.is_sampled) if is_sampled]
         for (seq, d), new in zip(sampled, tokens):
             shadow = self._shadow.pop(seq.seq_id, None)
@@ -86,11 +91,8 @@ class Speculator:
                 st.num_accepted += a
                 st.num_passes += 1
                 st.num_emitted += len(new)
-                verified = True
             elif shadow is not None and new:
                 self.acceptance.observe(seq.seq_id, 1, int(new[0] == shadow))
-        if verified:
-            self.stats.verify_seconds += seconds
         self.draft(running)
 
     def draft(self, running: list[Sequence]) -> None:
@@ -101,8 +103,13 @@ class Speculator:
         if self.fixed_k is not None:
             ks = [min(self.fixed_k, m) for m in avail]
         else:
-            base = sum(min(s.num_tokens - s.num_computed_tokens, 256) for s in running)
-            ks = choose_ks([self.acceptance.of(s.seq_id) for s in seqs], avail, base, self.costs, self.drafter.cost)
+            # the next step's other work: every running sequence's known tokens (a prefill a chunk)
+            base_n = base_keys = 0
+            for s in running:
+                u, c = min(s.num_tokens - s.num_computed_tokens, 256), s.num_computed_tokens
+                base_n, base_keys = base_n + u, base_keys + u * c + u * (u + 1) // 2
+            ks = choose_ks([self.acceptance.of(s.seq_id) for s in seqs], avail, [s.num_tokens for s in seqs],
+                           lambda n, keys: self.costs(base_n + n, base_keys + keys), self.drafter.cost)
             if not self.drafter.shadow:
                 ks = [self._probe(s, k) for s, k in zip(seqs, ks)]
         chosen = [(s, k) for s, k in zip(seqs, ks) if k > 0]
