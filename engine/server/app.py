@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from engine.server import heap
 from engine.server.auth import SecurityMiddleware, SecurityPolicy
 from engine.server.engine_thread import EngineThread
 from engine.server.errors import APIError, install_error_handlers
@@ -96,6 +97,8 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
                 "acceptance_rate": spec.acceptance_rate, "mean_accepted_length": spec.mean_accepted,
                 "tokens_per_target_pass": spec.tokens_per_pass, "draft_seconds": round(spec.draft_seconds, 3),
                 "verify_seconds": round(spec.verify_seconds, 3)}
+        if heap.enabled():  # a soak's view of what the process holds (engine/server/heap.py)
+            d["heap"] = heap.heap_report(engine_thread.trimmer)
         return d
 
     @app.post("/v1/engine/load")

@@ -4,7 +4,8 @@ The shape of llama.cpp's server (`server_queue` / `server_response`), not llama-
 global lock: handlers never touch the engine. They post `Add`/`Abort`/`Load`/`Unload` commands to
 a thread-safe queue; the loop drains it, runs `engine.step()` while anything is unfinished, and
 hands each RequestOutput to its request's sink, which forwards it into the handler's
-asyncio.Queue with `loop.call_soon_threadsafe`. When idle the loop blocks on the queue.
+asyncio.Queue with `loop.call_soon_threadsafe`. When idle the loop blocks on the queue, after
+trimming glibc's heap once it has been idle IDLE_TRIM_S (allocator.py).
 Model loading runs on this thread too, so a load never races a step, and only this thread
 writes the engine's state: it publishes one immutable `EngineStatus` that handlers read.
 """
@@ -22,6 +23,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
+from engine.server.allocator import IDLE_TRIM_S, Trimmer
 from engine.server.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -116,6 +118,8 @@ class EngineThread:
     def __init__(self, factory: EngineFactory, metrics: Metrics | None = None) -> None:
         self._factory = factory
         self.metrics = metrics or Metrics()
+        self.trimmer = Trimmer()  # malloc_trim once idle (engine/server/allocator.py)
+        self._trim_due = False  # steps, a load or an unload ran since the last trim
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._loaded: LoadedModel | None = None
@@ -179,10 +183,13 @@ class EngineThread:
     def _run(self) -> None:
         while True:
             busy = self._loaded is not None and self._loaded.engine.has_unfinished()
-            try:
-                cmd = self._commands.get(block=not busy)  # idle: sleep until a command comes
+            try:  # idle: sleep until a command comes (after a short wait, trim the heap first)
+                cmd = self._commands.get(block=not busy, timeout=IDLE_TRIM_S if self._trim_due else None)
             except queue.Empty:
                 cmd = None
+                if self._trim_due and not busy:  # idle a moment: give glibc's free pages back
+                    self.trimmer.trim()
+                    self._trim_due = False
             while cmd is not None:
                 if isinstance(cmd, Stop):
                     self._drop_model("the server is shutting down")
@@ -223,6 +230,7 @@ class EngineThread:
 
     def _step(self) -> None:
         engine = self._loaded.engine
+        self._trim_due = self.trimmer.enabled
         t0 = time.perf_counter()
         try:
             outputs = engine.step()
@@ -267,6 +275,7 @@ class EngineThread:
         engine.close()  # the runner's model and KV now, not whenever the collector runs
         del engine
         gc.collect()
+        self._trim_due = self.trimmer.enabled
 
     def _load(self, spec: ModelSpec, fut: concurrent.futures.Future) -> None:
         self._status = EngineStatus(EngineState.LOADING, f"loading {spec.id}", spec)
@@ -281,7 +290,7 @@ class EngineThread:
             if waited:
                 fut.set_exception(e)
             return
-        self._loaded = loaded
+        self._loaded, self._trim_due = loaded, self.trimmer.enabled  # a load frees its temporaries
         self._status = EngineStatus(EngineState.READY, f"{spec.id} loaded in {time.perf_counter() - t0:.1f}s",
                                     model=loaded)
         log.info("%s ready on %s (%s): %s", spec.id, loaded.backend, loaded.device,

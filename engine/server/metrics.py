@@ -80,19 +80,26 @@ class Histogram:
 
 
 class RateMeter:
-    """Tokens per second over the last `window` seconds (what the GUI's status bar shows)."""
+    """Tokens per second over the last `window` seconds (what the GUI's status bar shows).
+
+    Events older than the window go on every add as well as every read: a server nobody polls
+    for its rate (headless, no GUI) would otherwise keep one event per engine step forever."""
 
     def __init__(self, window: float = 5.0) -> None:
         self.window = window
         self._events: deque[tuple[float, int]] = deque()
 
     def add(self, n: int, now: float | None = None) -> None:
-        self._events.append((time.monotonic() if now is None else now, n))
-
-    def rate(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
+        self._events.append((now, n))
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
         while self._events and self._events[0][0] < now - self.window:
             self._events.popleft()
+
+    def rate(self, now: float | None = None) -> float:
+        self._expire(time.monotonic() if now is None else now)
         return sum(n for _, n in self._events) / self.window
 
 
