@@ -49,6 +49,7 @@ class EngineController(QObject):
         self._poll_worker: FunctionWorker | None = None
         self._models_worker: FunctionWorker | None = None
         self._action_worker: FunctionWorker | None = None
+        self._closed = False  # close() ran: late worker results are dropped
         self._state: str = REMOTE if self.is_remote else SupervisorState.STOPPED
         self._supervisor_state.connect(self._on_supervisor_state)
         self._unsubscribe: Callable[[], None] | None = None
@@ -100,6 +101,7 @@ class EngineController(QObject):
     # ---- actions ----
     def start(self) -> None:
         """Start polling and, for the local engine, the engine process (in a worker)."""
+        self._closed = False
         self._poll_timer.start()
         if self.is_remote:
             self._set_state(REMOTE)
@@ -142,7 +144,9 @@ class EngineController(QObject):
             self._run_action(client.load_model, model_id)
 
     def close(self) -> None:
-        """Stop polling and listening to the supervisor; the engine itself keeps running."""
+        """Stop polling and listening to the supervisor; the engine itself keeps running. A poll
+        already answered but not yet delivered is dropped: the window may be gone by then."""
+        self._closed = True
         self._poll_timer.stop()
         for w in (self._poll_worker, self._models_worker, self._action_worker):
             if w is not None:
@@ -212,6 +216,8 @@ class EngineController(QObject):
             self.state_changed.emit(state)
 
     def _on_status(self, status: dict) -> None:
+        if self._closed:
+            return
         self.last_status = dict(status)
         if self.supervisor is not None and not self.is_remote:
             self._set_state(self.supervisor.state)
@@ -220,10 +226,14 @@ class EngineController(QObject):
         self.status_changed.emit(self.last_status)
 
     def _on_status_error(self, error: Exception) -> None:
+        if self._closed:
+            return
         self.last_status = {"status": "unreachable", "message": str(error)}
         self.status_changed.emit(self.last_status)
 
     def _on_models(self, models: list[dict]) -> None:
+        if self._closed:
+            return
         ids = [m["id"] for m in models]  # client.models() keeps only entries with an id
         self.model_names = {m["id"]: m["name"] for m in models if isinstance(m.get("name"), str) and m["name"]}
         if ids != self.models:
