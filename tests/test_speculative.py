@@ -93,16 +93,13 @@ def test_draft_model_greedy_is_plain_greedy(bundled_model_path, plain):
     engine.close()
 
 
-class _WrongDrafter:
-    """Drafts the token after the last one's id: almost always rejected."""
+class _TestDrafter:
+    """A drafter that costs nothing and can always draft (the Drafter protocol's other parts)."""
 
-    name, shadow = "wrong", False
+    shadow = False
 
     def available(self, seqs, max_k):
         return [max_k] * len(seqs)
-
-    def propose(self, seqs, ks):
-        return [Draft([(s.token_ids[-1] + j + 1) % 49152 for j in range(k)]) for s, k in zip(seqs, ks)]
 
     def cost(self, num_seqs, depth):
         return 0.0
@@ -112,6 +109,15 @@ class _WrongDrafter:
 
     def close(self):
         pass
+
+
+class _WrongDrafter(_TestDrafter):
+    """Drafts the token after the last one's id: almost always rejected."""
+
+    name = "wrong"
+
+    def propose(self, seqs, ks):
+        return [Draft([(s.token_ids[-1] + j + 1) % 49152 for j in range(k)]) for s, k in zip(seqs, ks)]
 
 
 @needs_kernels
@@ -183,17 +189,14 @@ def test_rejection_sampling_emits_the_target_distribution():
         assert _chi2_pvalue([counts, expected]) > 1e-3, (counts, target)
 
 
-class _ModeDrafter:
+class _ModeDrafter(_TestDrafter):
     """Drafts, deterministically (q one-hot), the most frequent next token seen in the plain run
     after the reply so far: often right, often wrong."""
 
-    name, shadow = "mode", False
+    name = "mode"
 
     def __init__(self, mode: dict[tuple, int], prompt_len: int) -> None:
         self.mode, self.prompt_len = mode, prompt_len
-
-    def available(self, seqs, max_k):
-        return [max_k] * len(seqs)
 
     def propose(self, seqs, ks):
         drafts = []
@@ -204,15 +207,6 @@ class _ModeDrafter:
                 d.append(self.mode[out + tuple(d)])
             drafts.append(Draft(d or [0]))
         return drafts
-
-    def cost(self, num_seqs, depth):
-        return 0.0
-
-    def release(self, seq):
-        pass
-
-    def close(self):
-        pass
 
 
 def _sample_replies(engine: LLMEngine, ids: list[int], n: int = 2400) -> dict[tuple, int]:
