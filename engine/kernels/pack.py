@@ -49,27 +49,34 @@ class QuantWeight:
     d: torch.Tensor  # float32 [N, K // group]
     m: torch.Tensor | None  # float32 [N, K // group] or None
     sup: SuperScales | None = None  # the same d (and m) factored, for K-quants
+    # Act-order GPTQ: column j here is input column perm[j] (the layer multiplies x[:, perm]),
+    # which makes the checkpoint's scattered groups contiguous.
+    perm: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.q.shape)
 
     def dequantize(self) -> torch.Tensor:
-        """float32 [N, K]: d q + m, one float32 multiply (and add) per weight."""
+        """float32 [N, K] in the input's column order: d q + m, one float32 multiply (and add) per weight."""
         d = self.d.repeat_interleave(self.group, dim=1)
         w = self.q.float() * d
-        return w if self.m is None else w + self.m.repeat_interleave(self.group, dim=1)
+        w = w if self.m is None else w + self.m.repeat_interleave(self.group, dim=1)
+        if self.perm is not None:  # back to the input's own column order
+            w = torch.empty_like(w).index_copy_(1, self.perm, w)
+        return w
 
     def to(self, device: torch.device | str) -> QuantWeight:
         """The same weight on `device` (a GPU's layers take it from there: engine/layers/linear.py)."""
         return QuantWeight(self.bits, self.group, self.q.to(device), self.d.to(device),
                            None if self.m is None else self.m.to(device),
-                           None if self.sup is None else self.sup.to(device))
+                           None if self.sup is None else self.sup.to(device),
+                           None if self.perm is None else self.perm.to(device))
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         return QuantWeight(self.bits, self.group, self.q[index], self.d[index],
                            None if self.m is None else self.m[index],
-                           None if self.sup is None else self.sup.rows(index))
+                           None if self.sup is None else self.sup.rows(index), self.perm)
 
 
 def widen(w: QuantWeight, bits: int, group: int, with_min: bool) -> QuantWeight:
@@ -86,11 +93,14 @@ def widen(w: QuantWeight, bits: int, group: int, with_min: bool) -> QuantWeight:
         m = torch.zeros_like(d)
         if sup is not None:  # a zero min is 0 * 0
             sup = SuperScales(sup.d, sup.d_code, torch.zeros_like(sup.d), torch.zeros_like(sup.d_code))
-    return QuantWeight(bits, group, q, d, m, sup)
+    return QuantWeight(bits, group, q, d, m, sup, w.perm)
 
 
 def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
-    """Row-concatenation [w0; w1; ...], in the narrowest format that holds every part."""
+    """Row-concatenation [w0; w1; ...], in the narrowest format that holds every part (which
+    must agree on the column order: see `same_columns`)."""
+    if not same_columns(parts):
+        raise ValueError("cannot fuse weights whose input columns are permuted differently")
     bits = max(p.bits for p in parts)
     group = min(p.group for p in parts)
     with_min = any(p.m is not None for p in parts)
@@ -100,7 +110,15 @@ def cat_rows(parts: list[QuantWeight]) -> QuantWeight:
     if all(p.sup is not None for p in parts):
         sup = SuperScales(*(torch.cat([getattr(p.sup, f) for p in parts]) if with_min or f[0] == "d" else None
                             for f in ("d", "d_code", "m", "m_code")))
-    return QuantWeight(bits, group, torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m, sup)
+    return QuantWeight(bits, group, torch.cat([p.q for p in parts]), torch.cat([p.d for p in parts]), m, sup,
+                       parts[0].perm)
+
+
+def same_columns(parts: list[QuantWeight]) -> bool:
+    """Whether the parts read their inputs in one order (act-order GPTQ permutes them per layer)."""
+    first = parts[0].perm
+    return all(p.perm is None if first is None else p.perm is not None and torch.equal(p.perm, first)
+               for p in parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,13 @@ from engine.layers.quant_linear import QuantLinear
 
 def build_stack(model, path: CpuPath | None = None):
     """A torch.classes.ember.DecoderStack over `model`'s layers, or None when a layer has a
-    dense matrix (or the kernels are missing): then the model runs its Python layers."""
+    dense or act-order matrix (or the kernels are missing): then the model runs its Python layers."""
     if kernels() is None or model.device.type != "cpu":
         return None
     linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
                for layer in model.layers]
-    if not all(isinstance(lin, QuantLinear) for group in linears for lin in group):
-        return None
+    if not all(isinstance(lin, QuantLinear) and lin.perm is None for group in linears for lin in group):
+        return None  # a dense matrix, or an act-order one (its input is permuted in Python)
     c = model.config
     stack = torch.classes.ember.DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
                                              c.intermediate_size, c.rms_norm_eps)

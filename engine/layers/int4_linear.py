@@ -52,6 +52,7 @@ class Int4Linear(LinearBase):
         self.out_features, self.in_features = w.shape
         self.group = w.group
         codes = nibble_pairs(w.q)
+        self.perm = None if w.perm is None else torch.nn.Parameter(w.perm, requires_grad=False)  # act-order
         self.codes = torch.nn.Parameter(codes, requires_grad=False)
         self.packed = torch.nn.Parameter(
             torch._convert_weight_to_int4pack(codes, inner_k_tiles(self.in_features)), requires_grad=False)
@@ -71,6 +72,7 @@ class Int4Linear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        x2 = x2 if self.perm is None else x2.index_select(1, self.perm)
         if x2.shape[0] <= DENSE_ROWS:
             y = torch._weight_int4pack_mm(x2.contiguous(), self.packed, self.group, self.sz)
             y = y if self.bias is None else y + self.bias
@@ -80,6 +82,8 @@ class Int4Linear(LinearBase):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), in_features]: an embedding lookup in a tied 4-bit head."""
+        if self.perm is not None:
+            raise ValueError("an act-order (permuted) weight is not an embedding table")
         return self.dense(ids).float()
 
     def extra_repr(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels import CpuPath, default_path, kernels
-from engine.kernels.pack import QuantWeight, pack
+from engine.kernels.pack import QuantWeight, pack, widen
 from engine.layers.linear import LinearBase
 
 
@@ -25,7 +25,11 @@ class QuantLinear(LinearBase):
         self.ops = kernels()
         if self.ops is None:
             raise RuntimeError("QuantLinear needs Ember's CPU kernels (engine/kernels), which are not available")
+        if weight.group not in (16, 32):  # GPTQ/AWQ groups of 64, 128, K: the kernels' 32 (exact)
+            weight = widen(weight, weight.bits, 32, weight.m is not None)
         p = pack(weight)
+        # act-order GPTQ: the tiles hold the columns in group order; x is put in it per call
+        self.perm = None if weight.perm is None else torch.nn.Parameter(weight.perm, requires_grad=False)
         self.out_features, self.in_features = p.out_features, p.in_features
         self.bits, self.group = p.bits, p.group
         self.path = int(default_path() if path is None else path)
@@ -39,13 +43,16 @@ class QuantLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        x2 = x.reshape(-1, self.in_features).float()
+        x2 = (x2 if self.perm is None else x2.index_select(1, self.perm)).contiguous()
         y = self.ops.qlinear(x2, self.qw, self.scales, self.mins, self.bias, self.out_features,
                              self.bits, self.group, self.path, self.scales_super, self.mins_super)
         return y.view(*shape[:-1], self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), in_features]: rows `ids` of W, dequantized (w = d q + m)."""
+        if self.perm is not None:
+            raise ValueError("an act-order (permuted) weight is not an embedding table")
         return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group,
                               self.scales_super, self.mins_super, self.out_features)
 
