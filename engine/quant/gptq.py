@@ -1,0 +1,136 @@
+"""GPTQ (Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for Generative
+Pre-trained Transformers"; IST-DASLab/gptq gptq.py, AutoGPTQ quantization/gptq.py).
+
+Each row w of W minimises the layer's output error 1/2 (w - q)^T H (w - q), H = 2/n sum_t x_t x_t^T.
+Columns are quantized one at a time; after column i is rounded to q_i the not-yet-quantized
+columns F absorb its error optimally (the OBS step):
+    e = (w_i - q_i) / [H_F^-1]_ii,    w_F -= e [H_F^-1]_i,F,    loss += (w_i - q_i)^2 / (2 [H_F^-1]_ii)
+With U the upper Cholesky factor of H^-1, row i of U is [H_F^-1]_i,F / sqrt([H_F^-1]_ii) for
+F = {i, i+1, ...}, so every step reads one row of U (d = U_ii) and no inverse is ever updated.
+Lazy batches: inside a block of B columns only the block is updated; the rest of W gets the
+block's errors in one matmul at the end (W[:, i2:] -= E U[i1:i2, i2:]), the same result.
+
+Group parameters are computed when a group starts, from the group's current (already updated)
+values. The reference reads them from W, which misses the pending updates of the current block
+when the group starts inside it; here those are applied first, so the result does not depend on
+block_size (tested).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.quant.int_weight import IntWeight
+from engine.quant.rtn import group_params, quantize_codes
+
+CHUNK = 4096  # tokens per Hessian matmul: bounds the float32 product's rounding and its memory
+
+
+class GPTQ:
+    """The Hessian of one layer's inputs (or of several layers that share them: q, k, v) and the
+    quantizer that uses it. H accumulates in float64 from float32 chunk products: a model's
+    calibration set is many batches and a float32 running sum would lose digits, and the
+    Cholesky of a barely damped H (condition number up to ~K / damp) needs them; chunks of
+    CHUNK tokens keep the K x K x T work in fast float32 matmuls."""
+
+    def __init__(self, in_features: int):
+        self.in_features = in_features
+        self.xtx: torch.Tensor | None = None  # float64 [K, K]: sum_t x_t x_t^T
+        self.n_samples = 0
+        self.last_loss: float | None = None  # set by quantize(): see there
+
+    def add_batch(self, x: torch.Tensor) -> None:
+        """Add inputs x [..., K] of the layer (each row one token)."""
+        x = x.reshape(-1, x.shape[-1])
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"inputs have {x.shape[1]} features, the layer {self.in_features}")
+        if self.xtx is None:
+            self.xtx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        for t in range(0, x.shape[0], CHUNK):
+            xc = x[t:t + CHUNK].to(dt)
+            self.xtx += (xc.T @ xc).double()
+        self.n_samples += x.shape[0]
+
+    @property
+    def H(self) -> torch.Tensor:
+        """float64 [K, K]: 2/n sum x x^T, the running average of the calibration tokens."""
+        if self.xtx is None or self.n_samples == 0:
+            raise ValueError("GPTQ.quantize needs calibration inputs: call add_batch first")
+        return self.xtx * (2.0 / self.n_samples)
+
+    def quantize(self, w: torch.Tensor, bits: int, group_size: int, sym: bool, desc_act: bool = False,
+                 damp: float = 0.01, block_size: int = 128, static_groups: bool = False) -> IntWeight:
+        """Quantize w [N, K] (left unchanged). desc_act: columns in order of decreasing H_ii, and
+        g_idx (original column order) says which group each column joined. static_groups: group
+        parameters from the original W, by original column (g_idx then is k // G).
+        Sets self.last_loss = sum_i (w_i - q_i)^2 / (2 [H_F^-1]_ii) (the reference's "error"),
+        which equals 1/2 sum_rows (w - q)^T (H + damp I) (w - q), i.e. 1/n ||x W^T - x Q^T||^2
+        plus the damping term, with w the input (dead columns set to 0)."""
+        N, K = w.shape
+        if K != self.in_features:
+            raise ValueError(f"weight has {K} input columns, the Hessian {self.in_features}")
+        if not 1 <= bits <= 8:
+            raise ValueError(f"bits must be 1..8, got {bits}")
+        G = K if group_size == -1 else group_size
+        dt = torch.float64 if w.dtype == torch.float64 else torch.float32
+        H = self.H.to(w.device)
+        W = w.to(dt).clone()
+
+        dead = torch.diag(H) == 0  # inputs that are always 0: any weight is exact, use 0
+        H[dead, dead] = 1
+        W[:, dead] = 0
+
+        n_groups = -(-K // G)
+        scales = torch.empty(N, n_groups, dtype=dt, device=W.device)
+        zeros = torch.empty_like(scales)
+        if static_groups:
+            for g in range(n_groups):
+                scales[:, g], zeros[:, g] = group_params(W[:, g * G:(g + 1) * G], bits, sym)
+
+        perm = None
+        if desc_act:
+            perm = torch.argsort(torch.diag(H), descending=True)
+            W, H = W[:, perm], H[perm][:, perm]
+
+        H.diagonal().add_(damp * torch.mean(torch.diag(H)))
+        L, info = torch.linalg.cholesky_ex(H)
+        if info.item() != 0:
+            raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp")
+        U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True).to(dt)
+
+        Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
+        loss = torch.zeros((), dtype=torch.float64, device=W.device)
+        col_group = torch.arange(K, device=W.device) // G  # group of each column in the working order
+        if static_groups and perm is not None:
+            col_group = perm // G
+        for i1 in range(0, K, block_size):
+            i2 = min(i1 + block_size, K)
+            W1 = W[:, i1:i2].clone()
+            E1 = torch.zeros_like(W1)
+            U1 = U[i1:i2, i1:i2]
+            for i in range(i2 - i1):
+                c = i1 + i
+                if not static_groups and c % G == 0:  # a group starts: its current values
+                    end = min(c + G, K)
+                    cur = W1[:, i:end - i1]
+                    if end > i2:  # the rest of the group has yet to receive this block's errors
+                        cur = torch.cat([cur, W[:, i2:end] - E1[:, :i] @ U[i1:c, i2:end]], dim=1)
+                    scales[:, c // G], zeros[:, c // G] = group_params(cur, bits, sym)
+                g = col_group[c]
+                s, z = scales[:, g], zeros[:, g]
+                col = W1[:, i]
+                q = quantize_codes(col, s, z, bits)
+                err = (col - s * (q.to(dt) - z)) / U1[i, i]
+                loss += (err.double() ** 2).sum() / 2
+                W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+                E1[:, i] = err
+                Q[:, c] = q
+            W[:, i2:] -= E1 @ U[i1:i2, i2:]
+
+        self.last_loss = loss.item()
+        g_idx = None
+        if perm is not None:
+            Q = Q[:, torch.argsort(perm)]
+            g_idx = torch.empty(K, dtype=torch.int32, device=W.device)
+            g_idx[perm] = col_group.to(torch.int32)  # original column perm[j] sits in group of j
+        return IntWeight(bits, group_size, Q.contiguous(), scales.float(), zeros.to(torch.uint8), g_idx)
