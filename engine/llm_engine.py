@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.kv_sizing import idle_cache_tokens
 from engine.loaders.chat_template import ChatTemplate
-from engine.loaders.tokenizer import Tokenizer
+from engine.loaders.tokenizer import Tokenizer, load_tokenizer
 from engine.runner import Runner, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -76,8 +76,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | None = None, tokenizer: Tokenizer | None = None,
                  chat_template: ChatTemplate | None = None, speculator: Speculator | None = None) -> None:
         self.config = config
-        self.tokenizer = tokenizer or Tokenizer.from_gguf(config.model_path)
-        self.chat_template = chat_template or ChatTemplate.from_gguf(config.model_path)
+        self.tokenizer = tokenizer or load_tokenizer(config.model_path)
+        self.chat_template = chat_template or ChatTemplate.from_model(config.model_path)
         if runner is None:
             from engine.model_runner import ModelRunner
             runner = ModelRunner(config)

@@ -79,6 +79,15 @@ class ChatTemplate:
         fallback = CHATML_TEMPLATE if meta["has_chatml_tokens"] else PLAIN_TEMPLATE
         return cls(meta["chat_template"], meta["bos_token"], meta["eos_token"], fallback=fallback)
 
+    @classmethod
+    def from_model(cls, path: str | Path) -> "ChatTemplate":
+        """A GGUF file's template, or a Hugging Face directory's (read_hf_template_metadata)."""
+        if not Path(path).is_dir():
+            return cls.from_gguf(path)
+        meta = read_hf_template_metadata(path)
+        fallback = CHATML_TEMPLATE if meta["has_chatml_tokens"] else PLAIN_TEMPLATE
+        return cls(meta["chat_template"], meta["bos_token"], meta["eos_token"], fallback=fallback)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                **extra: Any) -> str:
         """The prompt for `messages` ({"role", "content"} dicts; OpenAI text parts are joined).
@@ -159,4 +168,30 @@ def read_template_metadata(path: str | Path) -> dict:
         "bos_token": token("tokenizer.ggml.bos_token_id"),
         "eos_token": token("tokenizer.ggml.eos_token_id"),
         "has_chatml_tokens": "<|im_start|>" in tokens,
+    }
+
+
+def read_hf_template_metadata(path: str | Path) -> dict:
+    """The directory's chat template (chat_template.jinja, else tokenizer_config.json's
+    chat_template: a string or a list of named ones, "default" first), BOS/EOS text from
+    tokenizer_config.json, and whether tokenizer.json has <|im_start|>."""
+    from engine.loaders.hf_tokenizer import read_json, token_text
+
+    path = Path(path)
+    try:
+        cfg = read_json(path / "tokenizer_config.json")
+    except ValueError as e:
+        raise TemplateError(str(e)) from None
+    jinja = path / "chat_template.jinja"
+    template = jinja.read_text(encoding="utf-8") if jinja.is_file() else cfg.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default", next(iter(named.values()), None))
+    tok = path / "tokenizer.json"
+    has_chatml = tok.is_file() and '"<|im_start|>"' in tok.read_text(encoding="utf-8", errors="replace")
+    return {
+        "chat_template": template if isinstance(template, str) and template.strip() else None,
+        "bos_token": token_text(cfg.get("bos_token")) or "",
+        "eos_token": token_text(cfg.get("eos_token")) or "",
+        "has_chatml_tokens": has_chatml,
     }

@@ -178,3 +178,12 @@ class Tokenizer:
 
 def _opt(token: int) -> int | None:
     return None if token < 0 else int(token)
+
+
+def load_tokenizer(path: str | Path):
+    """A model's tokenizer: a Hugging Face directory -> HFTokenizer, a GGUF file -> Tokenizer."""
+    if Path(path).is_dir():
+        from engine.loaders.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(path)
+    return Tokenizer(path)
