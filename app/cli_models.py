@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = action("rm", cmd_rm, "remove an installed model")
     p.add_argument("model")
-    p = action("import", cmd_import, "import a local GGUF file (GPTQ/AWQ checkpoints are not loadable yet)")
+    p = action("import", cmd_import, "import a local GGUF file or GPTQ/AWQ/compressed-tensors directory")
     p.add_argument("path", type=Path)
     p.add_argument("--id", dest="model_id", help="model id (default: from the file's metadata)")
     mode = p.add_mutually_exclusive_group()

@@ -2,8 +2,8 @@
 
 The layout, the ids and the manifest schema are engine/model_files/manifest.py's (the engine reads
 the same files). A folder without a manifest is not a model (a download in progress keeps its
-`.part` files there), and a manifest is written only after its file is in place. What would
-install and then fail to load (a GPTQ/AWQ directory, for now) is refused here, before any copy.
+`.part` files there), and a manifest is written only after its file is in place. A file or
+directory whose metadata does not read (engine/model_files/meta.py) is refused before any copy.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from engine.model_files.bundled import DEFAULT_MODEL_ID, default_model_path
 from engine.model_files.manifest import (MANIFEST, ModelManifest, fsync_dir, is_model_id, read_manifest,
                                          slugify, validate_model_id, write_json_atomic, write_manifest)
-from engine.model_files.meta import ModelFileError, ModelMeta, read_loadable_meta
+from engine.model_files.meta import ModelFileError, ModelMeta, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class ModelStore:
         is registered. `sha256` is computed when not given.
         """
         path = Path(path).resolve()
-        meta = read_loadable_meta(path)
+        meta = read_meta(path)
         digest = sha256 or sha256_path(path)
         with self._lock:
             manifest = ModelManifest.from_meta(validate_model_id(model_id), path, meta, sha256=digest,
@@ -113,15 +113,15 @@ class ModelStore:
 
     def import_path(self, path: Path, *, model_id: str | None = None,
                     mode: str | None = None) -> ModelManifest:
-        """Import a GGUF file: copy (default), move, or link (register in place). A GPTQ/AWQ
-        directory is refused (not loadable yet). Importing bytes already installed returns the
-        existing model instead of a duplicate.
+        """Import a GGUF file or a GPTQ/AWQ/compressed-tensors directory: copy (default), move,
+        or link (register in place). Importing bytes already installed returns the existing
+        model instead of a duplicate.
         """
         mode = mode or self.import_mode
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {IMPORT_MODES}")
         src = Path(path).expanduser().resolve()
-        meta = read_loadable_meta(src)  # validates before anything is copied
+        meta = read_meta(src)  # validates before anything is copied
         digest = sha256_path(src)
         for m in self.list():
             if m.sha256 == digest and Path(m.path).exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 import ssl
 import threading
 import time
@@ -282,8 +283,8 @@ def test_parallel_limit_queues_the_rest(hub, store, tmp_path, payloads):
     assert rec.states(jobs[2]).index("running") > 0  # it waited in the queue first
 
 
-def test_gptq_directory_with_shard_index_downloads_then_is_refused(hub, store, tmp_path):
-    """Every shard the index names is fetched, but GPTQ/AWQ is not loadable yet: nothing installs."""
+def test_gptq_directory_with_shard_index_downloads_every_shard(hub, store, tmp_path):
+    """Every shard the index names is fetched, then the directory installs as one model."""
     src = write_gptq_dir(tmp_path / "src")
     shard = (src / "model.safetensors").read_bytes()
     repo = "test/tiny-GPTQ"
@@ -298,11 +299,15 @@ def test_gptq_directory_with_shard_index_downloads_then_is_refused(hub, store, t
                      files=(CatalogFile("config.json"), CatalogFile("model.safetensors.index.json")))
     dm = manager(store, hub, tmp_path)
     final = dm.wait(dm.start(e), timeout=30)
-    assert final.state == "failed" and "not loadable yet" in final.error and "GPTQ-INT4-G32" in final.error
+    assert final.state == "done", final.error
     assert {p.rsplit("/", 1)[1] for p, _ in hub.requests} == {  # the index's shards were fetched too
         "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
         "model.safetensors.index.json"}
-    assert store.get("tiny-gptq") is None and not (store.root / "tiny-gptq").exists()
+    m = store.get("tiny-gptq")
+    assert (m.format, m.quantization) == ("gptq", "GPTQ-INT4-G32")
+    assert {p.name for p in Path(m.path).iterdir()} == {
+        "config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors"}
 
 
 def _wait_for(cond, timeout=20.0):

@@ -28,7 +28,8 @@ GUI_ENTRY = "app.gui_main"
 # The engine's modules the GUI's path may import: model-file facts, one definition for app, ui and engine.
 SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.model_files.meta",
                  "engine.model_files.manifest", "engine.model_files.bundled", "engine.model_files.fit",
-                 "engine.model_files.memory", "engine.model_files.tool_call_syntax", "engine.kernel_library")
+                 "engine.model_files.memory", "engine.model_files.tool_call_syntax", "engine.model_files.errors",
+                 "engine.model_files.quant_config", "engine.kernel_library")
 
 
 def shared(name: str) -> bool:

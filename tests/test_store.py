@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from app.store import DEFAULT_MODEL_ID, ModelFileError, ModelStore, sha256_file
-from engine.model_files.meta import NOT_LOADABLE, read_meta
+from engine.model_files.meta import read_meta
 from store_helpers import bundled_model_or_skip, gptq_dir_params, tiny_gguf_params, write_gptq_dir, write_tiny_gguf
 
 MANIFEST_KEYS = {"id", "name", "path", "format", "architecture", "sha256", "size_bytes", "context_length",
@@ -84,9 +85,9 @@ def test_broken_file_is_refused_and_nothing_registered(store, tmp_path, make, pr
     assert not store.root.exists() or not any(store.root.iterdir())
 
 
-def test_gptq_and_awq_directories_are_read_then_refused(store, tmp_path):
-    """The layout is read from the files (what the refusal names), but nothing installs: the
-    engine's loader opens GGUF files only, so such a model would install and then fail to load."""
+def test_gptq_and_awq_directories_are_read_then_installed(store, tmp_path):
+    """The layout is read from the files themselves (config and safetensors headers); the copy
+    is the whole directory, and the user's folder is left alone."""
     g = read_meta(write_gptq_dir(tmp_path / "g", method="gptq"))
     assert (g.format, g.architecture, g.quantization) == ("gptq", "qwen2", "GPTQ-INT4-G32")
     assert g.parameter_count == gptq_dir_params()
@@ -94,13 +95,27 @@ def test_gptq_and_awq_directories_are_read_then_refused(store, tmp_path):
     a = read_meta(write_gptq_dir(tmp_path / "a", method="awq"))
     assert a.format == "awq" and a.quantization == "AWQ-INT4-G32"
     for src, model_id in ((tmp_path / "g", "tiny-gptq"), (tmp_path / "a", "tiny-awq")):
-        with pytest.raises(ModelFileError, match="GPTQ/AWQ checkpoints are not loadable yet") as e:
-            store.import_path(src, model_id=model_id)
-        assert NOT_LOADABLE in str(e.value) and str(src) in str(e.value)
-        with pytest.raises(ModelFileError, match="not loadable yet"):
-            store.register(src, model_id=model_id, source="download")
+        m = store.import_path(src, model_id=model_id)
+        assert Path(m.path).is_dir() and (Path(m.path) / "model.safetensors").is_file()
+        assert (src / "config.json").exists()
+    assert sorted(m.id for m in store.list()) == ["tiny-awq", "tiny-gptq"]
+
+
+def test_unsupported_checkpoints_are_refused_before_any_copy(store, tmp_path):
+    """3-bit GPTQ (the kernels take 4 and 8), AWQ's GEMV layout and an unknown architecture are
+    refused by reading the config, naming the directory; nothing is copied."""
+    bad = {"3bit": ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "qwen2", "take 4 and 8"),
+           "gemv": ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "qwen2", "GEMM"),
+           "arch": ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gpt_neox", "model_type")}
+    for name, (qcfg, arch, problem) in bad.items():
+        d = write_gptq_dir(tmp_path / name)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["quantization_config"], cfg["model_type"] = qcfg, arch
+        (d / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ModelFileError, match=problem) as e:
+            store.import_path(d, model_id=f"bad-{name}")
+        assert str(d) in str(e.value)
     assert store.list() == [] and (not store.root.exists() or not any(store.root.iterdir()))
-    assert (tmp_path / "g" / "config.json").exists()  # the user's folder is left alone
 
 
 def test_directory_without_quantization_config_is_refused(store, tmp_path):
@@ -166,10 +181,15 @@ def test_the_engines_read_only_view_reads_what_the_store_writes(store, tmp_path)
     assert (view.get("shared-q").path, view.get("shared-q").format) == (q.path, "gguf")
 
 
-def test_the_engine_refuses_a_gptq_directory_on_the_command_line(tmp_path):
-    """`--model DIR` reads the directory (no guessing from a suffix) and refuses it as the store does."""
+def test_the_engine_reads_a_checkpoint_directory_on_the_command_line(tmp_path):
+    """`--model DIR` reads the directory's config (no guessing from a suffix), as the store does."""
     engine_view = pytest.importorskip("engine.server.model_store")
-    with pytest.raises(ModelFileError, match="GPTQ/AWQ checkpoints are not loadable yet"):
-        engine_view.spec_from_path(write_gptq_dir(tmp_path / "q"))
+    assert engine_view.spec_from_path(write_gptq_dir(tmp_path / "q", method="awq")).format == "awq"
+    d = write_gptq_dir(tmp_path / "v")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"]["checkpoint_format"] = "marlin"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFileError, match="marlin"):
+        engine_view.spec_from_path(d)
     spec = engine_view.spec_from_path(write_tiny_gguf(tmp_path / "Tiny.Model.bin"))  # any suffix: the load reads it
     assert (spec.id, spec.format) == ("tiny.model", "gguf")

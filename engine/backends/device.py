@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from engine.model_files.fit import BackendError, MachineInfo, ModelFootprint, footprint_of, probe_host
-from engine.model_files.meta import ModelFileError, read_quantized_dir_meta, require_loadable
+from engine.model_files.meta import ModelFileError, read_quantized_dir_meta
 
 
 def probe_machine() -> MachineInfo:
@@ -38,8 +38,8 @@ def probe_machine() -> MachineInfo:
 
 def model_footprint(path: str | os.PathLike) -> ModelFootprint:
     """Read a model's footprint from the file itself: a .gguf file (through the loader's own
-    checks, so a file it cannot load is refused here) or a GPTQ/AWQ directory (refused: not
-    loadable yet)."""
+    checks, so a file it cannot load is refused here) or a GPTQ/AWQ/compressed-tensors directory
+    (its config and shards' headers)."""
     p = Path(path)
     if p.is_file():
         from engine.loaders.gguf_loader import config_from_file, kernels_cover, open_gguf
@@ -50,7 +50,9 @@ def model_footprint(path: str | os.PathLike) -> ModelFootprint:
     if not p.is_dir() or not (p / "config.json").is_file():
         raise BackendError(f"{p} is neither a GGUF file nor a model directory with config.json")
     try:
-        meta = require_loadable(read_quantized_dir_meta(p), p)
+        meta = read_quantized_dir_meta(p)
     except ModelFileError as e:
         raise BackendError(str(e)) from None
-    return footprint_of(meta, sum(f.stat().st_size for f in p.glob("*.safetensors")))
+    # the config was read (4 or 8 bits: the kernels' widths); a layout they lack is held dense at load
+    return dataclasses.replace(footprint_of(meta, sum(f.stat().st_size for f in p.glob("*.safetensors"))),
+                               kernels_cover=True)

@@ -10,7 +10,7 @@ Memory a loaded model needs (one sequence at the context the engine loads with):
 (GQA stores only the KV heads.) The rules (what LM Studio / Ollama users expect):
 - GGUF on a CPU → torch with Ember's own kernels when they are built and hold every matrix type
   of the file quantized, else llama.cpp; GGUF on CUDA → torch
-  (the paged-attention engine runs unchanged on the GPU); GPTQ/AWQ → torch everywhere.
+  (the paged-attention engine runs unchanged on the GPU); GPTQ/AWQ/compressed-tensors → torch everywhere.
 - auto device: CUDA if the model fits in free VRAM, else MPS if it fits, else the CPU if it fits
   in free RAM, else a refusal naming what would fit (a shorter context, a smaller quant).
 - auto dtype (the torch engine's dense weights and KV): bf16 on CUDA and on CPUs with fast bf16
@@ -40,7 +40,7 @@ CONTEXT_STEP = 256  # suggested contexts are multiples of this
 BACKENDS = ("auto", "torch", "llama.cpp")
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-FORMATS = ("gguf", "gptq", "awq")
+FORMATS = ("gguf", "gptq", "awq", "compressed-tensors")
 
 
 class BackendError(RuntimeError):
@@ -73,13 +73,13 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsi
 @dataclass(frozen=True, slots=True)
 class ModelFootprint:
     """The model's memory shape: weight bytes and KV bytes per token of context."""
-    format: str  # "gguf" | "gptq" | "awq"
+    format: str  # one of FORMATS
     weights_bytes: int
     num_layers: int  # 0 when not known (the KV term is then left out)
     num_kv_heads: int
     head_dim: int
     context_length: int  # the model's trained context
-    kernels_cover: bool = False  # a GGUF whose every matrix type Ember's kernels hold quantized
+    kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (GPTQ/AWQ: 4 and 8 bits)
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes)
@@ -194,8 +194,8 @@ def available_bytes(m: MachineInfo, device: str) -> int:
 
 
 def _ours(fp: ModelFootprint, device: str, m: MachineInfo) -> bool:
-    """Ember's kernels run here and hold every matrix of this GGUF (faster: `ember bench decode`)."""
-    return device == "cpu" and fp.format == "gguf" and fp.kernels_cover and m.ember_kernels
+    """Ember's kernels run here and hold every matrix of this model quantized (faster: `ember bench decode`)."""
+    return device == "cpu" and fp.kernels_cover and m.ember_kernels
 
 
 def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo) -> str | None:

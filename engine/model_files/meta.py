@@ -10,20 +10,18 @@ from pathlib import Path
 
 import gguf  # constants only (file types, block sizes); no torch
 
+from engine.model_files.errors import ModelFileError
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
+from engine.model_files.quant_config import parse_quantization_config
 
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
-NOT_LOADABLE = ("GPTQ/AWQ checkpoints are not loadable yet (Ember's loader opens GGUF files only); "
-                "use a GGUF file of this model")
-
-
-class ModelFileError(ValueError):
-    """A model file or directory that cannot be used; the message names the problem."""
+# config.json model_type -> the architecture the model code runs (Hugging Face stores Q/K unpermuted for all)
+HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 
 
 @dataclass(frozen=True)
 class ModelMeta:
-    format: str  # "gguf" | "gptq" | "awq"
+    format: str  # "gguf" | "gptq" | "awq" | "compressed-tensors"
     name: str | None
     architecture: str
     parameter_count: int
@@ -42,19 +40,6 @@ def read_meta(path: Path) -> ModelMeta:
     if path.is_file():
         return read_gguf_meta(path)
     raise ModelFileError(f"{path}: no such file or directory")
-
-
-def require_loadable(meta: ModelMeta, path: Path) -> ModelMeta:
-    """Refuse what would install and then fail to load: the engine loads GGUF files only."""
-    if meta.format != "gguf":
-        raise ModelFileError(f"{path}: a {meta.format.upper()} checkpoint ({meta.quantization}, "
-                             f"{meta.architecture}): {NOT_LOADABLE}")
-    return meta
-
-
-def read_loadable_meta(path: Path) -> ModelMeta:
-    """`read_meta`, refusing what the engine cannot load: the store's import, `--model PATH`."""
-    return require_loadable(read_meta(path), Path(path))
 
 
 # --- GGUF -------------------------------------------------------------------------------------
@@ -141,23 +126,28 @@ def _gguf_quantization(file_type, tensors) -> str:
 
 # --- GPTQ / AWQ directories ------------------------------------------------------------------
 
+def quantization_config_of(path: Path, config: dict) -> dict | None:
+    """config.json's "quantization_config", else AutoGPTQ's quantize_config.json or AutoAWQ's
+    quant_config.json beside it (None: a float checkpoint)."""
+    q = config.get("quantization_config")
+    if isinstance(q, dict):
+        return q
+    for name in ("quantize_config.json", "quant_config.json"):
+        q = read_json(path / name, required=False)
+        if q is not None:
+            return q
+    return None
+
+
 def read_quantized_dir_meta(path: Path) -> ModelMeta:
     path = Path(path)
-    config = _read_json(path / "config.json", required=True)
-    qcfg = config.get("quantization_config")
-    if not isinstance(qcfg, dict):
-        qcfg = _read_json(path / "quantize_config.json", required=False) or _read_json(
-            path / "quant_config.json", required=False)
-    if not isinstance(qcfg, dict):
+    config = read_json(path / "config.json", required=True)
+    qcfg = quantization_config_of(path, config)
+    if qcfg is None:
         raise ModelFileError(f"{path}: no quantization_config in config.json and no quantize_config.json")
-    method = str(qcfg.get("quant_method") or "").lower()
-    if not method:
-        # AutoGPTQ's quantize_config.json has no quant_method; AWQ's quant_config.json has "version"/"w_bit"
-        method = "awq" if ("w_bit" in qcfg or "zero_point" in qcfg) else "gptq"
-    if method not in ("gptq", "awq"):
-        raise ModelFileError(f"{path}: quantization method {method!r} is not GPTQ or AWQ")
-    bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
-    group = int(qcfg.get("group_size", qcfg.get("q_group_size", -1)))
+    spec = parse_quantization_config(qcfg, str(path / "config.json"))
+    method = "gptq" if spec.format.startswith("gptq") else str(spec.format)
+    bits, group = spec.bits, spec.group_size
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
@@ -170,9 +160,10 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
             n = 1
             for d in info["shape"]:
                 n *= int(d)
-            if name.endswith((".qzeros", ".scales", ".g_idx")):
+            if name.endswith((".qzeros", ".scales", ".g_idx", ".weight_scale", ".weight_zero_point",
+                              ".weight_shape", ".weight_g_idx")):
                 continue  # quantization side data, not parameters
-            if name.endswith(".qweight"):
+            if name.endswith((".qweight", ".weight_packed")):
                 n *= 32 // bits  # int32 words packing 32/bits weights each
             params += n
 
@@ -180,6 +171,8 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
     n_heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     head_dim = config.get("head_dim") or (hidden // n_heads if hidden and n_heads else None)
+    if arch not in HF_MODEL_TYPES:
+        raise ModelFileError(f"{path}: model_type {arch!r}: Ember runs {', '.join(HF_MODEL_TYPES)} checkpoints")
     quant = f"{method.upper()}-INT{bits}" + (f"-G{group}" if group > 0 else "")
     return ModelMeta(
         format=method,
@@ -194,7 +187,8 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
     )
 
 
-def _read_json(path: Path, *, required: bool) -> dict | None:
+def read_json(path: Path, *, required: bool) -> dict | None:
+    """A small JSON object file (config.json and friends); ModelFileError when it is anything else."""
     if not path.is_file():
         if required:
             raise ModelFileError(f"{path}: missing")

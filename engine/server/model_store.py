@@ -12,7 +12,7 @@ from pathlib import Path
 
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.model_files.manifest import MANIFEST, is_model_id, read_manifest, slugify
-from engine.model_files.meta import read_loadable_meta
+from engine.model_files.meta import read_meta
 from engine.server.engine_thread import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,11 @@ def spec_from_manifest(m: dict, model_id: str) -> ModelSpec:
 
 def spec_from_path(path: str | Path) -> ModelSpec:
     """`--model PATH` on the command line (never over HTTP); its id is the file's name. A file is
-    GGUF, the only file format (a bad one fails its load, reported on /health); a directory is
-    read, and a GPTQ/AWQ checkpoint refused (ModelFileError) until its loader lands."""
+    GGUF, the only file format (a bad one fails its load, reported on /health); a directory is a
+    GPTQ, AWQ or compressed-tensors checkpoint whose config is read here (ModelFileError when
+    it is not one)."""
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise ModelNotFound(f"{p} does not exist")
-    fmt = read_loadable_meta(p).format if p.is_dir() else "gguf"
+    fmt = read_meta(p).format if p.is_dir() else "gguf"
     return ModelSpec(id=slugify(p.stem), path=str(p), format=fmt, name=p.name)

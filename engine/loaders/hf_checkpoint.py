@@ -1,0 +1,160 @@
+"""A Hugging Face model directory: config.json as a ModelConfig, and its safetensors tensors by name.
+
+The layout GPTQ, AWQ and compressed-tensors checkpoints (and plain float ones) share:
+config.json (+ its "quantization_config", or a quantize_config.json / quant_config.json beside
+it), one `*.safetensors` file or shards listed by `model.safetensors.index.json`, and the
+tokenizer files (engine/loaders/hf_tokenizer.py). Opening checks that every shard the index
+names exists and opens, that no tensor is in two shards and that the config's dimensions are
+sane; each tensor the config implies is then checked for presence and shape as the loader reads
+it (quantized ones by their format: engine/quant/formats.py), before any model is returned.
+Every failure is a CheckpointError naming the file and the problem.
+
+Hugging Face stores Q/K rows in rotate-half order for every Llama-family architecture (the GGUF
+permutation is llama.cpp's own), so nothing is un-permuted here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from engine.loaders.gguf_loader import MAX_DIM
+from engine.model_files.meta import HF_MODEL_TYPES, quantization_config_of, read_json
+from engine.models.config import ModelConfig, RopeScaling
+from engine.model_files.quant_config import CheckpointError, QuantSpec, parse_quantization_config
+
+INDEX = "model.safetensors.index.json"
+
+
+def _dim(config: dict, key: str, where: Path, bound: int, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{where}: {key} = {value!r} is not an integer")
+    if not 0 < value <= bound:
+        raise CheckpointError(f"{where}: absurd {key} = {value} (expected 1..{bound})")
+    return value
+
+
+def _rope_scaling(config: dict, where: Path) -> RopeScaling | None:
+    rs = config.get("rope_scaling")
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return RopeScaling("linear", float(rs["factor"]), config.get("max_position_embeddings"))
+    if kind == "default":
+        return None
+    raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear)")
+
+
+def model_config(config: dict, where: Path) -> ModelConfig:
+    """ModelConfig from config.json (the tensors are checked against it by the loader)."""
+    mtype = config.get("model_type")
+    if mtype not in HF_MODEL_TYPES:
+        raise CheckpointError(f"{where}: unsupported model_type {mtype!r} (supported: {', '.join(HF_MODEL_TYPES)})")
+    hidden = _dim(config, "hidden_size", where, MAX_DIM["hidden_size"])
+    n_heads = _dim(config, "num_attention_heads", where, MAX_DIM["num_heads"])
+    n_kv = _dim(config, "num_key_value_heads", where, MAX_DIM["num_kv_heads"], n_heads)
+    if n_heads % n_kv:
+        raise CheckpointError(f"{where}: num_attention_heads {n_heads} is not a multiple of "
+                              f"num_key_value_heads {n_kv}")
+    head_dim = config.get("head_dim") or hidden // n_heads
+    if not isinstance(head_dim, int) or not 2 <= head_dim <= MAX_DIM["head_dim"] or head_dim % 2:
+        raise CheckpointError(f"{where}: head_dim {head_dim!r} is not an even number in 2..{MAX_DIM['head_dim']}")
+    arch = HF_MODEL_TYPES[mtype]
+    return ModelConfig(
+        arch=arch, vocab_size=_dim(config, "vocab_size", where, MAX_DIM["vocab_size"]), hidden_size=hidden,
+        intermediate_size=_dim(config, "intermediate_size", where, MAX_DIM["intermediate_size"]),
+        num_layers=_dim(config, "num_hidden_layers", where, MAX_DIM["num_layers"]),
+        num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 10000.0)),
+        rope_scaling=_rope_scaling(config, where),
+        context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", arch == "qwen2")))
+
+
+class HFCheckpoint:
+    """The tensors of a model directory by name, read lazily from their shards."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path}: not a directory")
+        self.config_json = read_json(self.path / "config.json", required=True)
+        self.config = model_config(self.config_json, self.path / "config.json")
+        q = quantization_config_of(self.path, self.config_json)
+        self.quant: QuantSpec | None = None if q is None else parse_quantization_config(q, str(self.path / "config.json"))
+        self.shards = self._shards()
+        self._open: dict[Path, object] = {}
+        self.tensors: dict[str, Path] = {}  # name -> shard
+        for shard in self.shards:
+            for name in self._handle(shard).keys():
+                if name in self.tensors:
+                    raise CheckpointError(f"{shard}: tensor {name} is also in {self.tensors[name]}")
+                self.tensors[name] = shard
+
+    def _shards(self) -> list[Path]:
+        index = read_json(self.path / INDEX, required=False)
+        if index is None:
+            shards = sorted(self.path.glob("*.safetensors"))
+            if not shards:
+                raise CheckpointError(f"{self.path}: no .safetensors weight files")
+            return shards
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{self.path / INDEX}: no weight_map")
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not isinstance(name, str) or "/" in name or "\\" in name or not name.endswith(".safetensors"):
+                raise CheckpointError(f"{self.path / INDEX}: bad shard name {name!r}")
+            if not (self.path / name).is_file():
+                raise CheckpointError(f"{self.path / name}: missing shard (listed in {INDEX})")
+        return [self.path / n for n in names]
+
+    def _handle(self, shard: Path):
+        h = self._open.get(shard)
+        if h is None:
+            try:
+                h = self._open[shard] = safe_open(str(shard), framework="pt")
+            except (SafetensorError, OSError, ValueError) as e:
+                raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from e
+        return h
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(self._shard(name)).get_slice(name).get_shape())
+
+    def _shard(self, name: str) -> Path:
+        shard = self.tensors.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.path}: missing tensor {name}")
+        return shard
+
+    def get(self, name: str) -> torch.Tensor:
+        shard = self._shard(name)
+        try:
+            return self._handle(shard).get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{shard}: cannot read tensor {name} ({e})") from e
+
+    def dense(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A float tensor of exactly `shape` (float32; the caller casts)."""
+        found = self.shape(name)
+        if found != tuple(shape):
+            raise CheckpointError(f"{self._shard(name)}: tensor {name} has shape {list(found)} but config.json "
+                                  f"implies {list(shape)}")
+        t = self.get(name)
+        if not t.is_floating_point():
+            raise CheckpointError(f"{self._shard(name)}: tensor {name} is {t.dtype}, expected a float type")
+        return t.float()
+
+    def group(self, prefix: str, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The tensors `prefix.suffix` that exist (a format checks which it needs)."""
+        return {s: self.get(f"{prefix}.{s}") for s in suffixes if f"{prefix}.{s}" in self.tensors}
+
+    def close(self) -> None:
+        self._open.clear()

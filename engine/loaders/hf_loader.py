@@ -1,0 +1,122 @@
+"""A Hugging Face directory (GPTQ, AWQ, compressed-tensors or plain float safetensors) -> a ready
+LlamaForCausalLM, through the same weight names and model code as a GGUF file.
+
+A quantized linear is unpacked by its format (engine/quant/formats.py) into an IntWeight,
+w = s (q - z), and handed to the kernels as a QuantWeight (IntWeight.to_quant_weight: the group
+of 128 becomes four of the kernels' 32, an act-order checkpoint gets its input permutation, so
+its groups are contiguous). With `quantized` off, or a layout the kernels have no tiles for, the
+weight is dequantized once, here, and held dense. q/k/v (and gate/up) fuse into one matrix as
+for GGUF; act-order parts whose permutations differ stay dense rather than unfused.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.kernels.pack import QuantWeight, cat_rows, same_columns
+from engine.loaders.gguf_loader import return_freed_memory
+from engine.loaders.hf_checkpoint import HFCheckpoint
+from engine.models.llama import LlamaForCausalLM
+from engine.quant.formats import tensor_names, unpack_linear
+from engine.quant.int_weight import IntWeight
+from engine.quant.rtn import rtn
+
+log = logging.getLogger(__name__)
+
+# Our per-layer names (engine/models/llama.py) -> the Hugging Face modules they are made of.
+FUSED = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "o_proj": ("self_attn.o_proj",), "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+         "down_proj": ("mlp.down_proj",)}
+NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def is_quantized(ckpt: HFCheckpoint, module: str) -> bool:
+    """The module has any of its format's tensors (and is not on the format's ignore list): one
+    that lost its packed weight is still quantized, and the format says which tensor is missing."""
+    spec = ckpt.quant
+    if spec is None or any(module == i or module.endswith("." + i) for i in spec.ignore):
+        return False
+    return any(f"{module}.{s}" in ckpt for s in tensor_names(spec))
+
+
+def read_linear(ckpt: HFCheckpoint, module: str, shape: tuple[int, int]) -> IntWeight | torch.Tensor:
+    """One linear's weight: an IntWeight when the checkpoint holds it quantized, else float32.
+    Errors name the shard that holds the module's tensors."""
+    if is_quantized(ckpt, module):
+        names = tensor_names(ckpt.quant)
+        shard = next(ckpt.tensors[f"{module}.{s}"] for s in names if f"{module}.{s}" in ckpt)
+        return unpack_linear(ckpt.group(module, names), ckpt.quant, shape, f"{shard}: {module}")
+    return ckpt.dense(f"{module}.weight", shape)
+
+
+def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                  quantized: bool = False) -> LlamaForCausalLM:
+    """Read, check and assemble the model on `device`; with `quantized`, quantized linears stay
+    4/8-bit on the kernels (or tinygemm on CUDA), others are dense in `dtype`."""
+    ckpt = HFCheckpoint(path)
+    cfg = ckpt.config
+    d, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    out_in = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d),
+              "self_attn.o_proj": (d, q), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f)}
+    dense_reasons: set[str] = set()
+
+    def as_layer(parts: list[IntWeight | torch.Tensor], name: str) -> torch.Tensor | QuantWeight:
+        if quantized and all(isinstance(p, IntWeight) for p in parts):
+            qws = [p.to_quant_weight() for p in parts]
+            if all(w is not None for w in qws) and same_columns(qws):
+                w = qws[0] if len(qws) == 1 else cat_rows(qws)
+                return w.to(device)
+            dense_reasons.add(f"{name}: groups or act-order the kernels have no layout for")
+        dense = [p.dequantize() if isinstance(p, IntWeight) else p for p in parts]
+        return torch.cat(dense).to(device=device, dtype=dtype)
+
+    def head() -> torch.Tensor | QuantWeight:
+        """The LM head (the table itself when tied). GPTQ and AWQ leave it float16; quantized,
+        it is rounded to 8 bits per 32 values here, as llama.cpp keeps a GGUF's output at Q8_0:
+        the head is the largest matrix of a small model, and float it would cost more per
+        token than all the 4-bit layers."""
+        if is_quantized(ckpt, "lm_head"):
+            return as_layer([read_linear(ckpt, "lm_head", (cfg.vocab_size, d))], "lm_head")
+        w = ckpt.dense("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight",
+                       (cfg.vocab_size, d))
+        if quantized and d % 32 == 0:
+            return rtn(w, 8, 32, sym=True).to_quant_weight().to(device)
+        return w.to(device=device, dtype=dtype)
+
+    def take(key: str):
+        if key == "embed_tokens.weight":  # tied: looked up in the head (quantized: its rows)
+            if cfg.tie_word_embeddings:
+                return head()
+            return ckpt.dense("model.embed_tokens.weight", (cfg.vocab_size, d)).to(device=device, dtype=dtype)
+        if key == "lm_head.weight":
+            return head()
+        if key == "norm.weight":
+            return ckpt.dense("model.norm.weight", (d,)).to(device=device, dtype=dtype)
+        if key == "rope_freqs":
+            return None
+        _, i, leaf = key.split(".", 2)
+        prefix = f"model.layers.{i}."
+        name, _, kind = leaf.rpartition(".")
+        if name in NORMS:
+            return ckpt.dense(prefix + f"{name}.weight", (d,)).to(device=device, dtype=dtype)
+        modules = FUSED[name]
+        if kind == "bias":
+            if not cfg.attention_bias:
+                return None
+            return torch.cat([ckpt.dense(prefix + f"{m}.bias", (out_in[m][0],)) for m in modules]).to(device)
+        return as_layer([read_linear(ckpt, prefix + m, out_in[m]) for m in modules], f"layer {i} {name}")
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as for GGUF: the unpacking is small memory-bound ops
+    try:
+        with torch.no_grad():
+            model = LlamaForCausalLM(cfg, take, dtype)
+    finally:
+        torch.set_num_threads(threads)
+        ckpt.close()
+    return_freed_memory()
+    if dense_reasons:
+        log.info("%s: held dense: %s", ckpt.path, "; ".join(sorted(dense_reasons)[:4]))
+    return model.eval()
