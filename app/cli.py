@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "app.cli_chat",  # chat, generate
     "app.cli_serve",  # serve
     "app.cli_models",  # models list|search|pull|rm|import|verify
+    "app.cli_quantize",  # quantize
     "app.bench",  # bench decode|kv|throughput|server|turns|footprint
 )
 

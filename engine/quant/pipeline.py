@@ -1,0 +1,259 @@
+"""`ember quantize`: a model (GGUF or float safetensors) -> a GPTQ/AWQ/compressed-tensors directory.
+
+Layer by layer, so memory holds one layer's weights and the calibration stream [n, T, d]:
+  RTN   each linear rounded to the nearest code of its group (no calibration);
+  GPTQ  true-sequential (Frantar et al.; AutoGPTQ's order): q/k/v on the layer's input, then
+        o_proj on the attention output of the already-quantized q/k/v, then gate/up, then
+        down, each from the Hessian of its own input (engine/quant/gptq.py);
+  AWQ   activation-aware scales per input channel (Lin et al.; engine/quant/awq.py) searched on
+        the layer's float inputs and folded into the op before the linear: the input norm for
+        q/k/v and gate/up, up_proj's rows for down_proj, v_proj's rows for o_proj (only when
+        they have the same width, i.e. no GQA, as AutoAWQ does), then a clip search, then RTN.
+The next layer is calibrated on this layer's output computed with the quantized weights.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaDecoderLayer
+from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
+from engine.quant.formats import CheckpointFormat, QuantSpec
+from engine.quant.int_weight import IntWeight
+from engine.quant.source import Source, layer_weights
+
+# (our fused linear, the Hugging Face modules it is made of), in true-sequential order
+GROUPS = (("qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+          ("o_proj", ("self_attn.o_proj",)), ("gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+          ("down_proj", ("mlp.down_proj",)))
+
+
+# AutoAWQ does not clip q and k: their error reaches the output through softmax(q k^T), which the
+# per-linear clip objective does not see.
+NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
+
+
+class Method(enum.StrEnum):
+    RTN = "rtn"
+    GPTQ = "gptq"
+    AWQ = "awq"
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Everything `ember quantize` takes, checked once (`check`)."""
+
+    method: Method = Method.GPTQ
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    desc_act: bool = False
+    static_groups: bool = False  # with desc_act: groups fixed in column order, so no permutation at run time
+    format: CheckpointFormat = CheckpointFormat.GPTQ
+    calibration: Path | None = None  # a UTF-8 text file; None: the standard library's (calibration.py)
+    num_samples: int = 32
+    seq_len: int = 256
+    damp: float = 0.01
+
+    @property
+    def spec(self) -> QuantSpec:
+        return QuantSpec(self.format, self.bits, self.group_size, self.sym, self.desc_act)
+
+    def check(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"--bits {self.bits}: Ember's kernels take 4 and 8")
+        if self.group_size not in (32, 64, 128, -1):
+            raise ValueError(f"--group-size {self.group_size}: one of 32, 64, 128, -1")
+        if self.format is CheckpointFormat.AWQ and (self.bits != 4 or self.desc_act or self.sym):
+            raise ValueError("the AWQ GEMM format holds 4-bit, asymmetric weights without act-order "
+                             "(use --asym, no --desc-act, or another --format)")
+        if self.desc_act and self.method is not Method.GPTQ:
+            raise ValueError("--desc-act is GPTQ's act-order; it has no meaning for RTN or AWQ")
+        if self.num_samples < 1 or self.seq_len < 16:
+            raise ValueError("calibration needs at least one sample of at least 16 tokens")
+
+
+@dataclass
+class LayerResult:
+    weights: dict[str, IntWeight]  # Hugging Face module -> its quantized weight
+    dense: dict[str, torch.Tensor]  # norms and biases (AWQ: with its scales folded in)
+
+
+@dataclass
+class Report:
+    layers: int
+    seconds: float
+    calibration_tokens: int
+    output_error: list[float] = field(default_factory=list)  # per layer, relative, on calibration
+
+
+Progress = Callable[[int, int, str], None]  # (layers done, layers, what is running)
+
+
+def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
+    """Our weight names for one layer (engine/models/llama.py) from Hugging Face module tensors."""
+    def take(key: str):
+        leaf = key.split(".", 2)[2]
+        name, _, kind = leaf.rpartition(".")
+        if name in ("input_layernorm", "post_attention_layernorm"):
+            return W[f"{name}.weight"]
+        modules = dict(GROUPS)[name]
+        if kind == "bias":
+            return torch.cat([W[f"{m}.bias"] for m in modules]) if config.attention_bias else None
+        return torch.cat([W[f"{m}.weight"] for m in modules])
+    return take
+
+
+def linears(layer: LlamaDecoderLayer) -> dict[str, torch.nn.Module]:
+    a, m = layer.self_attn, layer.mlp
+    return {"qkv_proj": a.qkv_proj, "o_proj": a.o_proj, "gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}
+
+
+def calibration_ids(src: Source, cfg: QuantizeConfig) -> torch.Tensor:
+    from engine.loaders.tokenizer import load_tokenizer
+
+    text = cfg.calibration.read_text(encoding="utf-8") if cfg.calibration else default_calibration_text()
+    need = cfg.num_samples * cfg.seq_len
+    tok = load_tokenizer(src.path)
+    try:  # tokenize only as much of the text as the samples take (a token is rarely 6+ characters)
+        chars = need * 6
+        while True:
+            ids = tok.encode(text[:chars], add_bos=False, parse_special=False)
+            if len(ids) >= need or chars >= len(text):
+                break
+            chars *= 2
+    finally:
+        tok.close()
+    return samples(ids, cfg.num_samples, cfg.seq_len)
+
+
+class LayerQuantizer:
+    """Quantizes one layer at a time and carries the calibration stream to the next."""
+
+    def __init__(self, config: ModelConfig, cfg: QuantizeConfig, hidden: torch.Tensor | None) -> None:
+        self.config, self.cfg, self.hidden = config, cfg, hidden
+        self.run = None if hidden is None else LayerRun(config, hidden.shape[1])
+
+    def layer(self, i: int, W: dict[str, torch.Tensor]) -> LlamaDecoderLayer:
+        return LlamaDecoderLayer(self.config, i, fused_take(self.config, {k: v.float() for k, v in W.items()})).eval()
+
+    def __call__(self, i: int, W: dict[str, torch.Tensor]) -> tuple[LayerResult, float]:
+        method = self.cfg.method
+        if method is Method.RTN:
+            result = self._rtn(W)
+        elif method is Method.GPTQ:
+            result = self._gptq(i, W)
+        else:
+            result = self._awq(i, W)
+        err = 0.0
+        if self.hidden is not None:  # the next layer's input, through the quantized weights
+            ref = self.run(self.layer(i, W), self.hidden)
+            Wq = dict(result.dense) | {f"{m}.weight": w.dequantize() for m, w in result.weights.items()}
+            out = self.run(self.layer(i, Wq), self.hidden)
+            err = float((out - ref).norm() / ref.norm())  # what this layer's rounding costs, on its input
+            self.hidden = out
+        return result, err
+
+    def _dense(self, W: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in W.items() if not k.endswith("proj.weight")}
+
+    def _rtn(self, W: dict[str, torch.Tensor]) -> LayerResult:
+        from engine.quant.rtn import rtn
+
+        c = self.cfg
+        return LayerResult({m: rtn(W[f"{m}.weight"], c.bits, c.group_size, c.sym)
+                            for _, ms in GROUPS for m in ms}, self._dense(W))
+
+    def _gptq(self, i: int, W: dict[str, torch.Tensor]) -> LayerResult:
+        from engine.quant.gptq import GPTQ
+
+        c, W, out = self.cfg, dict(W), {}
+        for name, modules in GROUPS:
+            layer = self.layer(i, W)
+            g = GPTQ(W[f"{modules[0]}.weight"].shape[1])
+            handles = capture_inputs(layer, {name: linears(layer)[name]}, lambda _n, x: g.add_batch(x))
+            try:
+                self.run(layer, self.hidden)
+            finally:
+                for h in handles:
+                    h.remove()
+            for m in modules:  # q, k, v (and gate, up) share one input, so one Hessian
+                out[m] = g.quantize(W[f"{m}.weight"], c.bits, c.group_size, c.sym, c.desc_act, c.damp,
+                                    static_groups=c.static_groups)
+                W[f"{m}.weight"] = out[m].dequantize()
+        return LayerResult(out, self._dense(W))
+
+    def _awq(self, i: int, W: dict[str, torch.Tensor]) -> LayerResult:
+        from engine.quant.awq import awq_quantize, search_clip, search_scales
+
+        c, W, cfgm = self.cfg, dict(W), self.config
+        X: dict[str, list[torch.Tensor]] = {name: [] for name, _ in GROUPS}
+        layer = self.layer(i, W)
+        handles = capture_inputs(layer, linears(layer), lambda n, x: X[n].append(x))
+        try:
+            self.run(layer, self.hidden)
+        finally:
+            for h in handles:
+                h.remove()
+        x = {n: torch.cat(v) for n, v in X.items()}
+        # (group, the op before it whose output channels absorb 1/s)
+        before = {"qkv_proj": "input_layernorm.weight", "gate_up_proj": "post_attention_layernorm.weight",
+                  "down_proj": "mlp.up_proj", "o_proj": "self_attn.v_proj" if cfgm.q_size == cfgm.kv_size else None}
+        # Every scale is searched on the float inputs and folded before anything is rounded:
+        # down_proj's 1/s lands in up_proj's rows, which must not be quantized yet.
+        scales = {}
+        for name, modules in GROUPS:
+            prev = before[name]
+            if prev is None:
+                continue
+            s = scales[name] = search_scales(x[name], [W[f"{m}.weight"] for m in modules], c.bits,
+                                             c.group_size, c.sym)
+            if prev.endswith("norm.weight"):
+                W[prev] = W[prev] / s
+            else:  # a linear's output rows (and bias): its output is this group's input
+                W[f"{prev}.weight"] = W[f"{prev}.weight"] / s[:, None]
+                if f"{prev}.bias" in W:
+                    W[f"{prev}.bias"] = W[f"{prev}.bias"] / s
+            for m in modules:
+                W[f"{m}.weight"] = W[f"{m}.weight"] * s
+        out = {}
+        for name, modules in GROUPS:
+            xs = x[name] / scales[name] if name in scales else x[name]
+            for m in modules:
+                w = W[f"{m}.weight"]
+                if m not in NO_CLIP:
+                    w = search_clip(xs, w, c.bits, c.group_size, c.sym)
+                out[m] = awq_quantize(w, c.bits, c.group_size, c.sym)
+        return LayerResult(out, self._dense(W))
+
+
+def quantize_model(src: Source, cfg: QuantizeConfig, on_layer: Callable[[int, LayerResult], None],
+                   progress: Progress | None = None) -> Report:
+    """Quantize every layer of `src`, handing each result to on_layer(i, result) (the writer)."""
+    cfg.check()
+    t0 = time.monotonic()
+    n_layers = src.config.num_layers
+    hidden = None
+    if cfg.method is not Method.RTN:
+        if progress:
+            progress(0, n_layers, "tokenizing the calibration text")
+        ids = calibration_ids(src, cfg)
+        hidden = torch.nn.functional.embedding(ids, src.tensor("model.embed_tokens.weight"))
+    q = LayerQuantizer(src.config, cfg, hidden)
+    report = Report(n_layers, 0.0, 0 if hidden is None else hidden.shape[0] * hidden.shape[1])
+    for i in range(n_layers):
+        if progress:
+            progress(i, n_layers, f"layer {i + 1}/{n_layers}")
+        result, err = q(i, layer_weights(src, i))
+        report.output_error.append(err)
+        on_layer(i, result)
+    report.seconds = time.monotonic() - t0
+    if progress:
+        progress(n_layers, n_layers, "done")
+    return report

@@ -1,0 +1,127 @@
+"""What `ember quantize` reads: a GGUF file or a float safetensors directory, as float32 weights
+under Hugging Face names, one at a time.
+
+A GGUF's blocks are dequantized exactly (gguf's own formulas: engine/loaders/dequant.py) and
+its llama Q/K rows un-permuted back to Hugging Face's rotate-half order, so the reference
+weights of a GGUF source are the file's quantized values, not the original float model's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from engine.models.config import ModelConfig
+
+# Hugging Face module (per layer) -> GGUF tensor stem
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+class Source(Protocol):
+    path: Path
+    config: ModelConfig
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """float32 tensor by Hugging Face name (model.layers.3.mlp.up_proj.weight, lm_head.weight...)."""
+
+    def has(self, name: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class GGUFSource:
+    path: Path
+
+    def __post_init__(self) -> None:
+        from engine.loaders.gguf_loader import ARCHITECTURES, check_tensors, config_from_file, open_gguf
+
+        self.file = open_gguf(self.path)
+        self.config = config_from_file(self.file)
+        if self.config.rope_freq_factors:
+            raise ValueError(f"{self.path}: rope_freqs (llama3 RoPE scaling) cannot be written to a "
+                             "Hugging Face config by Ember yet")
+        self.tensors = check_tensors(self.file, self.config)
+        self.permuted = ARCHITECTURES[self.config.arch]
+
+    def _gguf_name(self, name: str) -> str:
+        if name == "model.embed_tokens.weight":
+            return "token_embd.weight"
+        if name == "model.norm.weight":
+            return "output_norm.weight"
+        if name == "lm_head.weight":
+            return "token_embd.weight" if self.config.tie_word_embeddings else "output.weight"
+        _, _, i, rest = name.split(".", 3)
+        module, kind = rest.rsplit(".", 1)
+        return f"blk.{i}.{GGUF_NAMES[module]}.{kind}"
+
+    def has(self, name: str) -> bool:
+        try:
+            return self._gguf_name(name) in self.tensors
+        except (KeyError, ValueError):
+            return False
+
+    def tensor(self, name: str) -> torch.Tensor:
+        from gguf import GGMLQuantizationType as QT
+
+        from engine.loaders.dequant import dequantize
+        from engine.loaders.gguf_loader import unpermute_rows
+
+        t = self.tensors[self._gguf_name(name)]
+        w = dequantize(self.file.raw(t), QT(t.qtype), t.shape, "cpu").float()
+        if self.permuted and (".q_proj." in name or ".k_proj." in name):
+            heads = self.config.num_heads if ".q_proj." in name else self.config.num_kv_heads
+            w = unpermute_rows(w, heads)
+        return w
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class HFSource:
+    path: Path
+
+    def __post_init__(self) -> None:
+        from engine.loaders.hf_checkpoint import HFCheckpoint
+
+        self.ckpt = HFCheckpoint(self.path)
+        if self.ckpt.quant is not None:
+            raise ValueError(f"{self.path}: already quantized ({self.ckpt.quant.format}); "
+                             "quantize from the float checkpoint or a GGUF file")
+        self.config = self.ckpt.config
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def tensor(self, name: str) -> torch.Tensor:
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            name = "model.embed_tokens.weight"
+        return self.ckpt.dense(name, self.ckpt.shape(name))
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+def open_source(path: str | Path) -> GGUFSource | HFSource:
+    p = Path(path)
+    if p.is_dir():
+        return HFSource(p)
+    if p.is_file():
+        return GGUFSource(p)
+    raise FileNotFoundError(f"{p}: no such file or directory")
+
+
+def layer_weights(src: Source, i: int) -> dict[str, torch.Tensor]:
+    """Layer i's float32 tensors by Hugging Face module name ("mlp.up_proj.weight", ...)."""
+    p = f"model.layers.{i}."
+    names = [f"{m}.weight" for m in LINEARS] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    if src.config.attention_bias:
+        names += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    return {n: src.tensor(p + n) for n in names}

@@ -1,0 +1,92 @@
+"""Writes `ember quantize`'s output: a Hugging Face directory that Ember, vLLM and the GPTQ/AWQ
+loaders read (config.json with its quantization_config, model.safetensors, the tokenizer files).
+
+Nothing appears at OUT until everything is written: the files go to a hidden sibling folder
+that is renamed into place at the end, and removed on any failure or Ctrl-C. Unquantized tensors
+(embeddings, norms, biases, the LM head) are stored float16, as GPTQ and AWQ checkpoints do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.models.config import ModelConfig
+from engine.quant.formats import QuantSpec, pack_linear, quantization_config
+from engine.quant.pipeline import LayerResult
+from engine.quant.source import GGUFSource, Source
+
+HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
+    model_type, arch = HF_ARCHITECTURES[config.arch]
+    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
+           "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+           "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+           "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
+           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+           "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
+           "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
+    if config.arch == "llama":
+        out["attention_bias"] = config.attention_bias
+    if config.rope_scaling is not None:
+        out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
+                               "factor": config.rope_scaling.factor}
+    return out
+
+
+class CheckpointWriter:
+    """Collects each layer's packed tensors, then writes the directory in one go (`finish`)."""
+
+    def __init__(self, out: str | Path, src: Source, spec: QuantSpec) -> None:
+        self.out, self.src, self.spec = Path(out), src, spec
+        if self.out.exists():
+            raise FileExistsError(f"{self.out} exists; choose a new output folder")
+        self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def add_layer(self, i: int, result: LayerResult) -> None:
+        p = f"model.layers.{i}."
+        for module, w in result.weights.items():
+            for suffix, t in pack_linear(w, self.spec).items():
+                self.tensors[f"{p}{module}.{suffix}"] = t.contiguous()
+        for name, t in result.dense.items():
+            self.tensors[p + name] = t.to(torch.float16).contiguous()
+
+    def finish(self) -> Path:
+        """Write everything to the hidden folder, then rename it to OUT."""
+        try:
+            self.tmp.mkdir(parents=True)
+            src, cfg = self.src, self.src.config
+            self.tensors["model.embed_tokens.weight"] = src.tensor("model.embed_tokens.weight").half()
+            self.tensors["model.norm.weight"] = src.tensor("model.norm.weight").half()
+            if not cfg.tie_word_embeddings:
+                self.tensors["lm_head.weight"] = src.tensor("lm_head.weight").half()
+            save_file(self.tensors, str(self.tmp / "model.safetensors"), metadata={"format": "pt"})
+            (self.tmp / "config.json").write_text(json.dumps(hf_config(cfg, self.spec), indent=2) + "\n")
+            self._tokenizer()
+            os.replace(self.tmp, self.out)
+        except BaseException:
+            self.abort()
+            raise
+        return self.out
+
+    def _tokenizer(self) -> None:
+        if isinstance(self.src, GGUFSource):
+            from engine.loaders.gguf_vocab import write_hf_tokenizer
+
+            write_hf_tokenizer(self.src.path, self.tmp)
+            return
+        for name in TOKENIZER_FILES:
+            if (self.src.path / name).is_file():
+                shutil.copy2(self.src.path / name, self.tmp / name)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
