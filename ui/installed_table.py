@@ -170,9 +170,11 @@ class InstalledTable(QWidget):
             self.set_default(model_id)
 
     def _on_import_clicked(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()), "GGUF models (*.gguf)")
+        # A GPTQ/AWQ checkpoint is a folder: picking its config.json imports the folder.
+        path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()),
+                                              "GGUF files, or a GPTQ/AWQ folder's config.json (*.gguf config.json)")
         if path:
-            self.import_file(path)
+            self.import_file(str(Path(path).parent) if Path(path).name == "config.json" else path)
 
     def _update_buttons(self) -> None:
         has = self.selected_id() is not None

@@ -72,24 +72,25 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, device: 
         dense = [p.dequantize() if isinstance(p, IntWeight) else p for p in parts]
         return torch.cat(dense).to(device=device, dtype=dtype)
 
-    def head() -> torch.Tensor | QuantWeight:
-        """The LM head (the table itself when tied). GPTQ and AWQ leave it float16; quantized,
-        it is rounded to 8 bits per 32 values here, as llama.cpp keeps a GGUF's output at Q8_0:
-        the head is the largest matrix of a small model, and float it would cost more per
-        token than all the 4-bit layers."""
-        if is_quantized(ckpt, "lm_head"):
-            return as_layer([read_linear(ckpt, "lm_head", (cfg.vocab_size, d))], "lm_head")
-        w = ckpt.dense("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight",
-                       (cfg.vocab_size, d))
+    def vocab_matrix(name: str) -> torch.Tensor | QuantWeight:
+        """The LM head or the embedding table [vocab, d]. GPTQ and AWQ leave them float16;
+        quantized, they are rounded to 8 bits per 32 values here, as llama.cpp keeps a GGUF's
+        output at Q8_0: the head is the largest matrix of a small model (float, it would cost
+        more per token than all the 4-bit layers), and the table is looked up in its rows."""
+        w = ckpt.dense(name, (cfg.vocab_size, d))
         if quantized and d % 32 == 0:
             return rtn(w, 8, 32, sym=True).to_quant_weight().to(device)
         return w.to(device=device, dtype=dtype)
 
+    def head() -> torch.Tensor | QuantWeight:
+        """The LM head (the table itself when tied), as the checkpoint holds it or in 8 bits."""
+        if is_quantized(ckpt, "lm_head"):
+            return as_layer([read_linear(ckpt, "lm_head", (cfg.vocab_size, d))], "lm_head")
+        return vocab_matrix("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
+
     def take(key: str):
         if key == "embed_tokens.weight":  # tied: looked up in the head (quantized: its rows)
-            if cfg.tie_word_embeddings:
-                return head()
-            return ckpt.dense("model.embed_tokens.weight", (cfg.vocab_size, d)).to(device=device, dtype=dtype)
+            return head() if cfg.tie_word_embeddings else vocab_matrix("model.embed_tokens.weight")
         if key == "lm_head.weight":
             return head()
         if key == "norm.weight":
