@@ -21,6 +21,8 @@ from pathlib import Path
 
 import tokenizers
 
+from engine.loaders.token_ids import TokenIds
+
 # llama.cpp's end-of-generation tokens by text (llama-vocab.cpp, special_eog_ids), and its FIM
 # pad/repo/file-separator tokens, which it also counts as end of generation.
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
@@ -127,7 +129,7 @@ def _ids(value) -> list[int]:
     return []
 
 
-class HFTokenizer:
+class HFTokenizer(TokenIds):
     """encode/decode over tokenizer.json, same interface and semantics as `Tokenizer`."""
 
     def __init__(self, path: str | Path) -> None:
@@ -246,23 +248,9 @@ class HFTokenizer:
             return b""
         return byte_level_bytes(text) if self._byte_level else sentencepiece_bytes(text)
 
-    def id_to_piece(self, token_id: int) -> str:
-        """The token as text for display (logprobs, debugging); invalid UTF-8 shows as U+FFFD."""
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
-
     def is_special(self, token_id: int) -> bool:
         self._check([token_id])
         return token_id in self._control
-
-    def _check(self, ids) -> list[int]:
-        ids = [int(t) for t in ids]
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return ids
-
-    def __repr__(self) -> str:
-        return f"HFTokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
 def _post_processor_adds(spec: dict, bos: str | None) -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import llama_cpp
 
+from engine.loaders.token_ids import TokenIds
+
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -33,7 +35,7 @@ def _init_backend() -> None:
         _backend_ready = True
 
 
-class Tokenizer:
+class Tokenizer(TokenIds):
     """encode/decode identical to llama.cpp on the same GGUF file; cheap for short strings."""
 
     def __init__(self, path: str | Path) -> None:
@@ -157,23 +159,9 @@ class Tokenizer:
                     return buf.raw[:n]
                 size = -n
 
-    def id_to_piece(self, token_id: int) -> str:
-        """The token as text for display (logprobs, debugging); invalid UTF-8 shows as U+FFFD."""
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
-
     def is_special(self, token_id: int) -> bool:
         self._check([token_id])
         return bool(llama_cpp.llama_vocab_is_control(self._v, token_id))
-
-    def _check(self, ids) -> list[int]:
-        ids = [int(t) for t in ids]
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return ids
-
-    def __repr__(self) -> str:
-        return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
 def _opt(token: int) -> int | None:
