@@ -145,6 +145,7 @@ class LayerQuantizer:
 
     def __call__(self, i: int, W: dict[str, torch.Tensor]) -> tuple[LayerResult, float]:
         method = self.cfg.method
+        self._float_out = None  # the float layer's output, when a method's first pass computed it
         if method is Method.RTN:
             result = self._rtn(W)
         elif method is Method.GPTQ:
@@ -153,12 +154,22 @@ class LayerQuantizer:
             result = self._awq(i, W)
         err = 0.0
         if self.hidden is not None:  # the next layer's input, through the quantized weights
-            ref = self.run(self.layer(i, W), self.hidden)
+            ref = self._float_out if self._float_out is not None else self.run(self.layer(i, W), self.hidden)
             Wq = dict(result.dense) | {f"{m}.weight": w.dequantize() for m, w in result.weights.items()}
             out = self.run(self.layer(i, Wq), self.hidden)
             err = float((out - ref).norm() / ref.norm())  # what this layer's rounding costs, on its input
             self.hidden = out
         return result, err
+
+    def _capture(self, layer: LlamaDecoderLayer, names: list[str], sink: Callable[[str, torch.Tensor], None]
+                 ) -> torch.Tensor:
+        """Run the layer over the stream, handing the inputs of its linears `names` to sink."""
+        handles = capture_inputs(layer, {n: linears(layer)[n] for n in names}, sink)
+        try:
+            return self.run(layer, self.hidden)
+        finally:
+            for h in handles:
+                h.remove()
 
     def _dense(self, W: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in W.items() if not k.endswith("proj.weight")}
@@ -175,14 +186,10 @@ class LayerQuantizer:
 
         c, W, out = self.cfg, dict(W), {}
         for name, modules in GROUPS:
-            layer = self.layer(i, W)
             g = GPTQ(W[f"{modules[0]}.weight"].shape[1])
-            handles = capture_inputs(layer, {name: linears(layer)[name]}, lambda _n, x: g.add_batch(x))
-            try:
-                self.run(layer, self.hidden)
-            finally:
-                for h in handles:
-                    h.remove()
+            h = self._capture(self.layer(i, W), [name], lambda _n, x: g.add_batch(x))
+            if not out:  # nothing rounded yet: this pass was the float layer's
+                self._float_out = h
             for m in modules:  # q, k, v (and gate, up) share one input, so one Hessian
                 out[m] = g.quantize(W[f"{m}.weight"], c.bits, c.group_size, c.sym, c.desc_act, c.damp,
                                     static_groups=c.static_groups)
@@ -194,13 +201,7 @@ class LayerQuantizer:
 
         c, W, cfgm = self.cfg, dict(W), self.config
         X: dict[str, list[torch.Tensor]] = {name: [] for name, _ in GROUPS}
-        layer = self.layer(i, W)
-        handles = capture_inputs(layer, linears(layer), lambda n, x: X[n].append(x))
-        try:
-            self.run(layer, self.hidden)
-        finally:
-            for h in handles:
-                h.remove()
+        self._float_out = self._capture(self.layer(i, W), list(X), lambda n, x: X[n].append(x))
         x = {n: torch.cat(v) for n, v in X.items()}
         # (group, the op before it whose output channels absorb 1/s)
         before = {"qkv_proj": "input_layernorm.weight", "gate_up_proj": "post_attention_layernorm.weight",
