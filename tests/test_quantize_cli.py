@@ -72,7 +72,9 @@ def check_loads_like_the_gguf(out: Path, src: Path) -> None:
       "desc_act": True}),
     (["--method", "awq", "--group-size", "-1"],
      {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": -1, "zero_point": True}),
-], ids=["rtn-gptq_v2-w8g64", "gptq-act-order", "awq-per-channel"])
+    (["--method", "awq", "--group-size", "32", "--awq-clip"],
+     {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32, "zero_point": True}),
+], ids=["rtn-gptq_v2-w8g64", "gptq-act-order", "awq-per-channel", "awq-clip-g32"])
 def test_quantize_writes_a_checkpoint_the_engine_loads(src, tmp_path, calibration, capsys, flags, want):
     out = tmp_path / "out"
     rc = main(["quantize", str(src), str(out), *flags, "--samples", "2", "--seq-len", "32",
@@ -114,8 +116,9 @@ def refused(argv: list[str], capsys) -> tuple[int, str]:
     (["--method", "awq", "--desc-act"], "without act-order"),  # its default format is AWQ GEMM
     (["--method", "awq", "--desc-act", "--format", "gptq"], "--desc-act is GPTQ's act-order"),
     (["--calibration", "/nonexistent/calibration.txt"], "no such file"),
+    (["--method", "gptq", "--awq-clip"], "--awq-clip is AWQ's clip search"),
 ], ids=["bits-3", "group-16", "awq-sym", "awq-desc-act", "awq-desc-act-gptq-format",
-                               "calibration-missing"])
+                               "calibration-missing", "clip-without-awq"])
 def test_bad_arguments_are_refused_and_leave_nothing(src, tmp_path, capsys, extra, message):
     out = tmp_path / "out"
     rc, err = refused(["quantize", str(src), str(out), "--no-progress", *extra], capsys)

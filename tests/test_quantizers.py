@@ -254,6 +254,49 @@ def test_awq_never_worse_than_rtn_without_outliers():
     assert out_err(x, w, rtn(w * s, 4, 16, False).dequantize() / s) <= out_err(x, w, rtn(w, 4, 16, False).dequantize()) * (1 + 1e-6)
 
 
+def test_awq_block_loss_chooses_for_the_block_not_for_the_largest_linear():
+    """A block that reads only the second linear (as attention's output reads v, not q's scale):
+    the search on the block's loss minimises that linear's error alone, never above s = 1, while
+    the default sum of both linears' errors lets the 40x larger first one decide."""
+    K = 128
+    x = outlier_inputs(1024, K, seed=21)
+    g = torch.Generator().manual_seed(22)
+    big, small = torch.randn(64, K, generator=g) * 2.0, torch.randn(16, K, generator=g) * 0.05
+    small[:, :8] *= 40  # the small linear's own weight outliers: another best s than big's
+    seen = []
+
+    def block(effective):
+        seen.append(len(effective))
+        return out_err(x, small, effective[1])
+
+    def small_err(s):
+        return out_err(x, small, rtn(small * s, 4, 32, False).dequantize() / s)
+
+    s_block = search_scales(x, [big, small], 4, 32, loss=block)
+    s_sum = search_scales(x, [big, small], 4, 32)
+    assert set(seen) == {2} and len(seen) == 20  # every grid point, with both effective weights
+    assert small_err(s_block) <= small_err(torch.ones(K)) * (1 + 1e-6)
+    assert small_err(s_block) < small_err(s_sum)
+
+
+def test_search_clip_never_raises_a_rows_error():
+    """Inputs with a common mean: each group's clip lowers its own error, but the shrinkage it
+    brings has one sign along the row, so the row's errors add up; a row whose whole output error
+    would grow keeps its weights unclipped."""
+    K = 128
+    x = outlier_inputs(600, K, seed=31) + 3.0
+    w = torch.randn(40, K, generator=torch.Generator().manual_seed(32))
+    w[:, ::16] *= 6  # an outlier per half group: what tempts the clip
+
+    def row_errors(v):
+        d = w.double() - rtn(v, 4, 32, False).dequantize().double()
+        return ((x.double() @ d.T) ** 2).sum(0)
+
+    c = search_clip(x, w, 4, 32, sym=False)
+    assert bool((row_errors(c) <= row_errors(w) * (1 + 1e-6)).all())
+    assert not torch.equal(c, w)  # some rows still clip
+
+
 @pytest.mark.parametrize("group_size", [16, -1])
 def test_search_clip_never_raises_a_group_error(group_size):
     K = 64

@@ -35,10 +35,12 @@ def checkpoint(src: Path, work: Path, cfg) -> tuple[Path, float]:
     from engine.quant.writer import CheckpointWriter
 
     key = (f"{cfg.method}-b{cfg.bits}-g{cfg.group_size}-{'sym' if cfg.sym else 'asym'}"
-           f"{'-act' if cfg.desc_act else ''}{'-static' if cfg.static_groups else ''}-{cfg.format}")
+           f"{'-act' if cfg.desc_act else ''}{'-static' if cfg.static_groups else ''}{'-clip' if cfg.awq_clip else ''}"
+           f"-{cfg.format}")
     out = work / key
     stamp = out / "ember-bench.json"
-    want = {"src": str(src), "size": src.stat().st_size, "samples": cfg.num_samples, "seq_len": cfg.seq_len}
+    want = {"src": str(src), "size": src.stat().st_size, "samples": cfg.num_samples, "seq_len": cfg.seq_len,
+            "calibration": "stdlib+self" if cfg.self_calibration else "stdlib"}
     if stamp.is_file() and json.loads(stamp.read_text()).get("want") == want:
         return out, json.loads(stamp.read_text())["seconds"]
     if out.exists():
@@ -94,18 +96,21 @@ def size_of(path: Path) -> int:
                                                           if not f.name.startswith("ember-bench"))
 
 
-VARIANTS = {  # name -> (method, desc_act + static_groups)
-    "rtn": ("rtn", False), "gptq": ("gptq", False), "gptq-act": ("gptq", True), "awq": ("awq", False)}
+VARIANTS = {  # name -> (method, symmetric, desc_act + static_groups or AWQ's clip); AWQ's format is
+    # asymmetric, so its fair baseline is rtn-asym
+    "rtn": ("rtn", True, False), "rtn-asym": ("rtn", False, False), "gptq": ("gptq", True, False),
+    "gptq-act": ("gptq", True, True), "awq": ("awq", False, False), "awq-clip": ("awq", False, True)}
 
 
 def variant_config(name: str, group: int, args):
     from engine.quant.formats import CheckpointFormat
     from engine.quant.pipeline import Method, QuantizeConfig
 
-    method, act = VARIANTS[name]
+    method, sym, extra = VARIANTS[name]
     m = Method(method)
-    return QuantizeConfig(method=m, bits=4, group_size=group, sym=m is not Method.AWQ, desc_act=act,
-                          static_groups=act,
+    act = extra and m is Method.GPTQ
+    return QuantizeConfig(method=m, bits=4, group_size=group, sym=sym, desc_act=act, static_groups=act,
+                          awq_clip=extra and m is Method.AWQ,
                           format=CheckpointFormat.AWQ if m is Method.AWQ else CheckpointFormat.GPTQ,
                           num_samples=args.samples, seq_len=args.seq_len)
 
@@ -149,8 +154,9 @@ def run(args) -> int:
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("quant", help="perplexity, size and decode speed of RTN, GPTQ and AWQ int4")
     add_model_args(p)
-    p.add_argument("--variants", default="rtn,gptq,gptq-act,awq",
-                   help="rtn, gptq, gptq-act (act-order with static groups), awq")
+    p.add_argument("--variants", default="rtn,rtn-asym,gptq,gptq-act,awq,awq-clip",
+                   help="rtn (symmetric), rtn-asym, gptq, gptq-act (act-order with static groups), awq, "
+                        "awq-clip (with AutoAWQ's clip search)")
     p.add_argument("--groups", default="128,32")
     p.add_argument("--samples", type=int, default=32, help="calibration samples")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per calibration sample")

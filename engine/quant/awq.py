@@ -11,7 +11,15 @@ The caller folds 1/s into the op that produces x (a norm's weight, or the previo
 
 Clip search (after scaling): per (row, group) clip the weights to [-r m, r m], m = max |w|, for
 r in {1, 1 - 1/grid, ..., 1 - max_shrink}, keeping the r with the smallest error of the group's
-share of the output, sum_t (x_t,g . (w_g - Q(clip w_g)))^2. r = 1 is no clip.
+share of the output, sum_t (x_t,g . (w_g - Q(clip w_g)))^2. r = 1 is no clip. Then each row keeps
+its clipped groups only if the whole row's output error is lower for them (see search_clip).
+
+A linear's own output error weighs every output channel alike, which misleads where the linears
+of a group differ in scale and in how their errors reach the layer's output: Qwen2's q and k
+rows are ~20x v's, so the sum over q, k, v is q and k's error, while v's goes straight through
+o_proj and theirs through a softmax. There the caller passes `loss`, the error of the block's
+output (AutoAWQ's module2inspect: the attention block for q/k/v), given the effective weights
+Q(W diag s) / s.
 
 Both errors are quadratic forms ||x D^T||^2 = tr(D (x^T x) D^T): with more tokens than features
 the search works on the Gram matrix x^T x (computed once, in chunks) instead of the tokens,
@@ -19,12 +27,16 @@ which is also how all tokens are used where AutoAWQ subsamples 512 for the clip.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from engine.quant.int_weight import IntWeight
 from engine.quant.rtn import as_groups, group_params, quantize_codes, rtn
 
 CHUNK = 4096  # tokens per matmul
+
+Loss = Callable[[list[torch.Tensor]], float]  # effective weights [Q(W_i diag s) / s] -> the error
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -52,15 +64,20 @@ def _output_error(d: torch.Tensor, x: torch.Tensor, gram: torch.Tensor | None) -
 
 
 def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int, group_size: int, sym: bool = False,
-                  grid: int = 20, duo_scaling: bool = False) -> torch.Tensor:
+                  grid: int = 20, duo_scaling: bool = False, loss: Loss | None = None) -> torch.Tensor:
     """s [K] float32 for the linears `weights` ([N_i, K]) whose shared input is x [T, K].
     duo_scaling (AutoAWQ's default, off here as in the paper): s = mean|x|^a / mean_w^(1-a),
-    mean_w the mean over rows of |w| / (its group's max |w|)."""
+    mean_w the mean over rows of |w| / (its group's max |w|). loss: the block's error for the
+    effective weights (default: the sum of the linears' own output errors on x)."""
     x = x.reshape(-1, x.shape[-1])
     K = x.shape[1]
-    gram = _gram(x) if x.shape[0] > K else None
     x_mean = _abs_mean(x)
     ws = [w.float() for w in weights]
+    if loss is None:
+        gram = _gram(x) if x.shape[0] > K else None
+
+        def loss(effective: list[torch.Tensor]) -> float:
+            return sum(_output_error(w - e, x, gram) for w, e in zip(ws, effective))
     if duo_scaling:
         wa = as_groups(torch.cat(ws).abs(), group_size)
         w_mean = (wa / (wa.amax(-1, keepdim=True) + 1e-6)).reshape(wa.shape[0], -1)[:, :K].mean(0)
@@ -70,7 +87,7 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int, group
         s = x_mean.pow(alpha) / (w_mean.pow(1 - alpha) + 1e-4) if duo_scaling else x_mean.pow(alpha)
         s = s.clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        err = sum(_output_error(w - rtn(w * s, bits, group_size, sym).dequantize() / s, x, gram) for w in ws)
+        err = loss([rtn(w * s, bits, group_size, sym).dequantize() / s for w in ws])
         if err < best_err:
             best_err, best = err, s
     return best.float()
@@ -103,7 +120,27 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, bits: int, group_size: int, sy
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_m = torch.where(better[..., None], mi, best_m)
-    return torch.clamp(w3, -best_m, best_m).reshape(N, -1)[:, :K].contiguous()
+    clipped = torch.clamp(w3, -best_m, best_m).reshape(N, -1)[:, :K].contiguous()
+    # Each group's ratio ignores the other groups of its row, but a row's output error is
+    # (sum_g x_g . d_g)^2: clipping shrinks weights toward 0 in every group alike, and those
+    # errors add up along the row instead of cancelling. A row keeps its clip only where the
+    # whole row's error on x, d G d^T with G = x^T x, is lower than without it.
+    w = w.float()
+    full = _gram(x) if x.shape[0] > K else None
+    keep = _row_errors(w - _fake_quant(clipped, bits, group_size, sym), x, full) < \
+        _row_errors(w - _fake_quant(w, bits, group_size, sym), x, full)
+    return torch.where(keep[:, None], clipped, w)
+
+
+def _fake_quant(w: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
+    return rtn(w, bits, group_size, sym).dequantize()
+
+
+def _row_errors(d: torch.Tensor, x: torch.Tensor, gram: torch.Tensor | None) -> torch.Tensor:
+    """[N]: ||x d_n||^2 per row of d [N, K]."""
+    if gram is not None:
+        return ((d @ gram) * d).sum(-1)
+    return sum(((x[t:t + CHUNK].float() @ d.T) ** 2).sum(0) for t in range(0, x.shape[0], CHUNK))
 
 
 def awq_quantize(w_scaled: torch.Tensor, bits: int, group_size: int, sym: bool = False) -> IntWeight:

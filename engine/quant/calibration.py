@@ -20,7 +20,7 @@ import torch
 from engine.layers.attention import AttentionMetadata
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
-from engine.models.llama import LlamaDecoderLayer
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer
 
 BLOCK = 16  # the scratch KV pool's block size
 
@@ -88,6 +88,18 @@ class LayerRun:
             S = h.shape[0]
             mlp, residual = layer(h.reshape(S * T, d), None, cos[: S * T], sin[: S * T], self.kv, self._meta(S))
             out[s:s + S] = (residual + mlp).view(S, T, d)
+        return out
+
+    @torch.no_grad()
+    def attention(self, attn: LlamaAttention, x: torch.Tensor) -> torch.Tensor:
+        """x [n, T, d] (the normed stream q/k/v read) -> the attention block's output [n, T, d]."""
+        n, T, d = x.shape
+        out = torch.empty_like(x)  # o_proj maps back to the hidden size
+        for s in range(0, n, self.batch):
+            h = x[s:s + self.batch]
+            S = h.shape[0]
+            out[s:s + S] = attn(h.reshape(S * T, d), self.cos[: S * T], self.sin[: S * T], self.kv,
+                                self._meta(S)).view(S, T, d)
         return out
 
 
