@@ -131,7 +131,8 @@ def run(args) -> int:
           f"scored) on 'docs' ({len(texts['docs'])} tokens: the held-out half of Python's documentation topics, "
           f"the calibration's kind of text) and 'corpus' ({len(texts['corpus'])} tokens: tests/data/corpus, prose "
           f"in seven languages, code, emoji); decode: {args.new_tokens} tokens after a 32-token prompt, median of "
-          f"{args.runs}, Ember's kernels; calibration {args.samples} x {args.seq_len} tokens", flush=True)
+          f"{args.runs}, Ember's kernels; calibration {args.samples} x {args.seq_len} tokens of the standard "
+          f"library's text interleaved with the model's own replies", flush=True)
     rows = [("reference (the GGUF)", src, 0.0)]
     for name in args.variants.split(","):
         for g in (int(x) for x in args.groups.split(",")):
