@@ -56,11 +56,15 @@ def _abs_mean(x: torch.Tensor) -> torch.Tensor:
     return (acc / x.shape[0]).float()
 
 
-def _output_error(d: torch.Tensor, x: torch.Tensor, gram: torch.Tensor | None) -> float:
-    """||x d^T||^2 for d [N, K]: from the Gram matrix when given, else chunk by chunk."""
+def _row_errors(d: torch.Tensor, x: torch.Tensor, gram: torch.Tensor | None) -> torch.Tensor:
+    """[N]: ||x d_n||^2 per row of d [N, K], from the Gram matrix when given, else chunk by chunk."""
     if gram is not None:
-        return ((d @ gram) * d).sum().item()
-    return sum(((x[t:t + CHUNK].float() @ d.T) ** 2).sum().item() for t in range(0, x.shape[0], CHUNK))
+        return ((d @ gram) * d).sum(-1)
+    return sum(((x[t:t + CHUNK].float() @ d.T) ** 2).sum(0) for t in range(0, x.shape[0], CHUNK))
+
+
+def _fake_quant(w: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
+    return rtn(w, bits, group_size, sym).dequantize()
 
 
 def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int, group_size: int, sym: bool = False,
@@ -77,7 +81,7 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int, group
         gram = _gram(x) if x.shape[0] > K else None
 
         def loss(effective: list[torch.Tensor]) -> float:
-            return sum(_output_error(w - e, x, gram) for w, e in zip(ws, effective))
+            return sum(_row_errors(w - e, x, gram).sum().item() for w, e in zip(ws, effective))
     if duo_scaling:
         wa = as_groups(torch.cat(ws).abs(), group_size)
         w_mean = (wa / (wa.amax(-1, keepdim=True) + 1e-6)).reshape(wa.shape[0], -1)[:, :K].mean(0)
@@ -87,7 +91,7 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int, group
         s = x_mean.pow(alpha) / (w_mean.pow(1 - alpha) + 1e-4) if duo_scaling else x_mean.pow(alpha)
         s = s.clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        err = loss([rtn(w * s, bits, group_size, sym).dequantize() / s for w in ws])
+        err = loss([_fake_quant(w * s, bits, group_size, sym) / s for w in ws])
         if err < best_err:
             best_err, best = err, s
     return best.float()
@@ -101,11 +105,16 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, bits: int, group_size: int, sy
     N, K = w.shape
     w3 = as_groups(w.float(), group_size)  # [N, ng, G]
     ng, G = w3.shape[1], w3.shape[2]
-    gram = torch.zeros(ng, G, G, dtype=torch.float64, device=x.device)  # the Gram's diagonal blocks
-    for t in range(0, x.shape[0], CHUNK):
-        xc = torch.nn.functional.pad(x[t:t + CHUNK].float(), (0, ng * G - K)).reshape(-1, ng, G).transpose(0, 1)
-        gram += (xc.transpose(1, 2) @ xc).double()
-    gram = gram.float()
+    P = ng * G - K  # the short last group's padding
+    full = _gram(x) if x.shape[0] > K else None  # also the row check's, below
+    if full is not None:  # the groups' blocks on its diagonal: [ng, G, G]
+        gram = torch.nn.functional.pad(full, (0, P, 0, P)).view(ng, G, ng, G).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    else:
+        gram = torch.zeros(ng, G, G, dtype=torch.float64, device=x.device)
+        for t in range(0, x.shape[0], CHUNK):
+            xc = torch.nn.functional.pad(x[t:t + CHUNK].float(), (0, P)).reshape(-1, ng, G).transpose(0, 1)
+            gram += (xc.transpose(1, 2) @ xc).double()
+        gram = gram.float()
 
     def group_error(c: torch.Tensor) -> torch.Tensor:  # [N, ng]: the groups' output errors with clip c
         scale, zero = group_params(c, bits, sym)
@@ -126,21 +135,10 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, bits: int, group_size: int, sy
     # errors add up along the row instead of cancelling. A row keeps its clip only where the
     # whole row's error on x, d G d^T with G = x^T x, is lower than without it.
     w = w.float()
-    full = _gram(x) if x.shape[0] > K else None
     keep = _row_errors(w - _fake_quant(clipped, bits, group_size, sym), x, full) < \
         _row_errors(w - _fake_quant(w, bits, group_size, sym), x, full)
     return torch.where(keep[:, None], clipped, w)
 
-
-def _fake_quant(w: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
-    return rtn(w, bits, group_size, sym).dequantize()
-
-
-def _row_errors(d: torch.Tensor, x: torch.Tensor, gram: torch.Tensor | None) -> torch.Tensor:
-    """[N]: ||x d_n||^2 per row of d [N, K]."""
-    if gram is not None:
-        return ((d @ gram) * d).sum(-1)
-    return sum(((x[t:t + CHUNK].float() @ d.T) ** 2).sum(0) for t in range(0, x.shape[0], CHUNK))
 
 
 def awq_quantize(w_scaled: torch.Tensor, bits: int, group_size: int, sym: bool = False) -> IntWeight:

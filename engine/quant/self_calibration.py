@@ -38,8 +38,7 @@ REQUESTS = (
 )
 
 
-def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, seed: int = 0,
-                        num_threads: int | None = None) -> str:
+def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, seed: int = 0) -> str:
     """num_replies chat turns (prompt and reply) the model at `model` writes itself, joined by
     blank lines. Runs Ember's torch engine on the CPU, all replies batched."""
     from engine.config import EngineConfig
@@ -49,7 +48,7 @@ def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, se
     if num_replies < 1:
         return ""
     engine = LLMEngine(EngineConfig(model_path=str(model), max_num_seqs=num_replies, enable_prefix_caching=False,
-                                    max_model_len=512 + max_tokens, num_threads=num_threads))
+                                    max_model_len=512 + max_tokens))
     try:
         prompts = [engine.chat_template.render([{"role": "user", "content": REQUESTS[i % len(REQUESTS)]}],
                                                add_generation_prompt=True) for i in range(num_replies)]
