@@ -45,6 +45,9 @@ def register(bench_sub) -> None:
     p.add_argument("--warmup", type=int, default=3, help="rounds left out of the growth figure (caches filling)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--num-kv-blocks", type=int, default=None, help="default: the engine's own pool sizing")
+    p.add_argument("--speculative", default=None, help="the server's --speculative (draft:PATH, ngram; default: off)")
+    p.add_argument("--ab-pairs", type=int, default=4,
+                   help="then paired rounds against a fresh server of the same settings (soak_ab.py; 0: none)")
     p.add_argument("--tracemalloc", action="store_true",
                    help="run the server under tracemalloc (slow) and print its top allocation sites")
     p.add_argument("--max-growth-mb", type=float, default=5.0, help="goal: RSS growth per 1,000 requests")
@@ -160,10 +163,11 @@ def soak(args, log_path: Path) -> dict:
         os.environ["PYTHONTRACEMALLOC"] = "1"
     model = args.model or str(default_model_path())
     extra = to_argv({"max_num_seqs": max(args.clients, 16), "threads": args.threads,
-                     "num_kv_blocks": args.num_kv_blocks})
-    proc = EngineProcess(["--model", model, "--backend", args.backend, *extra],
-                         api_key=secrets.token_urlsafe(16), log_path=log_path)
+                     "num_kv_blocks": args.num_kv_blocks, "speculative": args.speculative})
+    argv = ["--model", model, "--backend", args.backend, *extra]
+    proc = EngineProcess(argv, api_key=secrets.token_urlsafe(16), log_path=log_path)
     rounds: list[dict] = []
+    ab = None
     with proc.start(timeout=600), httpx.Client() as http:
         server = psutil.Process(proc.pid)
         base, headers = proc.base_url, proc.headers
@@ -191,11 +195,17 @@ def soak(args, log_path: Path) -> dict:
                 Path(args.json_out).write_text(json.dumps({"backend": args.backend, "rounds": rounds}, default=str))
             for e in res["error_samples"]:
                 print(f"        error: {e}", file=sys.stderr, flush=True)
+        if args.ab_pairs:
+            from app.bench.soak_ab import compare_with_fresh
+
+            print(f"  the soaked server against a fresh one ({args.warmup} warm-up rounds, "
+                  f"{args.ab_pairs} pairs in ABBA order):", flush=True)
+            ab = compare_with_fresh(argv, http, (base, headers), args, args.rounds, log_path)
         if args.tracemalloc and rounds[-1].get("heap", {}).get("tracemalloc"):
             print("  what grew most since the first round (tracemalloc):\n    "
                   + "\n    ".join(rounds[-1]["heap"]["tracemalloc"]["growth"]))
     return {"backend": args.backend, "model": Path(model).name, "rounds": rounds,
-            "summary": summarize(rounds, args.warmup)}
+            "summary": summarize(rounds, args.warmup), "ab": ab}
 
 
 def report(res: dict, args) -> bool:
@@ -216,6 +226,12 @@ def report(res: dict, args) -> bool:
           f"median of last {s['median_window']} / first {s['median_window']} {s['tok_s_tail_vs_head']:.3f}; server CPU "
           f"per token, first {s['median_window']} / last {s['median_window']} rounds {s['cpu_per_token_first_vs_last']:.3f}; "
           f"KV blocks in use at the end {s['kv_used_end']}; idle heap trims {s['trims']}; live at the end {live}")
+    if res["ab"]:
+        ab = res["ab"]
+        print(f"soaked / fresh server tok/s over {len(ab['pairs'])} paired rounds: median {ab['ratio_median']:.3f} "
+              f"(range {ab['ratio_min']:.3f}-{ab['ratio_max']:.3f})")
+        ok["soaked server's tok/s within 3% of a fresh one's (median of paired rounds)"] = \
+            abs(ab["ratio_median"] - 1) <= 0.03
     for goal, met in ok.items():
         print(f"  [{'ok' if met else 'MISSED'}] {goal}")
     return all(v for k, v in ok.items() if "tok/s" not in k and "CPU" not in k)  # speed: reported, noisy
@@ -228,7 +244,8 @@ def run(args) -> int:
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-soak-{args.backend}-{int(time.time())}-{os.getpid()}.log"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"ember bench soak: --backend {args.backend}, {args.rounds} rounds × {args.clients} clients × "
-          f"{args.per_client} requests, up to {args.max_tokens} tokens, prompt scale {args.prompt_scale:g}; MALLOC_ARENA_MAX="
+          f"{args.per_client} requests, up to {args.max_tokens} tokens, prompt scale {args.prompt_scale:g}, "
+          f"speculative {args.speculative or 'off'}; MALLOC_ARENA_MAX="
           f"{os.environ.get('MALLOC_ARENA_MAX', 'unset')}, EMBER_MALLOC_TRIM_IDLE_S={os.environ.get('EMBER_MALLOC_TRIM_IDLE_S', 'unset (0.5)')}; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs; engine log {log_path}", flush=True)
     try:
