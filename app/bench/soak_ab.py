@@ -4,9 +4,11 @@ One round's tok/s on these shared VMs swings 10-20% with the machine (the server
 token swings with it: clock and neighbours, not Ember), so the soak's first round against its
 last cannot show a 3% drift. This asks the question directly. A fresh server with the same
 settings starts beside the soaked one and runs the soak's warm-up rounds (its caches fill as the
-soaked one's did); then both run the same rounds in ABBA order (soaked, fresh; fresh, soaked;
-...), so the machine's slow swings hit both alike and each pair's ratio cancels them. Reported:
-the median and the range of the pairs' soaked / fresh tok/s.
+soaked one's did) and the soaked one runs one unscored round (it sat idle meanwhile: in two runs
+the first pair after that idle read 0.91-0.93, the others 0.99-1.06); then both run the same
+rounds in ABBA order (soaked, fresh; fresh, soaked; ...), so the machine's slow swings hit both
+alike and each pair's ratio cancels them. Reported: the median and the range of the pairs'
+soaked / fresh tok/s.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ def compare_with_fresh(argv: list[str], http, soaked: tuple[str, dict], args, fi
         _settle(http, *fresh)
         for i in range(args.warmup):
             _round_on(http, fresh, i, args)
+        _round_on(http, soaked, first_index, args)  # unscored: it sat idle through the fresh one's warm-up
         pairs = []
         for p in range(args.ab_pairs):
-            index = first_index + p
+            index = first_index + 1 + p
             if p % 2 == 0:
                 a, b = _round_on(http, soaked, index, args), _round_on(http, fresh, index, args)
             else:
