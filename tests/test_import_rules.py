@@ -4,7 +4,8 @@ and by importing the GUI's modules in a fresh interpreter.
 - engine imports nothing from app or ui, and no Qt;
 - ui imports no torch or llama_cpp, and of engine only its torch-free model-file facts
   (SHARED_ENGINE: the GGUF header, manifest, bundled model, footprint and fit rule);
-- app imports Qt only in app/gui_main.py, and ui only from there;
+- app imports Qt only in app/gui_main.py (and app/bench/soak_gui.py, the bench that drives the
+  real window in its own process), and ui only from gui_main;
 - the GUI's path (app/gui_main.py, ui/ and every project module they import, transitively)
   reaches no torch or llama_cpp, and no engine module but SHARED_ENGINE;
 - the engine core (sequence, block_manager, scheduler, llm_engine, runner) imports no torch.
@@ -25,6 +26,7 @@ PACKAGES = ("engine", "ui", "app")
 QT = {"PySide6", "PySide2", "PyQt5", "PyQt6", "qtpy", "shiboken6", "superqt"}
 HEAVY = {"torch", "llama_cpp"}
 GUI_ENTRY = "app.gui_main"
+GUI_BENCH = "app.bench.soak_gui"  # builds the app through GUI_ENTRY and drives it: Qt, but no ui import
 # The engine's modules the GUI's path may import: model-file facts, one definition for app, ui and engine.
 SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.model_files.meta",
                  "engine.model_files.manifest", "engine.model_files.bundled", "engine.model_files.fit",
@@ -95,7 +97,8 @@ def violations(root: Path) -> list[str]:
             found += [f"{mod} imports {n} (of engine, ui may use only {', '.join(SHARED_ENGINE)})"
                       for n in sorted(names) if top(n) == "engine" and not shared(n)]
         elif mod.startswith("app") and mod != GUI_ENTRY:
-            found += [f"{mod} imports {t} (only {GUI_ENTRY} may import Qt)" for t in sorted(tops & QT)]
+            found += [f"{mod} imports {t} (only {GUI_ENTRY} may import Qt)" for t in sorted(tops & QT)
+                      if mod != GUI_BENCH]
             found += [f"{mod} imports ui (only {GUI_ENTRY} may)" for _ in (tops & {"ui"})]
     # the GUI's path: everything reachable from app.gui_main and ui/ through project imports
     start = [m for m in graph if m == GUI_ENTRY or top(m) == "ui"]
