@@ -153,15 +153,29 @@ def test_a_quantized_directory_is_not_a_source(src, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def popen_taking_ctrl_c(args, **kwargs) -> subprocess.Popen:
+    """A child that gets SIGINT as a terminal's foreground process does. Where this process was
+    started with SIGINT ignored (a background job of a non-interactive shell), exec would pass
+    SIG_IGN on and Python would never raise KeyboardInterrupt; a handler is reset to SIG_DFL."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_factory, tmp_path):
     """SIGINT once the progress bar is past the first layer: exit 130, a clear message, no OUT,
     no partial folder. 24 layers of GPTQ take long enough that the signal lands mid-run."""
     src = tiny_model_factory(arch="llama", hidden=256, ffn=512, n_heads=4, n_kv_heads=2, n_layers=24)
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "quantize", str(src), str(out), "--method", "gptq",
-                             "--samples", "8", "--seq-len", "128", "--threads", "1"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = popen_taking_ctrl_c([sys.executable, "-m", "app.cli", "quantize", str(src), str(out), "--method", "gptq",
+                                "--samples", "8", "--seq-len", "128", "--threads", "1"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     err = bytearray()
     past_first = threading.Event()
 
