@@ -55,12 +55,6 @@ def register(bench_sub) -> None:
     p.set_defaults(func=run)
 
 
-def live_counts() -> dict[str, int]:
-    gc.collect()
-    counts = Counter(name for o in gc.get_objects() if (name := type(o).__name__) in WATCHED)
-    return {name: counts.get(name, 0) for name in WATCHED}
-
-
 def count_qobjects(window) -> int:
     """The QObjects under the window. Only after the warm-up and at the end: every findChildren()
     call wraps each child for Python, and wrappers of children Qt later deletes stay behind
@@ -140,6 +134,7 @@ def soak(args) -> dict:
     from app.settings import Settings
     from app.supervisor import SupervisorState
     from engine.server.allocator import malloc_stats, resident_bytes
+    from engine.server.heap import live_objects
 
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     qapp = QApplication.instance() or QApplication([sys.argv[0]])
@@ -170,7 +165,7 @@ def soak(args) -> dict:
                  "rss_delta": rss - (rounds[-1]["rss"] if rounds else rss0), "malloc": mal,
                  "py_blocks": sys.getallocatedblocks(),
                  "qobjects": count_qobjects(ember.window) if i in (args.warmup - 1, args.rounds - 1) else None,
-                 "live": live_counts(),
+                 "live": live_objects(WATCHED),
                  "chats_open": len(ember.window._views)}
             rounds.append(r)
             if args.tracemalloc and i == args.warmup - 1:

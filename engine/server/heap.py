@@ -15,6 +15,7 @@ import os
 import sys
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterable
 
 from engine.server.allocator import malloc_stats
 
@@ -29,12 +30,13 @@ def enabled() -> bool:
     return os.environ.get(ENV) == "1"
 
 
-def live_objects() -> dict[str, int]:
-    """Counts of the WATCHED classes among the objects the collector tracks (after a collection,
-    so that garbage waiting for a cycle collection is not counted)."""
+def live_objects(watched: Iterable[str] = WATCHED) -> dict[str, int]:
+    """Counts of the `watched` classes (by name) among the objects the collector tracks (after a
+    collection, so that garbage waiting for a cycle collection is not counted)."""
+    watched = frozenset(watched)
     gc.collect()
-    counts = Counter(name for o in gc.get_objects() if (name := type(o).__name__) in WATCHED)
-    return {name: counts.get(name, 0) for name in sorted(WATCHED)}
+    counts = Counter(name for o in gc.get_objects() if (name := type(o).__name__) in watched)
+    return {name: counts.get(name, 0) for name in sorted(watched)}
 
 
 def heap_report(trimmer=None) -> dict:
