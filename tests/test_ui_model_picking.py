@@ -3,6 +3,8 @@ picker at once (no restart) under one name, the picker is wide enough to read, a
 Load button loads the model into the engine."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 from PySide6.QtCore import Qt
 
@@ -51,3 +53,27 @@ def test_two_models_of_one_name_are_told_apart(qtbot, ember, tmp_path):
     ember.window.refresh_model_picker()
     labels = [t for d, t in picker_items(ember.window.settings_panel).items() if d and d.startswith("same-")]
     assert sorted(labels) == ["Same Name (same-1)", "Same Name (same-2)"]
+
+
+def test_a_refresh_asked_while_one_is_in_flight_is_not_lost(qtbot, ember, tmp_path, monkeypatch):
+    """The engine's answer in flight can predate an import; the refresh the import asks for must
+    then follow it, not be dropped (a race CI once hit in the test above)."""
+    qtbot.waitUntil(lambda: bool(ember.controller.models), timeout=30_000)
+    client = ember.controller.client()
+    answered, release = threading.Event(), threading.Event()
+    real_models = type(client).models
+
+    def stale_then_blocked(self):
+        models = real_models(self)  # the answer is taken now, before the import
+        if not answered.is_set():
+            answered.set()
+            release.wait(30)
+        return models
+
+    monkeypatch.setattr(type(client), "models", stale_then_blocked)
+    ember.controller.refresh_models()
+    assert answered.wait(30)
+    ember.store.import_path(write_tiny_gguf(tmp_path / "late.gguf", name="Late", seed=7), model_id="late-model")
+    ember.controller.refresh_models()  # while the stale answer is still in flight
+    release.set()
+    qtbot.waitUntil(lambda: "late-model" in ember.controller.models, timeout=30_000)

@@ -48,6 +48,7 @@ class EngineController(QObject):
         self._client_key: tuple | None = None
         self._poll_worker: FunctionWorker | None = None
         self._models_worker: FunctionWorker | None = None
+        self._models_again = False  # a refresh was asked for while one was in flight
         self._action_worker: FunctionWorker | None = None
         self._closed = False  # close() ran: late worker results are dropped
         self._state: str = REMOTE if self.is_remote else SupervisorState.STOPPED
@@ -181,12 +182,23 @@ class EngineController(QObject):
         self._poll_worker.start()
 
     def refresh_models(self) -> None:
+        """Ask the engine for its models. While an answer is in flight it may predate what made
+        this call (a model imported a moment ago), so one more request follows it."""
         client = self.client()
-        if client is None or (self._models_worker is not None and not self._models_worker.is_finished):
+        if client is None:
             return
+        if self._models_worker is not None and not self._models_worker.is_finished:
+            self._models_again = True
+            return
+        self._models_again = False
         self._models_worker = FunctionWorker(client.models)
         self._models_worker.returned.connect(self._on_models)
+        self._models_worker.finished.connect(self._on_models_finished)
         self._models_worker.start()
+
+    def _on_models_finished(self) -> None:
+        if self._models_again and not self._closed:
+            self.refresh_models()
 
     # ---- slots ----
     def _run_action(self, func, *args) -> None:
