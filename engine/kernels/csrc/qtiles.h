@@ -107,6 +107,7 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
       if constexpr (U) {
         lo = _mm512_loadu_si512(qw + b * 512 + g * 64), hi = _mm512_loadu_si512(qw + b * 512 + 256 + g * 64);
       } else {
+        prefetch_ahead(qw + b * 256 + g * 64);
         const __m512i v = _mm512_loadu_si512(qw + b * 256 + g * 64);
         lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
@@ -152,8 +153,12 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       const int64_t j = g * (G / 4) + t;
       __m512i w0, w1, u0, u1;
       if constexpr (B6) {
+        const int64_t line = (j & 7) / 2, blk = (j >> 3) * 384;  // a block's 6 lines over its 4 pairs
+        prefetch_ahead(qw + blk + line * 64);
+        if (line < 2) prefetch_ahead(qw + blk + (4 + line) * 64);
         u0 = w6_512((const uint8_t*)qw, j), u1 = w6_512((const uint8_t*)qw, j + 1);
       } else {
+        if constexpr (!U) prefetch_ahead(qw + j * 64), prefetch_ahead(qw + (j + 1) * 64);
         w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
         u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
       }

@@ -46,6 +46,7 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
           lo = _mm256_loadu_si256((const __m256i*)(qw + b * 512 + g * 64 + h * 32));
           hi = _mm256_loadu_si256((const __m256i*)(qw + b * 512 + 256 + g * 64 + h * 32));
         } else {
+          if (h == 0) prefetch_ahead(qw + b * 256 + g * 64);  // half 1 finds the tile in cache
           const __m256i v = _mm256_loadu_si256((const __m256i*)(qw + b * 256 + g * 64 + h * 32));
           lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         }
@@ -97,6 +98,11 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int t = 0; t < G / 4; t += (W6 ? 2 : 1)) {
         const int64_t j = g * (G / 4) + t;
+        if constexpr (W6 == 1) {
+          const int64_t line = (j & 7) / 2, blk = (j >> 3) * 384;  // as in w8_512
+          if (h == 0) prefetch_ahead(qw + blk + line * 64);
+          if (h == 0 && line < 2) prefetch_ahead(qw + blk + (4 + line) * 64);
+        }
         if constexpr (W6 != 0) {
           const __m256i u0 = unsigned_codes<W6>(qw, j, h), u1 = unsigned_codes<W6>(qw, j + 1, h);
           for (int r = 0; r < R; ++r) {
@@ -109,6 +115,7 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
             }
           }
         } else {
+          if (h == 0) prefetch_ahead(qw + j * 64);
           const __m256i w = _mm256_loadu_si256((const __m256i*)(qw + j * 64 + h * 32));
           const __m256i u = _mm256_abs_epi8(w);
           for (int r = 0; r < R; ++r)
