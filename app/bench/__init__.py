@@ -1,13 +1,13 @@
 """`ember bench …`: speed and memory, measured side by side with llama.cpp in one run."""
 from __future__ import annotations
 
-BENCHES = ("decode", "kv", "throughput", "server", "turns", "footprint", "grammar", "soak", "soak_gui", "spec", "quant")
+BENCHES = ("decode", "kv", "throughput", "server", "turns", "footprint", "grammar", "soak", "soak_gui", "spec", "quant", "gemm")
 
 
 def register(sub) -> None:
     from app.cli import register_commands
 
-    p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server, turns, footprint, grammar, soak, soak-gui, spec, quant")
+    p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server, turns, footprint, grammar, soak, soak-gui, spec, quant, gemm")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     register_commands(bench_sub, [f"app.bench.{name}" for name in BENCHES])
 

@@ -1,0 +1,105 @@
+"""`ember bench gemm`: the quantized matrices of a real model, one step's worth, against a plain read.
+
+Decoding one token reads every weight once, so the bound is the machine's memory rate. This bench
+runs Ember's `qlinear` on `--rows` rows over the model's own packed matrices (each kind over all
+layers in turn, so no matrix is in cache when it runs) and, alternated with it in the same run,
+a `sum()` over as many bytes: the ratio says how much of the bus the kernels use, which the
+decode figures of `ember bench decode` cannot tell apart from attention and glue.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KindTiming:
+    kind: str  # qkv, o, gate_up, down, head
+    count: int  # matrices of this kind
+    bits: int
+    nbytes: int  # packed codes and scales read per pass
+    seconds: float  # median time of one pass over all of them
+
+
+def packed_bytes(lin) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (lin.qw, lin.scales, lin.mins, lin.scales_super, lin.mins_super) if t is not None)
+
+
+def matrices(model) -> dict[str, list]:
+    """The model's QuantLinears by kind, in layer order (the LM head when it is quantized)."""
+    from engine.layers.quant_linear import QuantLinear
+
+    kinds: dict[str, list] = {"qkv": [], "o": [], "gate_up": [], "down": []}
+    for layer in model.layers:
+        for kind, lin in zip(kinds, (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                     layer.mlp.gate_up_proj, layer.mlp.down_proj)):
+            kinds[kind].append(lin)
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        kinds["head"] = [head]
+    return {k: v for k, v in kinds.items() if v and all(isinstance(lin, QuantLinear) for lin in v)}
+
+
+def time_kinds(kinds: dict[str, list], rows: int, repeats: int) -> tuple[list[KindTiming], float]:
+    """Per kind the median pass time, and the median time of a sum() over all their bytes,
+    the two alternated so that both see the machine in the same state."""
+    import torch
+
+    xs = {k: torch.randn(rows, v[0].in_features) for k, v in kinds.items()}
+    total = sum(packed_bytes(lin) for v in kinds.values() for lin in v)
+    plain = torch.rand(total // 4)
+    passes: dict[str, list[float]] = {k: [] for k in kinds}
+    reads = []
+    for _ in range(repeats):
+        for kind, lins in kinds.items():
+            t0 = time.perf_counter()
+            for lin in lins:
+                lin(xs[kind])
+            passes[kind].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        plain.sum()
+        reads.append(time.perf_counter() - t0)
+    timings = [KindTiming(k, len(v), v[0].bits, sum(packed_bytes(lin) for lin in v), statistics.median(passes[k]))
+               for k, v in kinds.items()]
+    return timings, statistics.median(reads)
+
+
+def run(args) -> int:
+    import torch
+
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+    from engine.kernels import default_path
+    from engine.model_files.bundled import default_model_path
+
+    path = args.model or str(default_model_path())
+    torch.set_num_threads(args.threads)
+    engine, _ = load_engine(EngineConfig(model_path=path, num_threads=args.threads, weights="auto"),
+                            "torch", "cpu")
+    kinds = matrices(engine.runner.model)
+    if not kinds:
+        print("no quantized matrices: Ember's CPU kernels are not built (run `make install`)")
+        return 1
+    print(f"model {path}\nthreads {args.threads}, {args.rows} row(s), {default_path().name} path, "
+          f"median of {args.repeats}")
+    print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}")
+    for t in (timings := time_kinds(kinds, args.rows, args.repeats))[0]:
+        print(f"{t.kind:<10}{t.count:>6}{t.bits:>6}{t.nbytes / 2**20:>9.1f}{t.seconds * 1e3:>9.2f}"
+              f"{t.nbytes / t.seconds / 1e9:>8.1f}")
+    total_b, total_s = sum(t.nbytes for t in timings[0]), sum(t.seconds for t in timings[0])
+    read = timings[1]
+    print(f"{'all':<10}{'':>12}{total_b / 2**20:>9.1f}{total_s * 1e3:>9.2f}{total_b / total_s / 1e9:>8.1f}")
+    print(f"{'sum()':<22}{total_b / 2**20:>9.1f}{read * 1e3:>9.2f}{total_b / read / 1e9:>8.1f}")
+    print(f"kernels / plain read: {total_s / read:.2f}x the time")
+    return 0
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("gemm", help="the model's quantized matrices at N rows vs a plain read of their bytes")
+    p.add_argument("--model", "-m", help="GGUF file (default: the bundled model)")
+    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--rows", type=int, default=1, help="activation rows (1 = a decode step)")
+    p.add_argument("--repeats", type=int, default=9)
+    p.set_defaults(func=run)
