@@ -21,6 +21,15 @@ namespace ember {
 constexpr int64_t PREFETCH = 8192;
 static inline void prefetch_ahead(const void* p) { _mm_prefetch((const char*)p + PREFETCH, _MM_HINT_T0); }
 
+// prefetch_ahead for the pair of k-groups j, j + 1 (j even) of a 6-bit tile: a block's 6 lines
+// spread over its 4 pairs.
+static inline void prefetch_w6_pair(const void* qw, int64_t j) {
+  const int64_t line = (j & 7) / 2;
+  const char* blk = (const char*)qw + (j >> 3) * 384;
+  prefetch_ahead(blk + line * 64);
+  if (line < 2) prefetch_ahead(blk + (4 + line) * 64);
+}
+
 // Code w of byte i of k-group c (0..7) of a 6-bit block: the scalar twin of w6_512.
 static inline int w6_code(const uint8_t* blk, int c, int64_t i) {
   const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];

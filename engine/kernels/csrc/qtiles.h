@@ -153,9 +153,7 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       const int64_t j = g * (G / 4) + t;
       __m512i w0, w1, u0, u1;
       if constexpr (B6) {
-        const int64_t line = (j & 7) / 2, blk = (j >> 3) * 384;  // a block's 6 lines over its 4 pairs
-        prefetch_ahead(qw + blk + line * 64);
-        if (line < 2) prefetch_ahead(qw + blk + (4 + line) * 64);
+        prefetch_w6_pair(qw, j);
         u0 = w6_512((const uint8_t*)qw, j), u1 = w6_512((const uint8_t*)qw, j + 1);
       } else {
         if constexpr (!U) prefetch_ahead(qw + j * 64), prefetch_ahead(qw + (j + 1) * 64);

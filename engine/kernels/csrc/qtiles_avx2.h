@@ -98,11 +98,7 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int t = 0; t < G / 4; t += (W6 ? 2 : 1)) {
         const int64_t j = g * (G / 4) + t;
-        if constexpr (W6 == 1) {
-          const int64_t line = (j & 7) / 2, blk = (j >> 3) * 384;  // as in w8_512
-          if (h == 0) prefetch_ahead(qw + blk + line * 64);
-          if (h == 0 && line < 2) prefetch_ahead(qw + blk + (4 + line) * 64);
-        }
+        if (W6 == 1 && h == 0) prefetch_w6_pair(qw, j);
         if constexpr (W6 != 0) {
           const __m256i u0 = unsigned_codes<W6>(qw, j, h), u1 = unsigned_codes<W6>(qw, j + 1, h);
           for (int r = 0; r < R; ++r) {
