@@ -23,8 +23,8 @@ class KindTiming:
 
 
 def packed_bytes(lin) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in (lin.qw, lin.scales, lin.mins, lin.scales_super, lin.mins_super) if t is not None)
+    """What one call reads of the layer: its tiles, scales, mins (and bias)."""
+    return sum(t.numel() * t.element_size() for t in lin.parameters())
 
 
 def matrices(model) -> dict[str, list]:
@@ -76,8 +76,7 @@ def run(args) -> int:
 
     path = args.model or str(default_model_path())
     torch.set_num_threads(args.threads)
-    engine, _ = load_engine(EngineConfig(model_path=path, num_threads=args.threads, weights="auto"),
-                            "torch", "cpu")
+    engine, _ = load_engine(EngineConfig(model_path=path, num_threads=args.threads), "torch", "cpu")
     kinds = matrices(engine.runner.model)
     if not kinds:
         print("no quantized matrices: Ember's CPU kernels are not built (run `make install`)")
@@ -85,11 +84,11 @@ def run(args) -> int:
     print(f"model {path}\nthreads {args.threads}, {args.rows} row(s), {default_path().name} path, "
           f"median of {args.repeats}")
     print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}")
-    for t in (timings := time_kinds(kinds, args.rows, args.repeats))[0]:
+    timings, read = time_kinds(kinds, args.rows, args.repeats)
+    for t in timings:
         print(f"{t.kind:<10}{t.count:>6}{t.bits:>6}{t.nbytes / 2**20:>9.1f}{t.seconds * 1e3:>9.2f}"
               f"{t.nbytes / t.seconds / 1e9:>8.1f}")
-    total_b, total_s = sum(t.nbytes for t in timings[0]), sum(t.seconds for t in timings[0])
-    read = timings[1]
+    total_b, total_s = sum(t.nbytes for t in timings), sum(t.seconds for t in timings)
     print(f"{'all':<10}{'':>12}{total_b / 2**20:>9.1f}{total_s * 1e3:>9.2f}{total_b / total_s / 1e9:>8.1f}")
     print(f"{'sum()':<22}{total_b / 2**20:>9.1f}{read * 1e3:>9.2f}{total_b / read / 1e9:>8.1f}")
     print(f"kernels / plain read: {total_s / read:.2f}x the time")
