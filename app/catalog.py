@@ -5,7 +5,6 @@ passed in (the `hub_base_url` setting), so a mirror or a test server can stand i
 """
 from __future__ import annotations
 
-import importlib.resources
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -14,6 +13,7 @@ from urllib.parse import quote, urlsplit
 
 from engine.model_files.fit import FORMATS
 from engine.model_files.manifest import validate_model_id
+from resources import resource_path
 
 DEFAULT_HUB = "https://huggingface.co"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -165,10 +165,7 @@ class Catalog:
     @classmethod
     def load(cls, path: Path | None = None, hub_base_url: str = DEFAULT_HUB) -> "Catalog":
         base = check_hub_url(hub_base_url)
-        if path is None:
-            text = importlib.resources.files("resources").joinpath("catalog.json").read_text("utf-8")
-        else:
-            text = Path(path).read_text("utf-8")
+        text = Path(path or resource_path("catalog.json")).read_text("utf-8")
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:

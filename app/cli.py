@@ -6,6 +6,7 @@ import importlib
 import logging
 import sys
 
+from app.frozen import ENGINE_CHILD_COMMAND
 from app.version import ember_version
 
 # module -> registers one or more subcommands; imported lazily so `ember --help` stays fast
@@ -42,6 +43,10 @@ def register_commands(sub, module_names) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [ENGINE_CHILD_COMMAND]:  # a frozen bundle's engine process (app.frozen), not for users
+        from app.engine_child import main as engine_child_main
+
+        return engine_child_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_terminal_logging(args.verbose)

@@ -41,6 +41,11 @@ def _run(args) -> int:
     from app.settings import Settings
     from engine.server.cli import serve
 
+    # a server's console is its log: --log-level (info by default) reaches Ember's own loggers too,
+    # so the backend decision and the kernels' path show as they do in the desktop app's engine log
+    for handler in logging.getLogger().handlers:
+        if handler.get_name() == "ember-terminal" and handler.level > logging.DEBUG:  # not under -v
+            handler.setLevel(args.log_level.upper())
     settings = Settings.load()
     if args.api_key is None and args.api_key_file is None:
         log.info("API key: the one in %s (clients send 'Authorization: Bearer <key>')", settings.path)

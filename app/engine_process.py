@@ -2,10 +2,11 @@
 
 Every parent that runs an engine goes through here: the supervisor (which adds its restart policy
 and states), `ember bench server` and the tests. The child is `python -m engine serve` run through
-app/engine_child.py, so that it ends when this process dies. It listens on `--port` (0: a free
-one) and writes its port to `--ready-file`, which is how the parent learns it. The API key travels
-in the child's environment (EMBER_API_KEY), never on its command line where `ps` would show it.
-Its stdout and stderr go to a log file; errors quote the tail this child wrote.
+app/engine_child.py, so that it ends when this process dies (app.frozen says how in a bundle). It
+listens on `--port` (0: a free one) and writes its port to `--ready-file`, which is how the parent
+learns it. The API key travels in the child's environment (EMBER_API_KEY), never on its command
+line where `ps` would show it. Its stdout and stderr go to a log file; errors quote the tail this
+child wrote.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from app import frozen
 from app.client import EngineClient, EngineClientError
 from app.settings import Settings
 from app.speculative_setting import engine_speculative
@@ -79,7 +81,7 @@ class EngineProcess:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "app.engine_child", "--parent-pid", str(os.getpid()), "serve", *self.args,
+        return [*frozen.engine_child_command(), "--parent-pid", str(os.getpid()), "serve", *self.args,
                 "--port", str(self.requested_port), "--ready-file", str(self.ready_file)]
 
     @property

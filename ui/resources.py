@@ -1,23 +1,13 @@
 """Plain-file resources (icons, stylesheet) found through one helper, with no rcc step (napari)."""
 from __future__ import annotations
 
-import sys
-from importlib import resources as _resources
-from pathlib import Path
-
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon, QPalette
 from PySide6.QtWidgets import QApplication, QToolTip
 
 from app.supervisor import SupervisorState
+from resources import resource_path
 from ui.engine_controller import REMOTE
-
-
-def resource_path(name: str) -> Path:
-    """Absolute path of `resources/<name>`; inside a PyInstaller bundle, next to the executable."""
-    if getattr(sys, "frozen", False) and hasattr(sys, "_MEIPASS"):
-        return Path(sys._MEIPASS) / "resources" / name
-    return Path(str(_resources.files("resources").joinpath(name)))
 
 
 def icon(name: str) -> QIcon:

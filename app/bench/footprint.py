@@ -163,10 +163,11 @@ def bench_gui(args) -> dict:
     import psutil
 
     from app.bench.server import stop_process
+    from app.frozen import ember_command
 
     home = tempfile.mkdtemp(prefix="ember-footprint-gui-")
     env = dict(os.environ, EMBER_HOME=home, QT_QPA_PLATFORM="offscreen", EMBER_SERVER_PORT="0")
-    gui = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdin=subprocess.DEVNULL,
+    gui = subprocess.Popen(ember_command(), env=env, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t0, pids = time.perf_counter(), [gui.pid]
