@@ -19,7 +19,7 @@ WHEELHOUSE ?= $(HOME)/.cache/ember/wheels/$(subst ==,-,$(LLAMA_CPP))-noamx-$(CPU
 KERNELS := $(VENV)/lib/ember_kernels/ember_kernels.so
 KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernel_library.py engine/kernels/build.py
 
-.PHONY: install run test bench clean llama-server
+.PHONY: install run test bench clean llama-server package
 
 # llama.cpp's own llama-server, built from the same llama-cpp-python sources with the same CPU
 # flags as the wheel above: the baseline for `ember bench server` and `ember bench footprint`.
@@ -57,6 +57,12 @@ run: install
 test: install
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
 
+# The desktop bundle (packaging/): dist/ember/, a one-folder PyInstaller build with the kernels and
+# the bundled model inside; `dist/ember/install.sh` adds it to the user's menu. ARCHIVE=1: a tarball too.
+package: install
+	$(PY) -m pip install -q -e '.[package]'
+	$(PY) packaging/build.py $(if $(ARCHIVE),--archive)
+
 bench: install
 	$(VENV)/bin/ember bench decode
 
@@ -80,4 +86,4 @@ $(LLAMA_SERVER):
 	nice -n 19 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j2
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
