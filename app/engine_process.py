@@ -107,9 +107,10 @@ class EngineProcess:
             env["EMBER_API_KEY"] = self.api_key
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # The engine shares the cores with the GUI (or the tests): OpenMP threads that spin while they
-        # wait starve it (a decode step measured 1.5 s spinning, 0.27 s passive on a busy 2-core box).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # OpenMP keeps its own wait policy (spin briefly, then sleep). OMP_WAIT_POLICY=PASSIVE, which
+        # this set once, puts every parallel region of a decode step behind a futex wake-up: the desktop
+        # app's engine decoded the bundled model at 50 tok/s instead of 120 (ember serve: 55 vs 170-190),
+        # with the same idle CPU. The tests, whose engines share 2 cores with pytest, set it themselves.
         cmd = self.command
         with self._open_log() as logf:
             logf.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
