@@ -14,7 +14,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from engine.model_files.bundled import DEFAULT_MODEL_ID, default_model_path
+from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.model_files.manifest import (MANIFEST, ModelManifest, fsync_dir, is_model_id, read_manifest,
                                          slugify, validate_model_id, write_json_atomic, write_manifest)
 from engine.model_files.meta import ModelFileError, ModelMeta, read_meta
@@ -164,7 +164,7 @@ class ModelStore:
                 return current
             if current is None and (self.root / _DEFAULT_REMOVED).exists():
                 return None
-            return self.register(path, model_id=DEFAULT_MODEL_ID, source="bundled")
+            return self.register(path, model_id=DEFAULT_MODEL_ID, source="bundled", name=DEFAULT_MODEL_NAME)
 
     # --- removing / checking ---------------------------------------------------------------
     def delete(self, model_id: str) -> None:
