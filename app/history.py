@@ -199,7 +199,11 @@ class ChatStore:
 
     def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
                        tok_s: float | None = None, ttft: float | None = None) -> None:
-        """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status)."""
+        """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
+
+        The chat keeps its place in the list: a reply that streams or finishes does not move it
+        (only a new message does), or the list would reorder under the user's pointer while
+        several chats stream."""
         if status is not None:
             _check(status=status)
         sets, args = [], []
@@ -213,7 +217,6 @@ class ChatStore:
                 raise HistoryError(f"no message with id {message_id}")
             if sets:
                 db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id=?", (*args, message_id))
-                db.execute("UPDATE chats SET updated_at=? WHERE id=?", (time.time(), row[0]))
 
     def delete_message(self, message_id: int) -> None:
         """Regenerate drops the last reply before asking again."""

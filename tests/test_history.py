@@ -52,6 +52,22 @@ def test_chat_life_cycle(store):
     assert [m.id for m in store.messages(a)] == [u]
 
 
+def test_a_new_message_moves_its_chat_up_a_streaming_reply_does_not(store):
+    """The list must not reorder under the pointer while replies stream into several chats."""
+    a, b = store.create_chat("a"), store.create_chat("b")
+    store.add_message(a, "user", "hello")
+    ra = store.add_message(a, "assistant", "", status="streaming")
+    store.add_message(b, "user", "hi")
+    rb = store.add_message(b, "assistant", "", status="streaming")
+    assert [c.id for c in store.list_chats()] == [b, a]
+    store.update_message(ra, content="Hello there")
+    store.update_message(ra, content="Hello there!", status="done")
+    assert [c.id for c in store.list_chats()] == [b, a]  # a's reply finishing leaves it where it was
+    store.update_message(rb, content="Hi!", status="done")
+    store.add_message(a, "user", "again")
+    assert [c.id for c in store.list_chats()] == [a, b]  # a new message does move it
+
+
 def test_delete_cascades_to_messages(store):
     a = store.create_chat("x")
     for i in range(5):
