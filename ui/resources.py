@@ -1,4 +1,4 @@
-"""Plain-file resources (icons, stylesheet) found through one helper, with no rcc step (napari)."""
+"""The GUI's icons, stylesheet and palettes, from the plain-file resources (resources.resource_path; no rcc step, as napari)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
