@@ -1,4 +1,5 @@
-"""The GUI's icons, stylesheet and palettes, from the plain-file resources (resources.resource_path; no rcc step, as napari)."""
+"""The GUI's icons, stylesheet and palettes, from the plain-file resources that
+resources.resource_path finds (no rcc step, as napari)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
