@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from app.client import EngineClient
 from app.gui_main import build_app
 from ui.chat_view import ChatView
+from ui.engine_controller import IDLE_POLL_FACTOR
 from ui.transcript import TranscriptView
 from server_util import long_max_tokens
 from ui_support import GapMeter, allowed_gap_ms, make_settings, record_client_threads, own_engine, replies_ignore_eos, shared_engine, tiny_gguf, ui_settings  # noqa: F401
@@ -230,3 +231,17 @@ def test_remote_openai_compatible_connection(qtbot, tmp_path, shared_engine):  #
     finally:
         app.controller.close()
         app.chat_store.close()
+
+
+def test_an_idle_engine_is_polled_less_often_until_a_chat_sends(ember, qtbot):
+    """Issue 20's idle CPU: nothing to show, fewer status requests; a message wakes the poll."""
+    controller = ember.controller
+    qtbot.waitUntil(lambda: controller.poll_interval_ms == 200 * IDLE_POLL_FACTOR, timeout=30_000)
+    polled_at = controller.last_status.get("polled_at")
+    view = new_chat(ember)
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000):
+        view.send("Tell me a story about a fox.")
+        assert controller.poll_interval_ms == 200  # at once, before the engine has the request
+    assert controller.last_status.get("polled_at") != polled_at  # polled again meanwhile
+    assert controller.poll_interval_ms == 200  # its decode rate is still fresh
+    qtbot.waitUntil(lambda: controller.poll_interval_ms == 200 * IDLE_POLL_FACTOR, timeout=30_000)

@@ -173,6 +173,7 @@ class MainWindow(QMainWindow):
 
     def _on_reply_started(self, chat_id: int) -> None:
         self.chat_list.set_streaming(chat_id, True)
+        self.engine.wake()  # the status bar follows the reply from its start
 
     def _on_reply_finished(self, chat_id: int, _status: str) -> None:
         self.chat_list.set_streaming(chat_id, False)
