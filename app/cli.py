@@ -9,6 +9,8 @@ import sys
 from app.frozen import ENGINE_CHILD_COMMAND
 from app.version import ember_version
 
+TERMINAL_HANDLER = "ember-terminal"  # the log handler that writes to the terminal
+
 # module -> registers one or more subcommands; imported lazily so `ember --help` stays fast
 COMMAND_MODULES = (
     "app.cli_chat",  # chat, generate
@@ -61,10 +63,10 @@ def setup_terminal_logging(verbose: bool) -> None:
     httpx logs every request at INFO (the GUI polls the engine each second): only with -v.
     """
     root = logging.getLogger()
-    for old in [h for h in root.handlers if h.get_name() == "ember-terminal"]:  # `ember` falling back to chat
+    for old in [h for h in root.handlers if h.get_name() == TERMINAL_HANDLER]:  # `ember` falling back to chat
         root.removeHandler(old)
     handler = logging.StreamHandler()
-    handler.set_name("ember-terminal")
+    handler.set_name(TERMINAL_HANDLER)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
     root.addHandler(handler)

@@ -38,13 +38,14 @@ def serve_args(args: argparse.Namespace, settings) -> argparse.Namespace:
 
 
 def _run(args) -> int:
+    from app.cli import TERMINAL_HANDLER
     from app.settings import Settings
     from engine.server.cli import serve
 
     # a server's console is its log: --log-level (info by default) reaches Ember's own loggers too,
     # so the backend decision and the kernels' path show as they do in the desktop app's engine log
     for handler in logging.getLogger().handlers:
-        if handler.get_name() == "ember-terminal" and handler.level > logging.DEBUG:  # not under -v
+        if handler.get_name() == TERMINAL_HANDLER and handler.level > logging.DEBUG:  # not under -v
             handler.setLevel(args.log_level.upper())
     settings = Settings.load()
     if args.api_key is None and args.api_key_file is None:

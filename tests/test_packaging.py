@@ -19,7 +19,6 @@ from app.frozen import ember_command, engine_child_command
 from resources import resource_path
 
 PACKAGING = Path(__file__).resolve().parents[1] / "packaging"
-APP_ID = "io.github.ember.Ember"
 
 
 def load_build_script():
@@ -27,6 +26,9 @@ def load_build_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+APP_ID = load_build_script().APP_ID
 
 
 def desktop_entry() -> configparser.SectionProxy:
