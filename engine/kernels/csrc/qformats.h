@@ -46,15 +46,19 @@ __attribute__((target("avx512f,avx512bw"))) static inline __m512i w6_512(const u
   return _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
 }
 
-// The same for half h (columns 8h .. 8h + 7) of k-group j.
-__attribute__((target("avx2"))) static inline __m256i w6_256(const uint8_t* qw, int64_t j, int h) {
-  const uint8_t* blk = qw + (j >> 3) * 384 + h * 32;
-  const int c = (int)(j & 7);
-  const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + (c & 3) * 64)), nib = _mm256_set1_epi8(0x0F);
-  const __m256i lo = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), nib);
-  const __m256i hb = _mm256_loadu_si256((const __m256i*)(blk + 256 + (c >> 2) * 64));
-  const __m256i hi = _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * (c & 3)));
-  return _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hi, _mm256_set1_epi8(0x03)), 4));
+// The same for half h (columns 8h .. 8h + 7) of k-group C of the block at blk, C known at
+// compile time: the nibble's half and the high bits' shift are immediates.
+template <int C>
+__attribute__((target("avx2"))) static inline __m256i w6_codes_256(const uint8_t* blk, int h) {
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + (C & 3) * 64 + h * 32));
+  const __m256i lo = _mm256_and_si256(C < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+  const __m256i hb = _mm256_loadu_si256((const __m256i*)(blk + 256 + (C >> 2) * 64 + h * 32));
+  // bits 2i, 2i + 1 of hb (i = C % 4) to bits 4, 5; what 16-bit shifts carry across bytes is masked off
+  constexpr int i = C & 3;
+  __m256i hi = hb;
+  if constexpr (i < 2) hi = _mm256_slli_epi16(hb, 4 - 2 * i);
+  else if constexpr (i == 3) hi = _mm256_srli_epi16(hb, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
 }
 
 // ---- prepared tiles, for calls with many rows (qlinear.cpp) ----

@@ -59,9 +59,9 @@ static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
     return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U, B6);
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
-  constexpr int W6 = B6 ? 1 : U ? 2 : 0;  // a prepared 8-bit tile on these paths is a 6-bit one
-  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : W8(w8_256, true, W6);
-  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : W8(w8_256, false, W6);
+  // a prepared 8-bit tile on these paths is a 6-bit one (U)
+  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : B6 ? W8(w6_256, true) : W8(w8_256, true, U);
+  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : B6 ? W8(w6_256, false) : W8(w8_256, false, U);
 #undef W8
 #undef AS
 }
