@@ -22,6 +22,15 @@ T256 static inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
+// dot + u0 . x0 + u1 . x1 per int32 lane for unsigned codes u <= 63 (6-bit): the maddubs pairs
+// stay below 2^15 (|pairs| <= 2 * 2 * 63 * 127 = 32004), so two k-groups share one int16 sum.
+template <bool VNNI>
+T256 static inline __m256i dot_pair(__m256i dot, __m256i u0, __m256i x0, __m256i u1, __m256i x1) {
+  if constexpr (VNNI) return dot4<true>(dot4<true>(dot, u0, x0), u1, x1);
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
+  return _mm256_add_epi32(dot, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
 T256 static inline void store8(float* y, __m256 v, const float* bias, int ncols) {
   alignas(32) float tmp[8];
   _mm256_store_ps(tmp, v);
@@ -90,8 +99,7 @@ T256 static void w4_256(const uint8_t* qw, const S* dw, const S* mw, const Acts&
 
 // Signed 8-bit weights: |w| goes in unsigned and the activation takes w's sign (vpsignb).
 // PREP: a prepared 6-bit tile (prepare_w6), codes u = w + 32 as bytes in the plain layout: u
-// goes in unsigned as it is and 32 * sum(q) comes out; with u <= 63 two k-groups' maddubs pairs
-// stay below 2^15, so they are summed in int16 and widened once.
+// goes in unsigned as it is (dot_pair) and 32 * sum(q) comes out.
 template <int R, int G, bool MIN, bool VNNI, bool PREP, typename S>
 T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void*) {
@@ -110,12 +118,7 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
           const __m256i u1 = _mm256_loadu_si256((const __m256i*)(qw + (j + 1) * 64 + h * 32));
           for (int r = 0; r < R; ++r) {
             const __m256i x0 = _mm256_set1_epi32(c.codes4(j, r)), x1 = _mm256_set1_epi32(c.codes4(j + 1, r));
-            if constexpr (VNNI) {
-              dot[r] = dot4<true>(dot4<true>(dot[r], u0, x0), u1, x1);
-            } else {  // |pairs| <= 2 * 2 * 63 * 127 = 32004
-              const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
-              dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-            }
+            dot[r] = dot_pair<VNNI>(dot[r], u0, x0, u1, x1);
           }
         } else {
           if (h == 0) prefetch_ahead(qw + j * 64);
@@ -143,22 +146,15 @@ T256 static void w8_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
 
 // ---- 6-bit tiles (qformats.h), read as they are stored ---------------------------------------
 
-// The pair of k-groups C, C + 1 of block b into the sums of rows and halves h0 .. h0 + H - 1:
-// u = w + 32 in unsigned, |pairs| <= 2 * 2 * 63 * 127 = 32004, so two k-groups share an int16 sum.
+// The pair of k-groups C, C + 1 of block b into the sums of rows and halves h0 .. h0 + H - 1
+// (u = w + 32 in unsigned: dot_pair).
 template <int C, int R, int H, bool VNNI>
 T256 static inline void w6_pair(const uint8_t* blk, int64_t b, int h0, const Chunk<R>& c, __m256i (&dot)[R][H]) {
   __m256i u0[H], u1[H];
   for (int i = 0; i < H; ++i) u0[i] = w6_codes_256<C>(blk, h0 + i), u1[i] = w6_codes_256<C + 1>(blk, h0 + i);
   for (int r = 0; r < R; ++r) {
     const __m256i x0 = _mm256_set1_epi32(c.codes4(8 * b + C, r)), x1 = _mm256_set1_epi32(c.codes4(8 * b + C + 1, r));
-    for (int i = 0; i < H; ++i) {
-      if constexpr (VNNI) {
-        dot[r][i] = dot4<true>(dot4<true>(dot[r][i], u0[i], x0), u1[i], x1);
-      } else {
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(u0[i], x0), _mm256_maddubs_epi16(u1[i], x1));
-        dot[r][i] = _mm256_add_epi32(dot[r][i], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-      }
-    }
+    for (int i = 0; i < H; ++i) dot[r][i] = dot_pair<VNNI>(dot[r][i], u0[i], x0, u1[i], x1);
   }
 }
 
