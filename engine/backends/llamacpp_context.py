@@ -86,6 +86,14 @@ class ResizableContext:
         if padded:
             self.bury(self.pad)
 
+    def reset(self) -> None:
+        """No sequence holds a cell: empty the context (the grave too) and start again at cell 0,
+        so a chat that comes next lies where it would in a fresh context (the same logits as
+        llama.cpp alone: without flash attention the sums over cells still depend on where they
+        start)."""
+        self._ll.llama_memory_clear(self.mem, False)
+        self.head = 0
+
     def make_room(self, num_new: int, needed: int, slots: list[int]) -> bool:
         """Room for num_new cells at the head, re-creating the context (larger if `needed`, the
         cells the `slots` hold plus num_new, asks for it) when the head is near the end; False
