@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint layout (default: awq for --method awq, else gptq)")
     p.add_argument("--samples", type=int, default=32, help="calibration samples")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per calibration sample")
-    p.add_argument("--damp", type=float, default=0.01, help="GPTQ's dampening, a fraction of the Hessian's mean "
-                                                            "diagonal (damp_percent)")
+    p.add_argument("--damp", type=float, default=None,
+                   help="GPTQ's dampening, a fraction of the Hessian's mean diagonal (damp_percent; "
+                        "default: QuantizeConfig.damp in engine/quant/pipeline.py)")
     p.add_argument("--awq-clip", action="store_true", help="AWQ: also search a clip ratio per group (AutoAWQ's "
                    "apply_clip; helped SmolLM2-135M, hurt Qwen2.5-Coder-0.5B on held-out text)")
     p.add_argument("--threads", "-t", type=int, default=None)
@@ -56,7 +57,8 @@ def config_from_args(args):
     return QuantizeConfig(method=method, bits=args.bits, group_size=args.group_size, sym=sym,
                           desc_act=args.desc_act, static_groups=args.static_groups, format=fmt, calibration=args.calibration,
                           self_calibration=args.self_calibration,
-                          num_samples=args.samples, seq_len=args.seq_len, damp=args.damp, awq_clip=args.awq_clip)
+                          num_samples=args.samples, seq_len=args.seq_len, awq_clip=args.awq_clip,
+                          **({} if args.damp is None else {"damp": args.damp}))
 
 
 def cmd_quantize(args) -> int:

@@ -40,7 +40,7 @@ def checkpoint(src: Path, work: Path, cfg) -> tuple[Path, float]:
     out = work / key
     stamp = out / "ember-bench.json"
     want = {"src": str(src), "size": src.stat().st_size, "samples": cfg.num_samples, "seq_len": cfg.seq_len,
-            "calibration": "stdlib+self" if cfg.self_calibration else "stdlib"}
+            "calibration": "stdlib+self" if cfg.self_calibration else "stdlib", "damp": cfg.damp}
     if stamp.is_file() and json.loads(stamp.read_text()).get("want") == want:
         return out, json.loads(stamp.read_text())["seconds"]
     if out.exists():
