@@ -165,10 +165,10 @@ class LlamaCppRunner:
         self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
         while self._slots.idle_cells > self.idle_cells_max:  # the idle budget; the rest goes back
             self._clear(self._slots.evict_lru())
-        if not self._live and not self._slots.idle:
-            self._context.reset()
-        elif not self._live:
+        if not self._live:
             self._context.shrink(self._slots.idle_cells, list(self._slots.idle))
+            if not self._slots.idle:
+                self._context.reset()
 
     def match_prompt(self, seq) -> int:
         """How many leading tokens of seq some slot already holds (0 if too few to bother)."""
