@@ -21,29 +21,26 @@ namespace ember {
 constexpr int64_t PREFETCH = 8192;
 static inline void prefetch_ahead(const void* p) { _mm_prefetch((const char*)p + PREFETCH, _MM_HINT_T0); }
 
-// prefetch_ahead for the pair of k-groups j, j + 1 (j even) of a 6-bit tile: a block's 6 lines
-// spread over its 4 pairs.
-static inline void prefetch_w6_pair(const void* qw, int64_t j) {
-  const int64_t line = (j & 7) / 2;
-  const char* blk = (const char*)qw + (j >> 3) * 384;
-  prefetch_ahead(blk + line * 64);
-  if (line < 2) prefetch_ahead(blk + (4 + line) * 64);
-}
-
-// Code w of byte i of k-group c (0..7) of a 6-bit block: the scalar twin of w6_512.
+// Code w of byte i of k-group c (0..7) of a 6-bit block: the scalar twin of w6_codes_512.
 static inline int w6_code(const uint8_t* blk, int c, int64_t i) {
   const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];
   return (((c < 4 ? v : v >> 4) & 0x0F) | (((h >> (2 * (c & 3))) & 3) << 4)) - 32;
 }
 
-// u of k-group j (all 16 columns x 4 values), from the 6-bit tile.
-__attribute__((target("avx512f,avx512bw"))) static inline __m512i w6_512(const uint8_t* qw, int64_t j) {
-  const uint8_t* blk = qw + (j >> 3) * 384;
-  const int c = (int)(j & 7);
-  const __m512i v = _mm512_loadu_si512(blk + (c & 3) * 64), nib = _mm512_set1_epi8(0x0F);
-  const __m512i lo = _mm512_and_si512(c < 4 ? v : _mm512_srli_epi16(v, 4), nib);
-  const __m512i h = _mm512_srl_epi16(_mm512_loadu_si512(blk + 256 + (c >> 2) * 64), _mm_cvtsi32_si128(2 * (c & 3)));
-  return _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+// u of k-group C (all 16 columns x 4 values) of the 6-bit block at blk, C known at compile
+// time: the nibble's half and the high bits' shift are immediates (a shift by a register, and
+// two loads per k-group, made the 6-bit kernel compute-bound below the memory's rate).
+template <int C>
+__attribute__((target("avx512f,avx512bw"))) static inline __m512i w6_codes_512(const uint8_t* blk) {
+  const __m512i v = _mm512_loadu_si512(blk + (C & 3) * 64);
+  const __m512i lo = _mm512_and_si512(C < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+  const __m512i hb = _mm512_loadu_si512(blk + 256 + (C >> 2) * 64);
+  // bits 2i, 2i + 1 of hb (i = C % 4) to bits 4, 5; what 16-bit shifts carry across bytes is masked off
+  constexpr int i = C & 3;
+  __m512i hi = hb;
+  if constexpr (i < 2) hi = _mm512_slli_epi16(hb, 4 - 2 * i);
+  else if constexpr (i == 3) hi = _mm512_srli_epi16(hb, 2);
+  return _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
 }
 
 // The same for half h (columns 8h .. 8h + 7) of k-group C of the block at blk, C known at

@@ -56,7 +56,7 @@ static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
                                 : (has_min ? AS((K<R2, 32, true, ##__VA_ARGS__, S>)) : AS((K<R2, 32, false, ##__VA_ARGS__, S>))))
   if (path == AVX512VNNI) {
     constexpr int R2 = R;
-    return bits == 4 ? AS((w4_512<R, U, S>)) : W8(w8_512, U, B6);
+    return bits == 4 ? AS((w4_512<R, U, S>)) : B6 ? W8(w6_512) : W8(w8_512, U);
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
   // a prepared 8-bit tile on these paths is a 6-bit one (U)

@@ -132,13 +132,9 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
 // and 128 * sum(q) comes back out of the exact int32 sum. U (a prepared tile, many rows): the
 // activations go in as q + 128 instead, and the sums start from -128 * sum(w) of each group
 // and column (`wsum`, prepare_w8), which costs nothing per row: the same exact integers.
-// B6: the codes are stored in 6 bits (qformats.h) as w + 32, which goes in as it is and
-// 32 * sum(q) comes out.
-template <int R, int G, bool MIN, bool U, bool B6, typename S>
+template <int R, int G, bool MIN, bool U, typename S>
 T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void* wsum) {
-  static_assert(!(U && B6), "prepared tiles are 8-bit");
-  constexpr int32_t OFF = B6 ? 32 : 128;
   const int64_t NG = a.K / G;
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   __m512 acc[R];
@@ -151,15 +147,9 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
     for (int r = 0; r < R; ++r) dot[r] = init, odd[r] = _mm512_setzero_si512();
     for (int t = 0; t < G / 4; t += 2) {
       const int64_t j = g * (G / 4) + t;
-      __m512i w0, w1, u0, u1;
-      if constexpr (B6) {
-        prefetch_w6_pair(qw, j);
-        u0 = w6_512((const uint8_t*)qw, j), u1 = w6_512((const uint8_t*)qw, j + 1);
-      } else {
-        if constexpr (!U) prefetch_ahead(qw + j * 64), prefetch_ahead(qw + (j + 1) * 64);
-        w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
-        u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
-      }
+      if constexpr (!U) prefetch_ahead(qw + j * 64), prefetch_ahead(qw + (j + 1) * 64);
+      const __m512i w0 = _mm512_loadu_si512(qw + j * 64), w1 = _mm512_loadu_si512(qw + (j + 1) * 64);
+      const __m512i u0 = _mm512_xor_si512(w0, flip), u1 = _mm512_xor_si512(w1, flip);
       for (int r = 0; r < R; ++r) {
         __m512i& o = SPLIT ? odd[r] : dot[r];
         if constexpr (U) {  // unsigned activations, signed weights
@@ -178,12 +168,66 @@ T512 static void w8_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
       __m512i exact = dot[r];
       if constexpr (!U) {
         const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
-        exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(OFF * sum));
+        exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * sum));
       }
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(g * G / 32, r))),
                                acc[r]);
       if (MIN) acc[r] = _mm512_fmadd_ps(scale16(mw, g), _mm512_set1_ps(min_term<G>(c, r, g)), acc[r]);
     }
+  }
+  for (int r = 0; r < R; ++r) store16(y + (row0 + r) * ldy, acc[r], bias, ncols);
+}
+
+// ---- 6-bit tiles (qformats.h), read as they are stored ---------------------------------------
+
+// The pair of k-groups C, C + 1 of block b into the rows' sums: u = w + 32 (unsigned) against
+// the signed activation codes, as w8_512 takes w + 128.
+template <int C, int R>
+T512 static inline void w6_pair512(const uint8_t* blk, int64_t b, const Chunk<R>& c, __m512i (&dot)[R],
+                                   __m512i (&odd)[R]) {
+  constexpr bool SPLIT = R < 4;  // as in w4_512
+  const __m512i u0 = w6_codes_512<C>(blk), u1 = w6_codes_512<C + 1>(blk);
+  for (int r = 0; r < R; ++r) {
+    dot[r] = _mm512_dpbusd_epi32(dot[r], u0, _mm512_set1_epi32(c.codes4(8 * b + C, r)));
+    __m512i& o = SPLIT ? odd[r] : dot[r];
+    o = _mm512_dpbusd_epi32(o, u1, _mm512_set1_epi32(c.codes4(8 * b + C + 1, r)));
+  }
+}
+
+// Group g's sums into the accumulators (32 * sum(q) out of the unsigned codes' sums): the
+// same fma's in the same order as w8_512's and the AVX2 paths', so the same bits; the sums restart.
+template <int R, int G, bool MIN, typename S>
+T512 static inline void w6_group512(const S* dw, const S* mw, int64_t g, const Chunk<R>& c, __m512i (&dot)[R],
+                                    __m512i (&odd)[R], __m512 (&acc)[R]) {
+  const __m512 d = scale16(dw, g);
+  for (int r = 0; r < R; ++r) {
+    const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
+    const __m512i exact = _mm512_sub_epi32(R < 4 ? _mm512_add_epi32(dot[r], odd[r]) : dot[r], _mm512_set1_epi32(32 * sum));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(g * G / 32, r))), acc[r]);
+    if (MIN) acc[r] = _mm512_fmadd_ps(scale16(mw, g), _mm512_set1_ps(min_term<G>(c, r, g)), acc[r]);
+    dot[r] = odd[r] = _mm512_setzero_si512();
+  }
+}
+
+// 6-bit weights (Q6_K, G 16; the Q5 types, G 32), a 384-byte block at a time with the k-group
+// of every step known at compile time.
+template <int R, int G, bool MIN, typename S>
+T512 static void w6_512(const int8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
+                        float* y, int64_t ldy, const float* bias, int ncols, const void*) {
+  const int64_t KB = a.K / 32;
+  const Chunk<R> c(a, row0);
+  __m512 acc[R];
+  __m512i dot[R], odd[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), dot[r] = odd[r] = _mm512_setzero_si512();
+  for (int64_t b = 0; b < KB; ++b) {
+    const uint8_t* blk = (const uint8_t*)qw + b * 384;
+    for (int l = 0; l < 6; ++l) prefetch_ahead(blk + l * 64);
+    w6_pair512<0, R>(blk, b, c, dot, odd);
+    w6_pair512<2, R>(blk, b, c, dot, odd);
+    if constexpr (G == 16) w6_group512<R, G, MIN>(dw, mw, 2 * b, c, dot, odd, acc);
+    w6_pair512<4, R>(blk, b, c, dot, odd);
+    w6_pair512<6, R>(blk, b, c, dot, odd);
+    w6_group512<R, G, MIN>(dw, mw, G == 16 ? 2 * b + 1 : b, c, dot, odd, acc);
   }
   for (int r = 0; r < R; ++r) store16(y + (row0 + r) * ldy, acc[r], bias, ncols);
 }
