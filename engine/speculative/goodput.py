@@ -65,34 +65,25 @@ class StepCosts:
 
 
 class StepCostModel:
-    """T(n, A) ≈ a + b·n + c·A/1024 + e·[n > 1] + pace: least squares over the measured steps
-    (each older step's weight decays by `forget`), plus the recent steps' mean residual. [n > 1]
-    is the step from one row (the kernels' single-row path) to several. A small ridge keeps the
-    fit defined before the steps vary; until then drafts look cheap, so they are tried and their
-    cost measured.
-
-    The machine's pace moves under the fit (a VM's memory ran 30-60 GB/s within minutes here),
-    and while a sequence sits at k = 0 only one-row steps are measured. With a fast-forgetting
-    fit those moved a + b alone and left T(2) where the last verify steps had put it, so a slower
-    stretch that ended made a second row look 5 ms dearer than the 1-2 ms it costs on
-    Qwen2.5-1.5B, and the draft model stayed off. So the fit forgets slowly (the shape: what a row
-    and a key cost, fitted to the steps less the level they ran at) and `pace` (EWMA of the
-    residuals, weight `pace_weight`) follows the level.
+    """T(n, A) ≈ a + b·n + c·A/1024 + e·[n > 1]: least squares over the measured steps, recent
+    ones weighing most (each older step's weight decays by `forget`). [n > 1] is the step from one
+    row (the kernels' single-row path) to several. A small ridge keeps the fit defined before the
+    steps vary; until then drafts look cheap, so they are tried and their cost measured.
 
     Only steps of at most `max_tokens` tokens are fitted: the choice is between n and n + k for
-    decode-sized n, while a prompt chunk of hundreds of tokens is compute-bound, its cost a token
-    several times a draft row's. A step with a chunk is then predicted too cheap, which makes
-    its drafts look dearer than they are: the cautious side."""
+    decode-sized n, while a prompt chunk of hundreds of tokens is compute-bound and its cost is
+    not a line through the decodes'. Fitted together, the chunks set b and e: on Qwen2.5-1.5B
+    a step of several rows was priced 44 ms over one, or below it, depending on the chunks.
+    A step with a chunk is then predicted too cheap, which makes its drafts look dearer than
+    they are: the cautious side."""
 
     FEATURES = 4
 
-    def __init__(self, forget: float = 0.999, ridge: float = 1e-6, max_tokens: int = 64,
-                 pace_weight: float = 0.1) -> None:
-        self.forget, self.ridge, self.max_tokens, self.pace_weight = forget, ridge, max_tokens, pace_weight
+    def __init__(self, forget: float = 0.98, ridge: float = 1e-6, max_tokens: int = 64) -> None:
+        self.forget, self.ridge, self.max_tokens = forget, ridge, max_tokens
         self._xx = [[0.0] * self.FEATURES for _ in range(self.FEATURES)]
         self._xy = [0.0] * self.FEATURES
         self._coef: list[float] | None = None
-        self.pace = 0.0
         self.num_steps = 0
 
     @staticmethod
@@ -103,11 +94,8 @@ class StepCostModel:
         if not 1 <= n <= self.max_tokens or seconds <= 0:
             return
         x, f = self._x(n, attended), self.forget
-        if self.num_steps:  # the level first, so the fit sees the step at the usual pace
-            self.pace += self.pace_weight * (seconds - self._fit(x) - self.pace)
-        y = seconds - self.pace
         for i in range(self.FEATURES):
-            self._xy[i] = self._xy[i] * f + x[i] * y
+            self._xy[i] = self._xy[i] * f + x[i] * seconds
             for j in range(self.FEATURES):
                 self._xx[i][j] = self._xx[i][j] * f + x[i] * x[j]
         self._coef = None
@@ -123,13 +111,10 @@ class StepCostModel:
             self._coef = _solve(m)
         return self._coef
 
-    def _fit(self, x: list[float]) -> float:
-        return sum(c * v for c, v in zip(self.coef, x))
-
     def __call__(self, n: int, attended: int) -> float:
         if not self.num_steps:
             return 0.0
-        return max(self._fit(self._x(n, attended)) + self.pace, 0.0)
+        return max(sum(c * x for c, x in zip(self.coef, self._x(n, attended))), 0.0)
 
 
 def _solve(m: list[list[float]]) -> list[float]:
@@ -177,16 +162,6 @@ class Acceptance:
     def of(self, seq_id: int) -> float:
         a, t = self._seq.get(seq_id, (0.0, 0.0))
         return min((a + self.strength * self.rate) / (t + self.strength), 0.99)
-
-    def optimistic(self, seq_id: int) -> float:
-        """α plus one standard error (a + s·prior counts as t + s Bernoulli tries): for a drafter
-        whose acceptance is only measured when it drafts. With the plain estimate a few early
-        rejections left a draft model at k = 0, where nothing more is learned, at an acceptance
-        it then measured at 0.74 (Qwen2.5-Coder-0.5B for 1.5B, code); as tries accumulate the
-        margin shrinks, so a low rate still ends drafting."""
-        alpha = self.of(seq_id)
-        t = self._seq.get(seq_id, (0.0, 0.0))[1] + self.strength
-        return min(alpha + (alpha * (1 - alpha) / t) ** 0.5, 0.99)
 
     def release(self, seq_id: int) -> None:
         self._seq.pop(seq_id, None)

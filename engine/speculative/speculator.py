@@ -108,11 +108,10 @@ class Speculator:
             for s in running:
                 u, c = min(s.num_tokens - s.num_computed_tokens, 256), s.num_computed_tokens
                 base_n, base_keys = base_n + u, base_keys + u * c + u * (u + 1) // 2
-            rate = self.acceptance.of if self.drafter.shadow else self.acceptance.optimistic
-            ks = choose_ks([rate(s.seq_id) for s in seqs], avail, [s.num_tokens for s in seqs],
+            ks = choose_ks([self.acceptance.of(s.seq_id) for s in seqs], avail, [s.num_tokens for s in seqs],
                            lambda n, keys: self.costs(base_n + n, base_keys + keys), self.drafter.cost)
             if not self.drafter.shadow:
-                ks = [self._probe(s, k) for s, k in zip(seqs, ks)]
+                ks = [self._probe(s, k) if m > 0 else 0 for s, k, m in zip(seqs, ks, avail)]
         chosen = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         if self.drafter.shadow:  # the unused proposals: compared with the target's next token
             for s, k, m in zip(seqs, ks, avail):
