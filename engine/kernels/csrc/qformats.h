@@ -21,6 +21,11 @@ namespace ember {
 constexpr int64_t PREFETCH = 8192;
 static inline void prefetch_ahead(const void* p) { _mm_prefetch((const char*)p + PREFETCH, _MM_HINT_T0); }
 
+// prefetch_ahead for the 6 lines of the 6-bit block at blk (the 6-bit kernels walk a block at a time).
+static inline void prefetch_w6_block(const uint8_t* blk) {
+  for (int l = 0; l < 6; ++l) prefetch_ahead(blk + l * 64);
+}
+
 // Code w of byte i of k-group c (0..7) of a 6-bit block: the scalar twin of w6_codes_512.
 static inline int w6_code(const uint8_t* blk, int c, int64_t i) {
   const uint8_t v = blk[(c & 3) * 64 + i], h = blk[256 + (c >> 2) * 64 + i];

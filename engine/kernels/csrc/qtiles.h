@@ -221,7 +221,7 @@ T512 static void w6_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), dot[r] = odd[r] = _mm512_setzero_si512();
   for (int64_t b = 0; b < KB; ++b) {
     const uint8_t* blk = (const uint8_t*)qw + b * 384;
-    for (int l = 0; l < 6; ++l) prefetch_ahead(blk + l * 64);
+    prefetch_w6_block(blk);
     w6_pair512<0, R>(blk, b, c, dot, odd);
     w6_pair512<2, R>(blk, b, c, dot, odd);
     if constexpr (G == 16) w6_group512<R, G, MIN>(dw, mw, 2 * b, c, dot, odd, acc);

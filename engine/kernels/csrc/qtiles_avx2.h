@@ -192,7 +192,7 @@ T256 static void w6_256(const int8_t* qw, const S* dw, const S* mw, const Acts& 
     for (int64_t b = 0; b < KB; ++b) {
       const uint8_t* blk = (const uint8_t*)qw + b * 384;
       if (h0 == 0)  // a later half finds the block in cache
-        for (int l = 0; l < 6; ++l) prefetch_ahead(blk + l * 64);
+        prefetch_w6_block(blk);
       w6_pair<0, R, H, VNNI>(blk, b, h0, c, dot);
       w6_pair<2, R, H, VNNI>(blk, b, h0, c, dot);
       if constexpr (G == 16) w6_group<R, H, G, MIN>(dw, mw, 2 * b, h0, c, dot, acc);
