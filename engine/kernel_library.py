@@ -7,13 +7,15 @@ import os
 import sys
 from pathlib import Path
 
+from engine.kernel_paths import runnable_paths
+
 CSRC = Path(__file__).with_name("kernels") / "csrc"
 NAME = "ember_kernels"
 # The version of the ops' contract (tile formats, arguments) this Python code speaks; the
 # library's `abi()` (csrc/qlinear.cpp) and the stamp the build writes beside it say theirs. A
 # library built from older sources (a checkout updated without `make install`) would reject or
 # misread today's tiles: it counts as not installed.
-ABI = 2
+ABI = 3
 
 
 def library_dir() -> Path:
@@ -41,10 +43,9 @@ def abi_stamp() -> Path:
 
 
 def kernels_installed() -> bool:
-    """The library is built, from sources of this ABI, and this CPU can run one of its paths
-    (AVX2 at least)."""
+    """The library is built, from sources of this ABI, and this CPU can run one of its paths."""
     try:
         stamp = int(abi_stamp().read_text().strip())
     except (OSError, ValueError):
         return False
-    return "avx2" in cpu_flags() and library_path().is_file() and stamp == ABI
+    return bool(runnable_paths(cpu_flags())) and library_path().is_file() and stamp == ABI

@@ -193,9 +193,12 @@ def test_bad_arguments_are_errors():
     x = make_x(3, 576, 0)
     with pytest.raises(RuntimeError, match="not a multiple of 32"):
         OPS.qlinear(x[:, :48].contiguous(), p.qw, p.d, p.m, None, 40, 4, 32, 0)
-    for bad in (99, -1, max(PATHS) + 1):
-        with pytest.raises(RuntimeError, match="not available"):
+    for bad in (99, -1, 4):
+        with pytest.raises(RuntimeError, match="does not exist"):
             run(p, x, None, bad)
+    for lacking in set(CpuPath) - set(PATHS) - {CpuPath.NONE}:  # refused, naming what the CPU lacks
+        with pytest.raises(RuntimeError, match="lacks"):
+            run(p, x, None, lacking)
     with pytest.raises(RuntimeError, match="bytes"):
         OPS.qlinear(x, p.qw.flatten()[:-1], p.d, p.m, None, 40, 4, 32, 0)
     with pytest.raises(RuntimeError, match="bytes"):  # N of another tile count

@@ -7,23 +7,16 @@ not import torch.
 """
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import os
 
-from engine.kernel_library import ABI
+from engine.kernel_library import ABI, cpu_flags
+from engine.kernel_paths import CpuPath, choose_path, runnable_paths
+
+__all__ = ["CpuPath", "available_paths", "cpu_path", "default_path", "kernels"]
 
 log = logging.getLogger(__name__)
-
-
-class CpuPath(enum.IntEnum):
-    """The SIMD code path of a kernel call (the numbering is the C++ `ember::Path`)."""
-
-    NONE = 0
-    AVX2 = 1
-    AVX_VNNI = 2
-    AVX512_VNNI = 3
 
 
 @functools.cache
@@ -50,30 +43,29 @@ def kernels():
         return None
     best = CpuPath(torch.ops.ember.best_path())
     if best is CpuPath.NONE:
-        log.warning("this CPU has neither AVX2 nor VNNI: Ember's kernels are off, using torch's kernels")
+        log.warning("this CPU lacks %s: Ember's kernels are off, using torch's kernels",
+                    ", ".join(torch.ops.ember.missing_features(int(CpuPath.AVX2)).split()))
         return None
     log.info("Ember's CPU kernels: this CPU runs the %s path", best.name)
     return torch.ops.ember
 
 
+def available_paths() -> list[CpuPath]:
+    """Every path this CPU can run, fastest last (tests run each of them): those whose declared
+    features /proc/cpuinfo's flags all hold (engine/kernel_paths.py)."""
+    return runnable_paths(cpu_flags()) if kernels() is not None else []
+
+
 def cpu_path() -> CpuPath:
     """The fastest path this CPU runs (NONE without the kernels)."""
-    ops = kernels()
-    return CpuPath.NONE if ops is None else CpuPath(ops.best_path())
+    paths = available_paths()
+    return paths[-1] if paths else CpuPath.NONE
 
 
 def default_path() -> CpuPath:
-    """The path layers use: the fastest, or the slower one EMBER_CPU_PATH names (avx2, avx_vnni,
-    avx512_vnni), which is how a benchmark runs the AVX2 code on an AVX-512 machine."""
-    best = cpu_path()
-    name = os.environ.get("EMBER_CPU_PATH", "").strip().upper()
-    if not name or best is CpuPath.NONE:
-        return best
-    if name not in CpuPath.__members__:
-        raise ValueError(f"EMBER_CPU_PATH={name.lower()}: not one of avx2, avx_vnni, avx512_vnni")
-    return min(CpuPath[name], best)
-
-
-def available_paths() -> list[CpuPath]:
-    """Every path this CPU can run, fastest last (tests run each of them)."""
-    return [p for p in CpuPath if CpuPath.NONE < p <= cpu_path()]
+    """The path layers use: the fastest, or the one EMBER_CPU_PATH names (avx2, avx_vnni,
+    avx512_vnni), which is how a benchmark runs the AVX2 code on an AVX-512 machine; a path this
+    CPU cannot run is refused (ValueError naming the features it lacks), never run."""
+    if kernels() is None:
+        return CpuPath.NONE
+    return choose_path(os.environ.get("EMBER_CPU_PATH", ""), cpu_flags())

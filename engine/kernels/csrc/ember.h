@@ -2,11 +2,17 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 namespace ember {
 
-int64_t best_path();  // 0 none, 1 AVX2, 2 AVX-VNNI, 3 AVX-512 VNNI
+// The SIMD code paths (engine/kernel_paths.py's CpuPath) and the CPU features they need
+// (cpu_paths.cpp): a path runs only where the CPU has all of them.
+enum Path : int64_t { NONE = 0, AVX2 = 1, AVXVNNI = 2, AVX512VNNI = 3 };
+int64_t best_path();                          // the fastest path this CPU runs, NONE without AVX2
+std::string missing_features(int64_t path);  // what this CPU lacks for it ("" when it runs)
+void check_path(int64_t path);               // refuses a path this CPU cannot run, naming what it lacks
 
 // x [M, K] float32 -> int8 codes q [M, K], scales s and min factors sm [M, K/32], sums [M, K/16].
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* s, float* sm, int32_t* sum16);

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "attention_tile.h"
-#include "ember.h"  // best_path(): 1 AVX2, 2 AVX-VNNI (AVX2 for this kernel), 3 AVX-512
+#include "ember.h"  // paths: 1 AVX2, 2 AVX-VNNI (AVX2 for this kernel), 3 AVX-512
 
 namespace ember {
 
@@ -211,8 +211,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kLong && seq_lens.size(0) == S,
               "seq_lens must be int64 [S = ", S, "]");
   if (path == 0) path = best_path();
-  TORCH_CHECK(path >= 1 && path <= 3 && path <= best_path(), "code path ", path,
-              " is not available on this CPU (best: ", best_path(), ")");
+  check_path(path);
   const auto bt = block_tables.contiguous(), sl = seq_lens.contiguous();
   const int64_t MB = bt.size(1), *table = bt.data_ptr<int64_t>(), *lens = sl.data_ptr<int64_t>();
   int64_t total = 0;  // checked here, not in the threads: a bad id would read outside the pool

@@ -31,16 +31,6 @@
 
 namespace ember {
 
-enum Path : int64_t { NONE = 0, AVX2 = 1, AVXVNNI = 2, AVX512VNNI = 3 };
-
-int64_t best_path() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return AVX512VNNI;
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return NONE;
-  if (__builtin_cpu_supports("avxvnni")) return AVXVNNI;
-  return AVX2;
-}
-
 // ---- dispatch -----------------------------------------------------------------------------
 
 // (tile, scales, mins, activations, row0, y, ldy, bias, ncols, the prepared tile's extra data)
@@ -60,8 +50,9 @@ static TileFn tile_fn(int64_t path, int64_t bits, int64_t group, bool has_min) {
   }
   constexpr int R2 = R > 4 ? 4 : R;  // 16 ymm registers: at most 4 rows at a time
   // a prepared 8-bit tile on these paths is a 6-bit one (U)
-  if (path == AVXVNNI) return bits == 4 ? AS((w4_256<R2, true, U, S>)) : B6 ? W8(w6_256, true) : W8(w8_256, true, U);
-  return bits == 4 ? AS((w4_256<R2, false, U, S>)) : B6 ? W8(w6_256, false) : W8(w8_256, false, U);
+  if (path == AVXVNNI)
+    return bits == 4 ? AS((avxvnni::w4_256<R2, U, S>)) : B6 ? W8(avxvnni::w6_256) : W8(avxvnni::w8_256, U);
+  return bits == 4 ? AS((avx2::w4_256<R2, U, S>)) : B6 ? W8(avx2::w6_256) : W8(avx2::w8_256, U);
 #undef W8
 #undef AS
 }
@@ -110,7 +101,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
               "super-block scales must be float16 [N/16, K/256, 16], for the mins too");
   TORCH_CHECK(bits != 4 || has_min, "4-bit weights need mins");
   if (path == 0) path = best_path();
-  TORCH_CHECK(path >= AVX2 && path <= best_path(), "code path ", path, " is not available on this CPU");
+  check_path(path);
   auto y = at::empty({M, n}, x.options());
   if (M == 0) return y;
   // Rows in chunks of 8 (AVX-512; 4 on 16 registers), then 4, 2, 1: each its kernel, the same ops.
@@ -181,12 +172,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
 }  // namespace ember
 
 // The contract of these ops (tile formats, arguments), checked by engine/kernels/__init__.py's
-// ABI: 2 = 6-bit tiles, q8_0 KV rows.
-static int64_t abi() { return 2; }
+// ABI: 2 = 6-bit tiles, q8_0 KV rows; 3 = each path checked against its own CPU features.
+static int64_t abi() { return 3; }
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("abi() -> int", &abi);
-  lib.def("best_path() -> int", &ember::best_path);
   lib.def("qlinear(Tensor x, Tensor qw, Tensor d, Tensor? m, Tensor? bias, int n, int bits, int group, int path, "
           "Tensor? d_super=None, Tensor? m_super=None) -> Tensor");
   lib.impl("qlinear", c10::DispatchKey::CPU, &ember::qlinear);
