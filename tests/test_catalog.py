@@ -64,9 +64,12 @@ def test_suggested_drafts_are_smaller_models_of_the_same_vocabulary(catalog):
     assert len(drafts) >= 8
     for big, small in drafts:
         assert billions(small.parameters) < billions(big.parameters)
-        assert big.family.split("-")[0] == small.family.split("-")[0] and big.architecture == small.architecture
+        # the family's first word: Qwen2.5-Coder drafts with Qwen2.5, Llama 3.1 with Llama 3.2
+        assert big.family.split()[0].split("-")[0] == small.family.split()[0].split("-")[0]
+        assert big.architecture == small.architecture
+    no_small_sibling = {"Mistral", "Phi-4", "SmolLM3", "DeepSeek-R1", "gpt-oss"}  # none shares their vocabulary
     for e in catalog:  # every larger model with a same-vocabulary small sibling suggests one
-        if billions(e.parameters) >= 1.5 and e.family != "Mistral":
+        if billions(e.parameters) >= 1.5 and e.family not in no_small_sibling:
             assert e.suggested_draft, e.id
 
 

@@ -31,7 +31,8 @@ GUI_BENCH = "app.bench.soak_gui"  # builds the app through GUI_ENTRY and drives 
 SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.model_files.meta",
                  "engine.model_files.manifest", "engine.model_files.bundled", "engine.model_files.fit",
                  "engine.model_files.memory", "engine.model_files.tool_call_syntax", "engine.model_files.errors",
-                 "engine.model_files.quant_config", "engine.kernel_library", "engine.kernel_paths")
+                 "engine.model_files.quant_config", "engine.model_files.architectures",
+                 "engine.kernel_library", "engine.kernel_paths")
 
 
 def shared(name: str) -> bool:
