@@ -21,7 +21,8 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # group 128: 4 bits + an f16 scale and a 4-bit zero per 128 weights) — for size *estimates* only
 BITS_PER_WEIGHT = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "Q4_K_S": 4.58,
                    "Q4_K_M": 4.85, "Q5_K_M": 5.69, "Q6_K": 6.56, "F16": 16.0, "BF16": 16.0,
-                   "GPTQ-INT4-G128": 4.16, "AWQ-INT4-G128": 4.16}
+                   "GPTQ-INT4-G128": 4.16, "AWQ-INT4-G128": 4.16,
+                   "MXFP4": 4.6}  # gpt-oss: MXFP4 experts (4.25), attention and embeddings wider
 
 
 class CatalogError(ValueError):

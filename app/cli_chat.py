@@ -57,6 +57,7 @@ def resolve_model(model: str | None) -> str:
 def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
+    from engine.model_files.fit import UnsupportedArchitecture
     from engine.config import EngineConfig
 
     path = resolve_model(args.model)
@@ -65,6 +66,9 @@ def build_engine(args):
                           max_model_len=args.ctx)
     try:
         return load_engine(config, args.backend, args.device)[0]
+    except UnsupportedArchitecture as e:  # a file no runner runs: exit 2, as for a bad argument
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except BackendError as e:
         raise SystemExit(f"error: {e}") from None
 

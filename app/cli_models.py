@@ -265,13 +265,14 @@ def cmd_rm(args) -> int:
 
 def cmd_import(args) -> int:
     from app.store import ModelFileError
+    from engine.model_files.fit import UnsupportedArchitecture
 
     _, store = _setup(args)
     try:
         m = store.import_path(args.path, model_id=args.model_id, mode=args.mode)
     except (ModelFileError, FileExistsError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UnsupportedArchitecture) else 1
     print(f"imported {m.id} ({m.architecture}, {m.quantization}, {m.parameter_count:,} parameters) -> {m.path}")
     return 0
 

@@ -18,6 +18,7 @@ from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, def
 from engine.model_files.manifest import (MANIFEST, ModelManifest, fsync_dir, is_model_id, read_manifest,
                                          slugify, validate_model_id, write_json_atomic, write_manifest)
 from engine.model_files.meta import ModelFileError, ModelMeta, read_meta
+from engine.model_files.fit import check_runnable
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class ModelStore:
         """
         path = Path(path).resolve()
         meta = read_meta(path)
+        check_runnable(meta, path)
         digest = sha256 or sha256_path(path)
         with self._lock:
             manifest = ModelManifest.from_meta(validate_model_id(model_id), path, meta, sha256=digest,
@@ -122,6 +124,7 @@ class ModelStore:
             raise ValueError(f"mode must be one of {IMPORT_MODES}")
         src = Path(path).expanduser().resolve()
         meta = read_meta(src)  # validates before anything is copied
+        check_runnable(meta, src)
         digest = sha256_path(src)
         for m in self.list():
             if m.sha256 == digest and Path(m.path).exists():

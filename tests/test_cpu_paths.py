@@ -89,3 +89,16 @@ def test_the_library_declares_the_same_features_and_reads_this_cpu_as_proc_cpuin
     for bad in (0, 4, -1):
         with pytest.raises(RuntimeError, match="does not exist"):
             ops.path_features(bad)
+
+
+@pytest.mark.skipif(kernels() is None, reason="Ember's CPU kernels are not built")
+def test_the_engine_refuses_a_path_this_cpu_lacks_before_loading(monkeypatch):
+    """In words at the backend decision (the CLI's one `error:` line), not a traceback mid-load."""
+    from engine.backends import BackendError, decide
+    from engine.config import EngineConfig
+    from engine.model_files.bundled import default_model_path
+
+    monkeypatch.setattr(kernels_pkg, "cpu_flags", lambda: frozenset(CPUS["zen4"][0]))
+    monkeypatch.setenv("EMBER_CPU_PATH", "avx_vnni")
+    with pytest.raises(BackendError, match="this CPU lacks avx_vnni"):
+        decide(EngineConfig(model_path=str(default_model_path())), backend="torch", device="cpu")

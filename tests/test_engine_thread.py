@@ -62,13 +62,16 @@ def test_status_commands_and_close_on_drop():
         assert fut.result(10).spec.id == "b" and factory.engines[0].runner.closed
         assert isinstance(outputs(stale)[-1], EngineUnavailable)  # for a's engine: ask again
 
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(FileNotFoundError):  # a failed load: the model that served is loaded again
             t.load(ModelSpec("c", "missing")).result(10)
-        assert t.state is EngineState.ERROR and "loading c failed" in t.message
-        assert factory.engines[1].runner.closed and t.model is None
+        assert t.state is EngineState.READY and "loading c failed" in t.message and "b is loaded again" in t.message
+        assert factory.engines[1].runner.closed and t.model.spec.id == "b" and t.model.engine is factory.engines[2]
 
         t.unload().result(10)
         assert t.state is EngineState.UNLOADED and t.message == "no model loaded"
+        with pytest.raises(FileNotFoundError):  # with none before it, the failure is the state
+            t.load(ModelSpec("c", "missing")).result(10)
+        assert t.state is EngineState.ERROR and "loading c failed" in t.message and t.model is None
     finally:
         t.stop()
     assert not t._thread.is_alive()

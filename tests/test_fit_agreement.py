@@ -16,7 +16,7 @@ import engine.backends as backends
 from app.catalog import Catalog
 from app.fit import fit_advice, probe_host
 from engine.config import EngineConfig
-from engine.model_files.fit import GiB, BackendError, MachineInfo, ModelFootprint
+from engine.model_files.fit import GiB, BackendError, MachineInfo, footprint_of
 
 CATALOG = list(Catalog.load())
 CPU = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=4)
@@ -36,8 +36,7 @@ SYNTHETIC = {
 def engine_decision(machine: MachineInfo, entry, monkeypatch):
     """What the engine decides for this entry's file on `machine` (BackendError when it refuses)."""
     size = entry.size_bytes or entry.estimated_size_bytes
-    fp = ModelFootprint(entry.format, size, entry.num_layers, entry.num_kv_heads, entry.head_dim,
-                        entry.context_length)
+    fp = footprint_of(entry, size)
     monkeypatch.setattr(backends, "model_footprint", lambda path: fp)
     try:
         return backends.decide(EngineConfig(model_path=entry.id), machine=machine)

@@ -31,6 +31,12 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
     ctx = default_context(fp.context_length, config.max_model_len)
     decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
                               context_length=ctx, dtype=config.dtype)
+    if decision.backend == "torch" and decision.device == "cpu":
+        from engine.kernels import default_path
+        try:  # EMBER_CPU_PATH naming a path this CPU cannot run: refused here, in words
+            default_path()
+        except ValueError as e:
+            raise BackendError(str(e)) from None
     log.info("backend: %s on %s, %s — %s", decision.backend, decision.device, decision.dtype, decision.reason)
     return decision
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from engine.model_files.fit import BackendError, MachineInfo, ModelFootprint, footprint_of, probe_host
-from engine.model_files.meta import ModelFileError, read_quantized_dir_meta
+from engine.model_files.meta import ModelFileError, read_gguf_meta, read_quantized_dir_meta
 
 
 def probe_machine() -> MachineInfo:
@@ -37,16 +37,11 @@ def probe_machine() -> MachineInfo:
 
 
 def model_footprint(path: str | os.PathLike) -> ModelFootprint:
-    """Read a model's footprint from the file itself: a .gguf file (through the loader's own
-    checks, so a file it cannot load is refused here) or a GPTQ/AWQ/compressed-tensors directory
-    (its config and shards' headers)."""
+    """Read a model's footprint from the file itself: a .gguf file (its header, for every
+    architecture) or a GPTQ/AWQ/compressed-tensors directory (its config and shards' headers)."""
     p = Path(path)
     if p.is_file():
-        from engine.loaders.gguf_loader import config_from_file, kernels_cover, open_gguf
-        f = open_gguf(p)
-        cfg = config_from_file(f)
-        return ModelFootprint("gguf", p.stat().st_size, cfg.num_layers, cfg.num_kv_heads,
-                              cfg.head_dim, cfg.context_length, kernels_cover(f))
+        return _gguf_footprint(p)
     if not p.is_dir() or not (p / "config.json").is_file():
         raise BackendError(f"{p} is neither a GGUF file nor a model directory with config.json")
     try:
@@ -56,3 +51,23 @@ def model_footprint(path: str | os.PathLike) -> ModelFootprint:
     # the config was read (4 or 8 bits: the kernels' widths); a layout they lack is held dense at load
     return dataclasses.replace(footprint_of(meta, sum(f.stat().st_size for f in p.glob("*.safetensors"))),
                                kernels_cover=True)
+
+
+def _gguf_footprint(p: Path) -> ModelFootprint:
+    """The header's facts for any architecture; then Ember's own loader says whether its engine
+    runs the file (the Llama/Qwen2 family, RoPE kinds it knows), else llama.cpp is the runner."""
+    from engine.loaders.gguf_loader import GGUFError, config_from_file, kernels_cover, open_gguf
+
+    try:
+        fp = footprint_of(read_gguf_meta(p), p.stat().st_size)
+    except ModelFileError as e:
+        raise BackendError(str(e)) from None
+    if not fp.ember_engine:
+        return fp
+    f = open_gguf(p)
+    try:
+        cfg = config_from_file(f)
+    except GGUFError as e:
+        return dataclasses.replace(fp, ember_engine=False, ember_engine_why_not=str(e).removeprefix(f"{f.path}: "))
+    return dataclasses.replace(fp, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                               context_length=cfg.context_length, kernels_cover=kernels_cover(f))

@@ -35,6 +35,7 @@ from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_blocks
 from engine.layers.step_sampler import StepSampler
 from engine.model_files.fit import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
+from engine.model_files.meta import read_gguf_meta
 from engine.runner import RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 
@@ -82,8 +83,10 @@ class LlamaCppRunner:
         B = config.block_size
         n_layer, n_embd, n_head, n_head_kv = (int(f(self._model)) for f in (
             ll.llama_model_n_layer, ll.llama_model_n_embd, ll.llama_model_n_head, ll.llama_model_n_head_kv))
+        meta = read_gguf_meta(path)  # key and value head sizes as the header states them (Gemma 3: 256, not n_embd / n_head)
         itemsize = kv_itemsize("llama.cpp", config.dtype)  # f16, llama.cpp's KV type
-        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, n_embd // n_head, itemsize)
+        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, meta.head_dim or n_embd // n_head, itemsize,
+                                         meta.value_head_dim or 0)
         free = psutil.virtual_memory().available
         self.num_blocks = max(num_kv_blocks(config, block_bytes, free, self.max_model_len), 1)
         self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()) - 2)

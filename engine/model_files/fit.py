@@ -24,6 +24,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from engine.kernel_library import cpu_flags, kernels_installed
+from engine.model_files.architectures import EMBER_ARCHITECTURES, llama_cpp_runs
+from engine.model_files.errors import ModelFileError
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -47,6 +49,11 @@ class BackendError(RuntimeError):
     """The model cannot run with the requested backend/device here; the message says what would."""
 
 
+class UnsupportedArchitecture(BackendError, ModelFileError):
+    """No runner of Ember runs this model's architecture: refused at import and at load alike
+    (the CLI exits 2 on it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class MachineInfo:
     """What the machine has, in bytes; filled by a probe or by a test."""
@@ -65,9 +72,11 @@ class MachineInfo:
     ember_kernels: bool = False  # Ember's CPU kernels are built and this CPU runs them (AVX2+)
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: float = 2) -> int:
-    """K and V, every layer, only the KV heads: 2 · L · n_kv · hd · itemsize (2: f16, llama.cpp's KV)."""
-    return int(2 * num_layers * num_kv_heads * head_dim * itemsize)
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsize: float = 2,
+                       value_head_dim: int = 0) -> int:
+    """K and V, every layer, only the KV heads: L · n_kv · (hd_k + hd_v) · itemsize (2: f16,
+    llama.cpp's KV); hd_v = hd_k unless the model says otherwise."""
+    return int(num_layers * num_kv_heads * (head_dim + (value_head_dim or head_dim)) * itemsize)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +89,25 @@ class ModelFootprint:
     head_dim: int
     context_length: int  # the model's trained context
     kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (GPTQ/AWQ: 4 and 8 bits)
+    architecture: str = ""  # general.architecture / model_type ("": not known, not checked)
+    value_head_dim: int = 0  # 0: the keys' head_dim
+    # Windowed layers and their window, from the header. The KV estimate still counts them at
+    # full length: the llama.cpp runner keeps the full cache (swa_full), since its prompt cache
+    # and rollbacks need positions that fell out of the window.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    # Ember's own (torch) engine runs it: the Llama/Qwen2 family as its loader accepts them, and
+    # every GPTQ/AWQ checkpoint accepted (their reader refuses other model types)
+    ember_engine: bool = True
+    ember_engine_why_not: str = ""  # the loader's refusal, logged when auto picks llama.cpp for it
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes)
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes,
+                                  self.value_head_dim)
+
+    @property
+    def llama_cpp_runs(self) -> bool:
+        return self.format == "gguf" and (not self.architecture or llama_cpp_runs(self.architecture))
 
 
 def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
@@ -91,9 +116,27 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
     def get(name):
         return meta.get(name) if isinstance(meta, dict) else getattr(meta, name, None)
 
-    return ModelFootprint(get("format") or "gguf", int(weights_bytes), get("num_layers") or 0,
+    fmt, arch = get("format") or "gguf", get("architecture") or ""
+    return ModelFootprint(fmt, int(weights_bytes), get("num_layers") or 0,
                           get("num_kv_heads") or 0, get("head_dim") or 0,
-                          get("context_length") or MAX_DEFAULT_CONTEXT)
+                          get("context_length") or MAX_DEFAULT_CONTEXT,
+                          architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
+                          value_head_dim=get("value_head_dim") or 0,
+                          sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0)
+
+
+def check_runnable(meta, where: object) -> None:
+    """Refuse a model (a ModelMeta or manifest) that no runner of Ember runs, naming `where`."""
+    if why := unsupported_architecture(footprint_of(meta, 0)):
+        raise UnsupportedArchitecture(f"{where}: {why}")
+
+
+def unsupported_architecture(fp: ModelFootprint) -> str | None:
+    """One line naming the architecture and what Ember runs, when no runner runs it; else None."""
+    if fp.ember_engine or fp.llama_cpp_runs:
+        return None
+    return (f"unsupported architecture {fp.architecture!r}: Ember runs {', '.join(sorted(EMBER_ARCHITECTURES))} "
+            "on its own engine and the architectures its llama.cpp knows (qwen3, gemma3, phi3, gpt-oss, ...)")
 
 
 def default_context(model_context: int, requested: int | None = None) -> int:
@@ -200,12 +243,15 @@ def _ours(fp: ModelFootprint, device: str, m: MachineInfo) -> bool:
 
 def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo) -> str | None:
     """The backend to use for this format on this device, or None when none can."""
-    llama_ok = fp.format == "gguf" and m.llama_cpp_available and (device == "cpu" or m.llama_cpp_gpu_offload)
+    llama_ok = fp.llama_cpp_runs and m.llama_cpp_available and (device == "cpu" or m.llama_cpp_gpu_offload)
     if requested == "llama.cpp":
         return "llama.cpp" if llama_ok else None
     if requested == "torch":
-        return "torch"
-    # auto: Ember's kernels, else llama.cpp's on a CPU (and on Metal, when this build has it); torch elsewhere.
+        return "torch" if fp.ember_engine else None
+    # auto: Ember's kernels, else llama.cpp's on a CPU (and on Metal, when this build has it); torch
+    # elsewhere; an architecture only llama.cpp runs goes to llama.cpp wherever this build runs.
+    if not fp.ember_engine:
+        return "llama.cpp" if llama_ok else None
     if llama_ok and not _ours(fp, device, m) and (device == "cpu" or (device == "mps" and m.llama_cpp_gpu_offload)):
         return "llama.cpp"
     return "torch"
@@ -233,6 +279,16 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
                            " (use --backend torch or auto)")
     if backend == "llama.cpp" and not m.llama_cpp_available:
         raise BackendError("the llama.cpp backend needs llama-cpp-python, which is not installed")
+    if why := unsupported_architecture(fp):
+        raise UnsupportedArchitecture(why)
+    arch = fp.architecture
+    if backend == "torch" and not fp.ember_engine:
+        why = fp.ember_engine_why_not or f"it runs {', '.join(sorted(EMBER_ARCHITECTURES))}, not {arch}"
+        raise BackendError(f"Ember's own engine cannot run this model yet ({why}): use --backend llama.cpp or auto")
+    if backend == "llama.cpp" and not fp.llama_cpp_runs:
+        raise BackendError(f"this llama.cpp does not know the {arch} architecture: use --backend torch or auto")
+    if not fp.ember_engine and not m.llama_cpp_available:
+        raise BackendError(f"the {arch} architecture runs on llama.cpp, and llama-cpp-python is not installed")
     if device != "auto" and not _device_ok(m, device):
         raise BackendError(f"device {device!r} was requested but is not available on this machine")
 
@@ -241,13 +297,16 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
     for dev in candidates:
         be = _backend_for(fp, dev, backend, m)
         if be is None:
-            skipped.append(f"{dev}: llama.cpp in this build cannot run on {dev}")
+            only = f"the {fp.architecture} architecture runs on llama.cpp only, and " if not fp.ember_engine else ""
+            skipped.append(f"{dev}: {only}llama.cpp in this build cannot run on {dev}")
             continue
         avail = available_bytes(m, dev)
         dt, dt_why = choose_dtype(m, be, dev, dtype)
         need = estimate_bytes(fp, be, ctx, dt)
         if fits(fp, be, ctx, dt, avail):
             ours = " on Ember's kernels, every matrix kept quantized" if be == "torch" and _ours(fp, dev, m) else ""
+            if be == "llama.cpp" and not fp.ember_engine:
+                ours = f" (Ember's own engine: {fp.ember_engine_why_not or 'not the ' + fp.architecture + ' architecture yet'})"
             why = (f"{fp.format.upper()} on {dev}: {be}{ours} "
                    f"({_gib(need)} needed of {_gib(avail)} free, context {ctx}); {dt}: {dt_why}")
             if skipped:
@@ -256,8 +315,8 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
         skipped.append(f"{dev}: needs {_gib(need)}, {_gib(avail)} free")
 
     if device != "auto" and _backend_for(fp, device, backend, m) is None:
-        raise BackendError(f"the llama.cpp backend cannot run on {device} with this build; "
-                           "use --backend torch or --device cpu")
+        other = "--backend torch or " if fp.ember_engine else ""
+        raise BackendError(f"the llama.cpp backend cannot run on {device} with this build; use {other}--device cpu")
     raise BackendError(_refusal(m, fp, backend, candidates, ctx, "float32" if dtype == "auto" else dtype, skipped))
 
 

@@ -17,6 +17,10 @@ from engine.model_files.quant_config import parse_quantization_config
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
 # config.json model_type -> the architecture the model code runs (Hugging Face stores Q/K unpermuted for all)
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+# general.architecture -> llama.cpp's sliding-window period where the header has no
+# {arch}.attention.sliding_window_pattern: layer i is windowed when i % period < period - 1
+# (llama.cpp's set_swa_pattern; Gemma 3: 5 windowed layers, then a global one).
+SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,10 @@ class ModelMeta:
     quantization: str
     num_layers: int | None
     num_kv_heads: int | None
-    head_dim: int | None
+    head_dim: int | None  # of the keys
+    value_head_dim: int | None = None  # of the values, where it differs (None: head_dim)
+    sliding_window: int = 0  # tokens a windowed layer attends to (0: every layer attends to all)
+    sliding_layers: int = 0  # how many layers are windowed
 
 
 def read_meta(path: Path) -> ModelMeta:
@@ -80,6 +87,8 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
     head_dim = _scalar_max(field(f"{arch}.attention.key_length"))
     if head_dim is None and emb and n_heads:
         head_dim = emb // n_heads
+    num_layers = _scalar_max(field(f"{arch}.block_count"))
+    window, windowed = _sliding_window(arch, field, num_layers or 0)
     name = field("general.name")
     return ModelMeta(
         format="gguf",
@@ -88,10 +97,29 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
         parameter_count=sum(t.n_elements for t in tensors),
         context_length=_scalar_max(field(f"{arch}.context_length")),
         quantization=_gguf_quantization(field("general.file_type"), tensors),
-        num_layers=_scalar_max(field(f"{arch}.block_count")),
+        num_layers=num_layers,
         num_kv_heads=n_kv,
         head_dim=head_dim,
+        value_head_dim=_scalar_max(field(f"{arch}.attention.value_length")),
+        sliding_window=window,
+        sliding_layers=windowed,
     )
+
+
+def _sliding_window(arch: str, field, num_layers: int) -> tuple[int, int]:
+    """(window, windowed layers): the header's window, and its pattern as llama.cpp reads it (a
+    per-layer bool array, or a period, else the architecture's own period; no period known: a
+    window on every layer)."""
+    window = _scalar_max(field(f"{arch}.attention.sliding_window")) or 0
+    if not window:
+        return 0, 0
+    pattern = field(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):
+        return window, sum(1 for v in pattern[:num_layers] if v)
+    period = _scalar_max(pattern) if pattern is not None else SWA_PERIOD.get(arch, 0)
+    if not period:
+        return window, num_layers
+    return window, sum(1 for i in range(num_layers) if i % period < period - 1)
 
 
 def _scalar_max(value) -> int | None:

@@ -278,15 +278,21 @@ class EngineThread:
         self._trim_due = self.trimmer.enabled
 
     def _load(self, spec: ModelSpec, fut: concurrent.futures.Future) -> None:
+        """Load `spec` in place of the model loaded now (both rarely fit in memory at once). A load
+        that fails for any reason loads the previous model again, so what worked keeps serving."""
         self._status = EngineStatus(EngineState.LOADING, f"loading {spec.id}", spec)
         waited = fut.set_running_or_notify_cancel()  # False: its caller went away; load anyway
+        previous = self._loaded.spec if self._loaded is not None else None
         self._drop_model(f"switching to {spec.id}")
         t0 = time.perf_counter()
         try:
             loaded = self._factory(spec)
         except Exception as e:
             log.error("loading %s failed: %s", spec.id, e)
-            self._status = EngineStatus(EngineState.ERROR, f"loading {spec.id} failed: {e}")
+            failed = f"loading {spec.id} failed: {e}"
+            self._status = EngineStatus(EngineState.ERROR, failed)
+            if previous is not None and previous.path != spec.path:
+                self._restore(previous, failed)
             if waited:
                 fut.set_exception(e)
             return
@@ -297,6 +303,18 @@ class EngineThread:
                  loaded.decision.get("reason", ""))
         if waited:
             fut.set_result(loaded)
+
+    def _restore(self, previous: ModelSpec, failed: str) -> None:
+        """The model that served before a failed load, loaded again; /health says both."""
+        try:
+            loaded = self._factory(previous)
+        except Exception as e:  # it loaded before: the machine changed under it (memory, file)
+            log.error("reloading %s after the failed load failed too: %s", previous.id, e)
+            self._status = EngineStatus(EngineState.ERROR, f"{failed}; reloading {previous.id} failed: {e}")
+            return
+        self._loaded, self._trim_due = loaded, self.trimmer.enabled
+        self._status = EngineStatus(EngineState.READY, f"{failed}; {previous.id} is loaded again", model=loaded)
+        log.info("%s loaded again after the failed load", previous.id)
 
     def _refresh_stats(self) -> None:
         if self._loaded is None:
