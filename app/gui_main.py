@@ -62,6 +62,7 @@ class EmberApp:
             self.model_manager.model_installed.connect(lambda _id: self.controller.refresh_models())
             self.model_manager.store_changed.connect(self._on_store_changed)
             self.model_manager.installed.load_requested.connect(self.controller.load_model)
+            self.controller.load_finished.connect(self.model_manager.installed.on_load_finished)
         self.model_manager.show()
         self.model_manager.raise_()
         return self.model_manager

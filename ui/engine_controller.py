@@ -36,6 +36,7 @@ class EngineController(QObject):
     status_changed = Signal(dict)  # the last /v1/engine/status body (or {"status": "unreachable"})
     models_changed = Signal(list)  # model ids the engine serves
     message = Signal(str)  # a line for the user (errors from start/stop/load)
+    load_finished = Signal(str, str)  # (model id, "" when it loaded, else what failed in words)
     show_window_requested = Signal()
     quit_requested = Signal()
     _supervisor_state = Signal(str)  # from the supervisor's watcher thread
@@ -151,9 +152,24 @@ class EngineController(QObject):
             self.start_server()
 
     def load_model(self, model_id: str) -> None:
+        """Load in a worker; `load_finished` says how it ended (and the status bar, in words)."""
         client = self.client()
-        if client is not None:
-            self._run_action(client.load_model, model_id)
+        if client is None:
+            return
+        if self._action_worker is not None and not self._action_worker.is_finished:
+            self.message.emit("The engine is busy with another action; try again in a moment.")
+            return
+        self._action_worker = FunctionWorker(client.load_model, model_id)
+        self._action_worker.returned.connect(lambda _health: self.load_finished.emit(model_id, ""))
+        self._action_worker.errored.connect(lambda e: self._on_load_error(model_id, e))
+        self._action_worker.finished.connect(self.poll)
+        self._action_worker.start()
+
+    def _on_load_error(self, model_id: str, error: Exception) -> None:
+        words = load_failure_words(model_id, error)
+        log.warning("%s", words)
+        self.message.emit(words)
+        self.load_finished.emit(model_id, words)
 
     def close(self) -> None:
         """Stop polling and listening to the supervisor; the engine itself keeps running. A poll
@@ -272,6 +288,18 @@ class EngineController(QObject):
         if ids != self.models:
             self.models = ids
             self.models_changed.emit(ids)
+
+
+def load_failure_words(model_id: str, error: Exception) -> str:
+    """The engine's refusal as a sentence: "Could not load X: why." and which model still serves."""
+    text = getattr(error, "message", None) or str(error)
+    for prefix in (f"loading {model_id!r} failed: ", f"loading {model_id} failed: "):
+        text = text.removeprefix(prefix)
+    reason, still = text, ""
+    if text.endswith(" is loaded again") and "; " in text:  # the engine loaded the previous model again
+        reason, _, restored = text.rpartition("; ")
+        still = f" {restored.removesuffix(' is loaded again')} is still loaded."
+    return f"Could not load {model_id}: {reason.rstrip('.')}.{still}"
 
 
 def engine_idle(status: dict) -> bool:

@@ -151,8 +151,12 @@ class InstalledTable(QWidget):
 
     def _on_load_clicked(self) -> None:
         if (model_id := self.selected_id()) is not None:
-            self.message.setText(f"Loading {model_id}… (the status bar shows when it is ready)")
+            self.message.setText(f"Loading {model_id}…")
             self.load_requested.emit(model_id)
+
+    def on_load_finished(self, model_id: str, failure: str) -> None:
+        """The engine's answer to Load: the failure in words, or that the model is ready."""
+        self.message.setText(failure or f"{model_id} is loaded and ready.")
 
     def _on_verify_clicked(self) -> None:
         if (model_id := self.selected_id()) is not None:

@@ -78,6 +78,12 @@ class EngineStatusBar(QStatusBar):
             self.loading.setVisible(True)
         elif state == "ready" and self.engine.state == SupervisorState.READY:
             self.loading.setVisible(False)
+            self.state_label.setText(STATE_TEXT[SupervisorState.READY])
+            self.state_label.setToolTip(status.get("message") or "")  # e.g. which load failed before it
+        elif state == "error" and self.engine.state == SupervisorState.READY:  # running, but its model failed
+            self.loading.setVisible(False)
+            self.state_label.setText("No model loaded")
+            self.state_label.setToolTip(status.get("message") or "")
         model = status.get("model")
         self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}" if model else "")
         self.model_label.setToolTip(self.model_label.text().removeprefix("Model: ") +

@@ -115,8 +115,11 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
         try:
             await asyncio.wrap_future(fut)
         except (OSError, ValueError, RuntimeError, MemoryError) as e:
-            # a missing or malformed file, or a model that does not fit: the message says which
-            raise APIError(400, f"loading {spec.id!r} failed: {e}", code="model_load_failed") from None
+            # a missing or malformed file, or a model that does not fit: the message says which,
+            # and the engine's status whether the model loaded before it serves again
+            said = engine_thread.message
+            why = said if said.startswith(f"loading {spec.id} failed: ") else f"loading {spec.id} failed: {e}"
+            raise APIError(400, why, code="model_load_failed") from None
         return _health(engine_thread)
 
     @app.post("/v1/engine/unload")
