@@ -117,10 +117,11 @@ def stream(engine, prompt, params, out=sys.stdout) -> str:
 
 def run_generate(args) -> int:
     engine = build_engine(args)
-    prompt = args.prompt
+    prompt, params = args.prompt, sampling_params(args)
     if not args.raw and engine.chat_template is not None:
         prompt = engine.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    stream(engine, prompt, sampling_params(args))
+        params.stop += engine.chat_template.turn_stops
+    stream(engine, prompt, params)
     print()
     return 0
 
@@ -128,6 +129,7 @@ def run_generate(args) -> int:
 def run_chat(args) -> int:
     engine = build_engine(args)
     params = sampling_params(args)
+    params.stop += engine.chat_template.turn_stops
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("Ember chat. Ctrl-C stops a reply; an empty line or Ctrl-D quits; /reset clears the history.",
           file=sys.stderr)

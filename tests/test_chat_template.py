@@ -254,11 +254,13 @@ def test_file_without_template_falls_back_to_chatml_or_plain(tmp_path):
     plain = ChatTemplate.from_gguf(write_gguf(tmp_path / "b.gguf", ["<s>", "</s>", "a"]))
     assert plain.is_fallback and plain.bos_token == "<s>" and plain.eos_token == "</s>"
     assert plain.render(CHAT[:2]) == "System: You are terse.\n\nUser: Hi there! Ünïcödé 🤖\n\nAssistant:"
+    # a reply in the plain layout ends at the next turn's label; ChatML and real templates end on tokens
+    assert plain.turn_stops == ["\nUser:", "\nAssistant:", "\nSystem:"] and chatml.turn_stops == []
 
 
 def test_template_from_file_metadata(tmp_path):
     t = ChatTemplate.from_gguf(write_gguf(tmp_path / "c.gguf", ["<s>", "</s>"], "{{ bos_token }}{{ messages[0].content }}"))
-    assert not t.is_fallback and t.render([{"role": "user", "content": "x"}]) == "<s>x"
+    assert not t.is_fallback and t.render([{"role": "user", "content": "x"}]) == "<s>x" and t.turn_stops == []
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):

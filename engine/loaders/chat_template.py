@@ -4,7 +4,8 @@ Same variables and helpers as transformers' `apply_chat_template`: messages, add
 bos_token, eos_token, tools/documents and other extras; raise_exception, strftime_now, tojson;
 trim_blocks + lstrip_blocks + loopcontrols. Rendering runs in SafeTemplateEnvironment (the
 template is untrusted input). A file without a template gets ChatML when its vocabulary has
-<|im_start|> (llama.cpp's own default) and a plain "Role: content" layout otherwise.
+<|im_start|> (llama.cpp's own default) and a plain "Role: content" layout otherwise, whose
+replies stop at the next turn's label (`turn_stops`).
 """
 from __future__ import annotations
 
@@ -71,6 +72,15 @@ class ChatTemplate:
                                 ) from None
         except Exception as e:  # anything jinja2 raises while compiling
             raise TemplateError(f"the chat template cannot be compiled: {e}") from None
+
+    @property
+    def turn_stops(self) -> list[str]:
+        """Stop strings a reply needs beyond the model's own end-of-turn token: in the plain
+        layout, the next turn's label (a base model such as Gemma 3 270M writes the conversation
+        on, both sides of it); none for a real template or ChatML."""
+        if self.is_fallback and self.source == PLAIN_TEMPLATE:
+            return ["\nUser:", "\nAssistant:", "\nSystem:"]
+        return []
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "ChatTemplate":

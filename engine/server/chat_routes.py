@@ -144,6 +144,8 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     vocab = engine.tokenizer.vocab_size
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]
+    for p in params:  # the plain fallback layout's next-turn labels (ChatTemplate.turn_stops)
+        p.stop = [*p.stop, *(t for t in engine.chat_template.turn_stops if t not in p.stop)]
     rid = R.new_id(prefix)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]
