@@ -22,6 +22,7 @@ from engine.server.model_store import ModelNotFound, ModelStore
 from engine.server.chat_routes import build_chat_router
 from engine.server.openai_routes import build_router
 from engine.server.responses_api import build_responses_router
+from engine.server.ollama_routes import build_ollama_router
 from engine.server.protocol import LoadModelRequest
 
 
@@ -54,6 +55,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.include_router(build_chat_router())
     app.include_router(build_router())
     app.include_router(build_responses_router())
+    app.include_router(build_ollama_router())
 
     @app.get("/health")
     async def health():
