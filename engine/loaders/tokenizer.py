@@ -13,7 +13,10 @@ import threading
 import weakref
 from pathlib import Path
 
-import llama_cpp
+try:
+    import llama_cpp
+except ImportError:  # a machine without llama-cpp-python (a GPU box): Tokenizer() says so
+    llama_cpp = None
 
 from engine.loaders.token_ids import TokenIds
 
@@ -42,6 +45,8 @@ class Tokenizer(TokenIds):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no model file at {path}")
+        if llama_cpp is None:
+            raise RuntimeError("a GGUF file's tokenizer is llama.cpp's, and llama-cpp-python is not installed")
         _init_backend()
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
