@@ -1,5 +1,7 @@
 """POST /v1/chat/completions: messages (and tools) through the model's chat template, n choices,
-structured outputs and tool calls, streamed (SSE) or not.
+structured outputs and tool calls, streamed (SSE) or not. A reasoning model's thinking (a
+`<think>` block, found from the chat template: engine/server/reasoning.py) goes to
+`reasoning_content`, apart from the answer in `content`, which alone is parsed for tool calls.
 
 The handler waits for the first result before answering, so an error the engine finds is still
 a proper 4xx and not a broken stream. With n > 1 the first choice is submitted alone and the
@@ -18,6 +20,7 @@ from engine.loaders.chat_template import TemplateError
 from engine.server import responses as R
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
+from engine.server.reasoning import ReasoningFormat, ReasoningParser, detect_format
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 from engine.server.structured import ReplyShape, reply_shape
@@ -28,9 +31,11 @@ class ChatChoice:
     """One choice, filled from its RequestOutputs. With tools, streamed text that may begin a
     tool call is held back until the reply ends and is parsed."""
 
-    def __init__(self, index: int, tools: ToolFormat | None) -> None:
-        self.index, self.tools = index, tools
-        self.text, self.sent = "", 0  # all text; how much of it went out as content
+    def __init__(self, index: int, tools: ToolFormat | None, reasoning: ReasoningParser | None = None) -> None:
+        self.index, self.tools, self.parser = index, tools, reasoning
+        self.text, self.sent = "", 0  # all answer text; how much of it went out as content
+        self.reasoning, self.reasoning_sent = "", 0  # the thinking, and how much of it went out
+        self.reasoning_tokens = 0  # tokens of the thinking block, its tags included
         self.lps: list = []
         self.reason: str | None = None
         self.calls: list = []
@@ -40,7 +45,17 @@ class ChatChoice:
         self.started = False
 
     def add(self, out) -> None:
-        self.text += out.new_text
+        text = out.new_text
+        if self.parser is not None:
+            was_open = self.parser.reasoning_open
+            thought, text = self.parser.feed(text)
+            if out.finished:
+                more_thought, more_text = self.parser.finish()
+                thought, text = thought + more_thought, text + more_text
+            if was_open or self.parser.reasoning_open:  # the block's tokens, its tags included
+                self.reasoning_tokens += len(out.new_token_ids)
+            self.reasoning += thought
+        self.text += text
         self.lps += out.logprobs or []
         self.completion_tokens = len(out.output_token_ids)
         self.drafted, self.accepted = out.num_spec_proposed, out.num_spec_accepted
@@ -54,6 +69,8 @@ class ChatChoice:
 
     def message(self) -> dict:
         m = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            m["reasoning_content"] = self.reasoning
         if self.calls:
             m["tool_calls"] = [c.as_openai() for c in self.calls]
         return m
@@ -64,6 +81,9 @@ class ChatChoice:
         if not self.started:
             self.started = True
             yield {"role": "assistant", "content": ""}, None, None
+        if len(self.reasoning) > self.reasoning_sent:
+            yield {"reasoning_content": self.reasoning[self.reasoning_sent:]}, None, None
+            self.reasoning_sent = len(self.reasoning)
         if self.reason is None:
             safe = len(self.text) if self.tools is None else may_start_call(self.tools, self.text)
             if safe > self.sent or items:
@@ -80,8 +100,10 @@ class ChatChoice:
 
 def _usage(choices: list[ChatChoice], prompt_tokens: int) -> dict:
     """OpenAI counts the prompt once for n choices; cached: what the first found cached."""
+    thinking = any(c.parser is not None for c in choices)
     return R.usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached,
-                   sum(c.drafted for c in choices), sum(c.accepted for c in choices))
+                   sum(c.drafted for c in choices), sum(c.accepted for c in choices),
+                   sum(c.reasoning_tokens for c in choices) if thinking else None)
 
 
 def build_chat_router() -> APIRouter:
@@ -136,7 +158,8 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     loaded = require_model(state.engine_thread, state.model_store, body.model)
     engine = loaded.engine
     shape = await reply_shape(engine, body)
-    ids = await _prompt_ids(engine, body, shape)
+    prompt = _render(engine, body, shape)
+    ids = await encode(engine, prompt)
     max_tokens = body.requested_max_tokens
     if max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens", code="invalid_value")
@@ -153,18 +176,29 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     first = await job.first()
     for i in range(1, body.n):  # the prompt's KV now exists: these start from it
         job.submit(ids, params[i], subs[i], engine)
+    fmt, inside = reasoning_format(engine.chat_template, prompt)
     return ChatRun(engine, loaded.spec.id, rid, ids, job, first, {s: i for i, s in enumerate(subs)},
-                   [ChatChoice(i, shape.tools) for i in range(body.n)])
+                   [ChatChoice(i, shape.tools, ReasoningParser(fmt, inside) if fmt is not ReasoningFormat.NONE
+                               else None) for i in range(body.n)])
 
 
-async def _prompt_ids(engine, body: ChatCompletionRequest, shape: ReplyShape) -> list[int]:
+def _render(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
     extra = {"tools": shape.template_tools} if shape.template_tools else {}
     try:
-        prompt = engine.chat_template.render([m.as_template_dict() for m in body.messages],
-                                             add_generation_prompt=True, **extra)
+        return engine.chat_template.render([m.as_template_dict() for m in body.messages],
+                                           add_generation_prompt=True, **extra)
     except TemplateError as e:
         raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
-    return await encode(engine, prompt)
+
+
+def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
+    """The model's thinking format from its own chat template (a fallback layout has none) and
+    whether the rendered prompt leaves the block open. `<think>` blocks only: harmony's channel
+    tokens are control tokens, which the detokenizer leaves out of the text."""
+    if template.is_fallback:
+        return ReasoningFormat.NONE, False
+    fmt, inside = detect_format(template.source, (), prompt[-256:])
+    return (fmt, inside) if fmt is ReasoningFormat.THINK_TAGS else (ReasoningFormat.NONE, False)
 
 
 def _stream(job, first, index, choices, rid, model, created, tt, body: ChatCompletionRequest, n_prompt: int):

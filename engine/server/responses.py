@@ -15,14 +15,19 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, drafted: int = 0,
-          accepted: int = 0) -> dict:
-    """OpenAI's usage; speculative decoding's drafts in the fields OpenAI's predicted outputs use."""
+          accepted: int = 0, reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage; speculative decoding's drafts in the fields OpenAI's predicted outputs use,
+    a reasoning model's thinking in reasoning_tokens (counted in completion_tokens, as OpenAI's)."""
     use = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens,
            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    details = {}
     if drafted:
-        use["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                            "rejected_prediction_tokens": drafted - accepted}
+        details = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+    if reasoning_tokens is not None:
+        details["reasoning_tokens"] = reasoning_tokens
+    if details:
+        use["completion_tokens_details"] = details
     return use
 
 

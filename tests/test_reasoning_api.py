@@ -1,0 +1,76 @@
+"""A reasoning model's thinking comes back apart from its answer, over real HTTP with the official
+openai client, on both runners: `message.reasoning_content` / `delta.reasoning_content` hold the
+`<think>` block, `content` the answer alone, usage counts the thinking's tokens.
+
+The model is scripted (tests/scripted_gguf.py): whatever the prompt, its greedy reply is
+`<think>\\thm</think> ok` and the end of the turn; its template is Qwen3-style.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gguf_factory import CHATML_TEMPLATE
+from scripted_gguf import write_scripted_model
+from server_util import openai_client, start_engine
+
+SCRIPT = ["<think>", "ĉ", "h", "m", "</think>", "Ġ", "o", "k"]  # ĉ: "\t", Ġ: " " (byte-level BPE); no "\n": it ends the prompt
+MSGS = [{"role": "user", "content": "Say ok."}]
+
+
+@pytest.fixture(scope="module", params=["torch", "llama.cpp"])
+def server(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("think")
+    proc = start_engine(write_scripted_model(d / "thinker.gguf", SCRIPT), d, backend=request.param)
+    yield proc
+    proc.stop()
+
+
+def _model(server) -> str:
+    return server.health()["model"]
+
+
+def test_reasoning_and_answer_are_split_exactly(server):
+    r = openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, temperature=0,
+                                                      max_tokens=20, n=2)
+    for choice in r.choices:
+        assert choice.message.content == "ok"
+        assert choice.message.model_extra["reasoning_content"] == "hm"
+        assert choice.finish_reason == "stop"
+    details = r.usage.completion_tokens_details
+    assert r.usage.completion_tokens == 2 * 9  # the script and the end of the turn, twice
+    assert details.reasoning_tokens == 2 * 5  # <think>, "\t", "h", "m", </think>: the block, tags included
+
+
+def test_streamed_reasoning_comes_first_and_equals_the_whole(server):
+    stream = openai_client(server).chat.completions.create(
+        model=_model(server), messages=MSGS, temperature=0, max_tokens=20, stream=True,
+        stream_options={"include_usage": True})
+    kinds, reasoning, content, usage = [], "", "", None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            extra = c.delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                reasoning += extra["reasoning_content"]
+                kinds.append("reasoning")
+            if c.delta.content:
+                content += c.delta.content
+                kinds.append("content")
+    assert (reasoning, content) == ("hm", "ok")
+    assert kinds.index("content") > max(i for i, k in enumerate(kinds) if k == "reasoning")
+    assert usage.completion_tokens_details.reasoning_tokens == 5
+
+
+def test_a_template_without_thinking_leaves_the_text_alone(tmp_path):
+    path = write_scripted_model(tmp_path / "plain.gguf", SCRIPT, template=CHATML_TEMPLATE)
+    proc = start_engine(path, tmp_path)
+    try:
+        r = openai_client(proc).chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
+                                                        max_tokens=20)
+        assert r.choices[0].message.content == "<think>\thm</think> ok"
+        assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
+        details = r.usage.completion_tokens_details
+        assert details is None or details.reasoning_tokens is None
+    finally:
+        proc.stop()
