@@ -74,3 +74,30 @@ def test_a_template_without_thinking_leaves_the_text_alone(tmp_path):
         assert details is None or details.reasoning_tokens is None
     finally:
         proc.stop()
+
+
+def _prompt_tokens(server, **extra) -> int:
+    r = openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, temperature=0,
+                                                      max_tokens=1, extra_body=extra)
+    return r.usage.prompt_tokens
+
+
+def test_chat_template_kwargs_reach_the_template(server):
+    """Qwen3's switch: enable_thinking false renders an empty think block after the prompt."""
+    on, off = _prompt_tokens(server), _prompt_tokens(server, chat_template_kwargs={"enable_thinking": False})
+    assert off > on and _prompt_tokens(server, chat_template_kwargs={"enable_thinking": True}) == on
+    assert _prompt_tokens(server, reasoning_effort="low") == on  # a variable this template does not read
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+])
+def test_bad_reasoning_switches_are_400s_naming_the_field(server, extra, param):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, max_tokens=1,
+                                                      extra_body=extra)
+    assert e.value.body["param"] == param

@@ -183,7 +183,7 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
 
 
 def _render(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
-    extra = {"tools": shape.template_tools} if shape.template_tools else {}
+    extra = body.template_variables | ({"tools": shape.template_tools} if shape.template_tools else {})
     try:
         return engine.chat_template.render([m.as_template_dict() for m in body.messages],
                                            add_generation_prompt=True, **extra)

@@ -8,7 +8,7 @@ Responses are plain dicts built in `responses.py`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -151,6 +151,10 @@ class ChatMessage(BaseModel):
         return d
 
 
+# The chat template's own variables, which a request's chat_template_kwargs may not replace.
+TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=4096)
     max_completion_tokens: int | None = max_tokens_field
@@ -160,6 +164,26 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    # a reasoning model's switches, handed to its chat template (llama.cpp's server takes the same)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, max_length=64, description="Extra variables for the chat template, e.g. {\"enable_thinking\": false}.")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_names(cls, v):
+        taken = sorted(set(v or ()) & TEMPLATE_RESERVED)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set through chat_template_kwargs")
+        return v
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """What the chat template sees beyond the messages and tools."""
+        extra = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            extra["reasoning_effort"] = self.reasoning_effort
+        return extra
 
     @model_validator(mode="after")
     def _tools_agree(self):
