@@ -23,6 +23,7 @@ from engine.server.chat_routes import build_chat_router
 from engine.server.openai_routes import build_router
 from engine.server.responses_api import build_responses_router
 from engine.server.ollama_routes import build_ollama_router
+from engine.server.anthropic_routes import build_anthropic_router
 from engine.server.protocol import LoadModelRequest
 
 
@@ -56,6 +57,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.include_router(build_router())
     app.include_router(build_responses_router())
     app.include_router(build_ollama_router())
+    app.include_router(build_anthropic_router())
 
     @app.get("/health")
     async def health():
@@ -134,7 +136,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key"])
     app.add_middleware(SecurityMiddleware, policy=SecurityPolicy.build(
         settings.api_key, settings.allowed_hosts, settings.cors_origins,
         max_body_bytes=settings.max_body_bytes))

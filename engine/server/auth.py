@@ -5,8 +5,9 @@
   (localhost, 127.0.0.1, [::1], any port) pass, plus what the operator allows for a remote bind.
 - Origin: a browser page from another origin is refused unless its origin is configured for
   CORS; requests without an Origin (curl, the openai client, our app) are not browser requests.
-- API key: `Authorization: Bearer <key>`, compared in constant time; /health stays open so a
-  supervisor can poll it (it reveals only the state and the model's name).
+- API key: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it),
+  compared in constant time; /health stays open so a supervisor can poll it (it reveals only the
+  state and the model's name).
 A pure ASGI middleware, so streaming responses pass through untouched.
 """
 from __future__ import annotations
@@ -82,8 +83,10 @@ class SecurityPolicy:
         # same-origin requests from a page this server itself served
         return origin in (f"http://{host_header.lower()}", f"https://{host_header.lower()}")
 
-    def key_ok(self, authorization: str | None) -> bool:
+    def key_ok(self, authorization: str | None, x_api_key: str | None = None) -> bool:
         if not self.api_key:
+            return True
+        if x_api_key and hmac.compare_digest(x_api_key.strip().encode(), self.api_key.encode()):
             return True
         if not authorization:
             return False
@@ -114,9 +117,10 @@ class SecurityMiddleware:
             return await _deny(send, 403, "browser requests from an opaque origin are not allowed",
                                "forbidden_origin")
         is_preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
-        if not is_preflight and scope["path"] not in p.open_paths and not p.key_ok(headers.get("authorization")):
-            msg = ("missing API key: send 'Authorization: Bearer <key>'" if not headers.get("authorization")
-                   else "invalid API key")
+        key_ok = p.key_ok(headers.get("authorization"), headers.get("x-api-key"))
+        if not is_preflight and scope["path"] not in p.open_paths and not key_ok:
+            given = headers.get("authorization") or headers.get("x-api-key")
+            msg = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
             return await _deny(send, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > p.max_body_bytes):
