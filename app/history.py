@@ -20,7 +20,7 @@ from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a reply's reasoning and how long the model thought
 EXPORT_FORMAT = "ember-chat"
 
 _SCHEMA = f"""
@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS messages (
     status TEXT NOT NULL DEFAULT 'done' CHECK (status IN {STATUSES}),
     created_at REAL NOT NULL,
     tok_s REAL,   -- decode speed of an assistant reply, measured by the client
-    ttft REAL     -- seconds to the first token
+    ttft REAL,    -- seconds to the first token
+    reasoning TEXT NOT NULL DEFAULT '',  -- a reasoning model's thinking, apart from its answer
+    thought_s REAL                       -- seconds it thought
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
@@ -71,6 +73,12 @@ class Message:
     created_at: float
     tok_s: float | None = None
     ttft: float | None = None
+    reasoning: str = ""
+    thought_s: float | None = None
+
+
+# Columns added since schema 1, for files written before them: (name, declaration).
+_ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"))
 
 
 class ChatStore:
@@ -89,7 +97,11 @@ class ChatStore:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise sqlite3.DatabaseError(f"{self.path} was written by a newer Ember (schema {version})")
-        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); migrations go here when the schema grows
+        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS)
+        have = {r["name"] for r in self._db.execute("PRAGMA table_info(messages)")}
+        for name, declaration in _ADDED_COLUMNS:  # an older file: its messages gain the new fields
+            if name not in have:
+                self._db.execute(f"ALTER TABLE messages ADD COLUMN {name} {declaration}")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.repaired = self.repair_interrupted() if repair else 0
 
@@ -198,7 +210,8 @@ class ChatStore:
             return int(cur.lastrowid)
 
     def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
-                       tok_s: float | None = None, ttft: float | None = None) -> None:
+                       tok_s: float | None = None, ttft: float | None = None, reasoning: str | None = None,
+                       thought_s: float | None = None) -> None:
         """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
 
         The chat keeps its place in the list: a reply that streams or finishes does not move it
@@ -207,10 +220,11 @@ class ChatStore:
         if status is not None:
             _check(status=status)
         sets, args = [], []
-        for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft)):
+        for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft),
+                              ("reasoning", reasoning), ("thought_s", thought_s)):
             if value is not None:
                 sets.append(f"{column}=?")
-                args.append(str(value) if column == "content" else value)
+                args.append(str(value) if column in ("content", "reasoning") else value)
         with self._tx() as db:
             row = db.execute("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
             if row is None:
@@ -247,7 +261,11 @@ class ChatStore:
         lines += ["_" + " · ".join(meta) + "_", ""]
         for m in self.messages(chat_id):
             note = "" if m.status == "done" else f" _({m.status})_"
-            lines += [f"## {m.role.capitalize()}{note}", "", m.content.rstrip(), ""]
+            lines += [f"## {m.role.capitalize()}{note}", ""]
+            if m.reasoning:  # the thinking as a quote above the answer
+                took = f" for {m.thought_s:.0f} s" if m.thought_s is not None else ""
+                lines += [f"> _Thought{took}:_", ">"] + [f"> {line}".rstrip() for line in m.reasoning.splitlines()] + [""]
+            lines += [m.content.rstrip(), ""]
         return "\n".join(lines)
 
     def export_json(self, chat_id: int) -> str:
@@ -273,10 +291,11 @@ class ChatStore:
                              (title, doc.get("model"), _dump_settings(doc.get("settings")),
                               float(doc.get("created_at", now)), now))
             chat_id = int(cur.lastrowid)
-            db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft)"
-                           " VALUES (?,?,?,?,?,?,?)",
+            db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft, reasoning,"
+                           " thought_s) VALUES (?,?,?,?,?,?,?,?,?)",
                            [(chat_id, m["role"], str(m["content"]), m.get("status", "done"),
-                             float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft")) for m in messages])
+                             float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft"),
+                             str(m.get("reasoning") or ""), m.get("thought_s")) for m in messages])
             return chat_id
 
 
@@ -300,4 +319,4 @@ def _chat(row: sqlite3.Row) -> Chat:
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
-                   row["tok_s"], row["ttft"])
+                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"])

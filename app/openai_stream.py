@@ -52,6 +52,7 @@ class ChatDelta:
     usage: Usage | None = None
     tok_s: float | None = None
     ttft: float | None = None
+    reasoning: str = ""  # a reasoning model's thinking (delta.reasoning_content), apart from the answer
 
 
 class ChatStream(Iterator[ChatDelta]):
@@ -67,6 +68,7 @@ class ChatStream(Iterator[ChatDelta]):
         self._cancelled = threading.Event()
         self._closed = False
         self.text = ""
+        self.reasoning = ""
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.id: str | None = None
@@ -120,15 +122,17 @@ class ChatStream(Iterator[ChatDelta]):
             raise error_from_body(chunk, None)
         self.id = self.id or chunk.get("id")
         self.model = self.model or chunk.get("model")
-        text, finish = "", None
+        text, thought, finish = "", "", None
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            text = (choice.get("delta") or {}).get("content") or ""
+            delta = choice.get("delta") or {}
+            text, thought = delta.get("content") or "", delta.get("reasoning_content") or ""
             finish = choice.get("finish_reason")
         usage = parse_usage(chunk.get("usage"))
         now = time.perf_counter()
-        if text:
+        self.reasoning += thought
+        if text or thought:
             self._t_first = self._t_first or now
             self._t_last = now
             self._chunks += 1
@@ -137,9 +141,9 @@ class ChatStream(Iterator[ChatDelta]):
             self.finish_reason = finish
         if usage is not None:
             self.usage = usage
-        if not (text or finish or usage):
+        if not (text or thought or finish or usage):
             return None  # role-only or empty keep-alive chunk
-        return ChatDelta(text, finish, usage, self.tok_s, self.ttft)
+        return ChatDelta(text, finish, usage, self.tok_s, self.ttft, thought)
 
     def cancel(self) -> None:
         """Abort from any thread: shut the socket down so a blocked read returns at once."""

@@ -182,9 +182,16 @@ class ChatView(QWidget):
             return
         text = delta.text
         now = time.monotonic()
+        if delta.reasoning:  # thinking streams into its own block, timed until the answer starts
+            if not self._t_first:
+                self._t_first = now
+            self._tokens += 1
+            self._reply.reasoning += delta.reasoning
         if text:
             if not self._t_first:
                 self._t_first = now
+            if self._reply.reasoning and self._reply.thought_s is None:
+                self._reply.thought_s = now - self._t_first
             self._tokens += 1
             self._reply.content += text
         if delta.usage:
@@ -193,7 +200,8 @@ class ChatView(QWidget):
         self.transcript.schedule_render()
         if now - self._last_persist >= PERSIST_INTERVAL_S:
             self._last_persist = now
-            self.chat_store.update_message(self._reply_id, self._reply.content, "streaming")
+            self.chat_store.update_message(self._reply_id, self._reply.content, "streaming",
+                                           reasoning=self._reply.reasoning or None)
 
     def _on_returned(self, _value: object) -> None:
         if self._is_current():
@@ -217,11 +225,14 @@ class ChatView(QWidget):
         reply, self._worker = self._reply, None
         if reply is not None:
             reply.status, reply.error = status, error
+            if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)
+                reply.thought_s = time.monotonic() - (self._t_first or self._t_sent)
             reply.add_version()
             self.keep_versions(reply)
             stats = self._stats or {}
             self.chat_store.update_message(self._reply_id, reply.content, status,
-                                           tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"))
+                                           tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"),
+                                           reasoning=reply.reasoning or None, thought_s=reply.thought_s)
         self._reply, self._stream = None, None
         self.transcript.render_now()
         focus = self.window().focusWidget()
@@ -249,7 +260,8 @@ class ChatView(QWidget):
             if status == "streaming":  # a reply cut off by a previous crash of the app
                 status = "stopped"
             msg = TranscriptMessage(m.role, m.content, status,
-                                    "the reply was interrupted" if status == "error" else None, msg_id=m.id)
+                                    "the reply was interrupted" if status == "error" else None, msg_id=m.id,
+                                    reasoning=m.reasoning, thought_s=m.thought_s)
             if m.role == "assistant" and self.versions is not None:
                 versions, shown = self.versions.get(m.id)
                 if versions and versions[shown] == m.content:  # the one shown is the one stored

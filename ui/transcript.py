@@ -1,7 +1,9 @@
 """A chat rendered as Markdown in a read-only QTextBrowser: code blocks monospace and coloured
 (pygments), a line of actions under each message (copy, copy code, edit & resend, earlier replies),
-and tool calls in a reply (the model's own syntax, engine/model_files/tool_call_syntax.py) as a
-collapsed line per call — name and arguments in brief — that opens to the arguments as JSON.
+tool calls in a reply (the model's own syntax, engine/model_files/tool_call_syntax.py) as a
+collapsed line per call — name and arguments in brief — that opens to the arguments as JSON, and
+a reasoning model's thinking above its answer: "Thinking…" while it streams, then one collapsed
+line, "Thought for N s", that opens to the thoughts.
 
 The actions are links of the form `ember:<action>/<message index>[/<code block>]`; the view emits
 `action_requested(action, index, block)` and the chat view does the work.
@@ -35,6 +37,9 @@ class TranscriptMessage:
     versions: list[str] = field(default_factory=list)  # every reply a Regenerate wrote here (this session)
     shown: int = 0  # which of `versions` `content` is
     opened: set[int] = field(default_factory=set)  # the tool calls shown with their arguments
+    reasoning: str = ""  # a reasoning model's thinking (reasoning_content)
+    thought_s: float | None = None  # how long it thought: set when the answer begins
+    show_thinking: bool = False  # the thoughts opened by a click
 
     def add_version(self) -> None:
         """The reply just written becomes the newest version (after the earlier ones it replaced)."""
@@ -114,6 +119,17 @@ def _tool_call_lines(m: TranscriptMessage, i: int, calls: list[tuple[str, str]],
     return out
 
 
+def _thinking_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
+    """While it thinks, the thoughts as they stream; once the answer begins, one line to open them."""
+    quoted = "\n".join(f"> {line}" for line in m.reasoning.strip().splitlines()) or "> …"
+    if m.status == "streaming" and m.thought_s is None:
+        return ["▾ _Thinking…_", quoted]
+    took = f"Thought for {m.thought_s:.0f} s" if m.thought_s is not None else "Thoughts"
+    opened = m.show_thinking or not actions
+    toggle = _link("think", i, "hide" if opened else "show") if actions else ""
+    return [f"{'▾' if opened else '▸'} _{took}_ {toggle}".rstrip()] + ([quoted] if opened else [])
+
+
 def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str:
     """The transcript as one Markdown document: a heading per turn, the text as the model wrote it."""
     parts: list[str] = []
@@ -122,13 +138,19 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str
             continue
         title = ROLE_TITLES.get(m.role, m.role.title())
         body, calls = (m.content, []) if m.role != "assistant" or m.status == "streaming" else tool_calls(m.content)
+        thinking = _thinking_lines(m, i, actions) if m.reasoning else []
         if m.status == "streaming":
-            body = (body + " ▍") if body else "_…thinking_"
+            body = (body + " ▍") if body else ("" if thinking else "_…thinking_")
         if _open_fence(body):  # an unfinished code block must not swallow what follows
             body += "\n```"
         if actions and m.status != "streaming":
             body = _with_code_links(body, i)
-        parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
+        if thinking:
+            parts += [f"#### {title}", *thinking]
+            if body.strip():
+                parts.append(body)
+        else:
+            parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
         parts += _tool_call_lines(m, i, calls, actions)
         if m.status == "stopped":
             parts.append("_(stopped)_")
@@ -266,6 +288,10 @@ class TranscriptView(QTextBrowser):
             return
         if action == "tool" and 0 <= index < len(self._messages):  # open or close a tool call, here
             self._messages[index].opened ^= {block}
+            self.render_now()
+            return
+        if action == "think" and 0 <= index < len(self._messages):  # open or close the thoughts, here
+            self._messages[index].show_thinking = not self._messages[index].show_thinking
             self.render_now()
             return
         self.action_requested.emit(action, index, block)
