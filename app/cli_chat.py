@@ -83,12 +83,39 @@ def sampling_params(args):
         stop=list(args.stop), ignore_eos=args.ignore_eos)
 
 
-def stream(engine, prompt, params, out=sys.stdout) -> str:
-    """Print the reply as it is generated; returns the whole text.
+DIM, PLAIN = "\033[2m", "\033[0m"
+
+
+def stream(engine, prompt, params, out=sys.stdout, thinking=None) -> str:
+    """Print the reply as it is generated; returns the whole text (with a reasoning parser
+    `thinking`, the answer alone: the thoughts print dimmed, or after "Thinking: " off a terminal).
 
     Ctrl-C stops the reply, not the program: between two engine steps (never inside one, which would
     leave the engine half-updated) the request is aborted, its KV freed, and the text so far returned.
     """
+    shown = {"thought": False, "answer": ""}
+    tty = getattr(out, "isatty", lambda: False)()
+
+    def write(delta: str, last: bool = False) -> None:
+        if thinking is None:
+            out.write(delta)
+            shown["answer"] += delta
+            return
+        thought, answer = thinking.feed(delta)
+        if last:
+            more = thinking.finish()
+            thought, answer = thought + more[0], answer + more[1]
+        if thought:
+            if not shown["thought"]:
+                out.write(DIM if tty else "Thinking: ")
+            shown["thought"] = True
+            out.write(thought)
+        if answer:
+            if shown["thought"] and not shown["answer"]:
+                out.write(PLAIN + "\n\n" if tty else "\n\n")
+            shown["answer"] += answer
+            out.write(answer)
+
     stop = threading.Event()
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -105,23 +132,26 @@ def stream(engine, prompt, params, out=sys.stdout) -> str:
                 break
             for o in engine.step():
                 if o.request_id == rid:
-                    out.write(o.new_text)
+                    write(o.new_text, last=o.finished)
                     out.flush()
-                    text = o.text
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if tty and shown["thought"] and not shown["answer"]:
+            out.write(PLAIN)  # stopped while thinking: the terminal's colour back
     out.flush()
-    return text
+    return shown["answer"]
 
 
 def run_generate(args) -> int:
     engine = build_engine(args)
-    prompt, params = args.prompt, sampling_params(args)
+    prompt, params, thinking = args.prompt, sampling_params(args), None
     if not args.raw and engine.chat_template is not None:
-        prompt = engine.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        prompt = engine.chat_template.render([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             **think_switch(args))
         params.stop += engine.chat_template.turn_stops
-    stream(engine, prompt, params)
+        thinking = reasoning_parser(engine, prompt)
+    stream(engine, prompt, params, thinking=thinking)
     print()
     return 0
 
@@ -148,9 +178,9 @@ def run_chat(args) -> int:
             del history[1 if args.system else 0:]
             continue
         history.append({"role": "user", "content": line})
-        prompt = engine.chat_template.render(history, add_generation_prompt=True)
+        prompt = engine.chat_template.render(history, add_generation_prompt=True, **think_switch(args))
         try:
-            reply = stream(engine, prompt, params)
+            reply = stream(engine, prompt, params, thinking=reasoning_parser(engine, prompt))
         except ValueError as e:  # e.g. the history outgrew the context
             print(f"\nerror: {e}", file=sys.stderr)
             history.pop()
@@ -159,11 +189,32 @@ def run_chat(args) -> int:
         history.append({"role": "assistant", "content": reply})
 
 
+def think_switch(args) -> dict:
+    """--think / --no-think as the template variable Qwen3 and SmolLM3 read (nothing: the model's default)."""
+    return {} if args.think is None else {"enable_thinking": args.think}
+
+
+def reasoning_parser(engine, prompt: str):
+    """A parser for the reply's <think> block when the model's template has one, else None."""
+    from engine.server.reasoning import ReasoningFormat, ReasoningParser, reasoning_format
+
+    fmt, inside = reasoning_format(engine.chat_template, prompt)
+    return None if fmt is ReasoningFormat.NONE else ReasoningParser(fmt, inside)
+
+
+def _add_think_flags(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--think", dest="think", action="store_true", default=None,
+                   help="a reasoning model thinks before it answers (its template's enable_thinking)")
+    g.add_argument("--no-think", dest="think", action="store_false", help="a reasoning model answers at once")
+
+
 def register(sub) -> None:
     p = sub.add_parser("chat", help="chat in the terminal (streaming, keeps the history)")
     add_engine_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default=None, help="system prompt")
+    _add_think_flags(p)
     p.set_defaults(func=run_chat)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text as it streams")
@@ -173,4 +224,5 @@ def register(sub) -> None:
     g.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     add_engine_args(g)
     add_sampling_args(g, temperature=0.0)
+    _add_think_flags(g)
     g.set_defaults(func=run_generate)

@@ -70,6 +70,8 @@ class _Request:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    thinking: bool = False  # inside a <think> block (with a thinking budget)
+    thought: int = 0  # tokens written inside it
 
 
 class LLMEngine:
@@ -115,9 +117,12 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         seq = Sequence(ids, params, request_id=request_id)
+        if params.thinking_budget is not None:
+            params.speculative = False  # one token a step: the budget replaces at most that one
         self._requests[request_id] = _Request(
             seq, IncrementalDetokenizer(self.tokenizer),
-            StopStringMatcher(params.stop) if params.stop else None)
+            StopStringMatcher(params.stop) if params.stop else None,
+            thinking=params.thinking_budget is not None and params.thinking_budget.starts_inside)
         self.scheduler.add(seq)
         return request_id
 
@@ -160,6 +165,9 @@ class LLMEngine:
             if scored is not None:
                 self._add_prompt_logprobs(seq, scored)
         sampled = out.sampled_seqs()
+        for i, seq in enumerate(sampled):
+            if seq.params.thinking_budget is not None:
+                result.token_ids[i] = self._within_budget(self._requests[seq.request_id], result.token_ids[i])
         self.scheduler.postprocess(out, result.token_ids)
         now = time.monotonic()
         for seq, tokens, lps in zip(sampled, result.token_ids, result.logprobs):
@@ -170,6 +178,22 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.after_step(out, result.token_ids, self.scheduler.running)
         return outputs
+
+    @staticmethod
+    def _within_budget(req: _Request, tokens: list[int]) -> list[int]:
+        """This step's sampled tokens with the thinking budget applied: past it, the closing tag
+        takes the place of the next token (a request with a budget is never drafted for: one token)."""
+        budget = req.seq.params.thinking_budget
+        tokens = list(tokens)
+        for j, t in enumerate(tokens):
+            if not req.thinking:
+                req.thinking = t == budget.open_id
+            elif req.thought >= budget.max_tokens and t != budget.close_id:
+                req.thinking = False
+                return tokens[:j] + [budget.close_id]
+            else:
+                req.thinking, req.thought = t != budget.close_id, req.thought + 1
+        return tokens
 
     def _add_prompt_logprobs(self, seq: Sequence, scored: list[TokenLogprobs]) -> None:
         """scored[j] is position c+j+1; keep each prompt position once (a recompute scores again)."""

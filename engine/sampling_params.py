@@ -8,6 +8,17 @@ if TYPE_CHECKING:
     from engine.grammar import Grammar
 
 
+@dataclass(frozen=True, slots=True)
+class ThinkingBudget:
+    """At most `max_tokens` inside a `<think>` block: at the limit the engine writes the closing
+    tag itself in place of the next sampled token (llama.cpp's --reasoning-budget), and the
+    answer follows. The tags must be single tokens; the block may be open from the prompt on."""
+    max_tokens: int
+    open_id: int
+    close_id: int
+    starts_inside: bool = False
+
+
 @dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
@@ -28,6 +39,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
     speculative: bool = True  # False: never draft for this request (the API's "speculative": "off")
+    thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking, capped (no drafts then)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

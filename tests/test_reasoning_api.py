@@ -101,3 +101,53 @@ def test_bad_reasoning_switches_are_400s_naming_the_field(server, extra, param):
         openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, max_tokens=1,
                                                       extra_body=extra)
     assert e.value.body["param"] == param
+
+
+@pytest.mark.parametrize("budget, reasoning", [(2, "\th"), (0, "")])
+def test_the_thinking_budget_closes_the_block_and_the_answer_follows(server, budget, reasoning):
+    """Past the budget the engine writes </think> itself in place of the next token."""
+    r = openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, temperature=0,
+                                                      max_tokens=20, extra_body={"max_reasoning_tokens": budget})
+    message = r.choices[0].message
+    assert message.content == "ok" and (message.model_extra.get("reasoning_content") or "") == reasoning.strip()
+    # <think>, the budget's tokens, and the </think> the engine wrote
+    assert r.usage.completion_tokens_details.reasoning_tokens == budget + 2
+
+
+def test_a_negative_budget_is_a_400(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client(server).chat.completions.create(model=_model(server), messages=MSGS, max_tokens=1,
+                                                      extra_body={"max_reasoning_tokens": -1})
+    assert e.value.body["param"] == "max_reasoning_tokens"
+
+
+def test_the_server_default_budget_applies_unless_a_request_says(tmp_path):
+    proc = start_engine(write_scripted_model(tmp_path / "thinker.gguf", SCRIPT), tmp_path,
+                        "--max-reasoning-tokens", "1")
+    try:
+        client = openai_client(proc)
+        capped = client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0, max_tokens=20)
+        assert capped.choices[0].message.content == "ok"
+        assert capped.usage.completion_tokens_details.reasoning_tokens == 3
+        free = client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0, max_tokens=20,
+                                              extra_body={"max_reasoning_tokens": 100})
+        assert free.choices[0].message.model_extra["reasoning_content"] == "hm"
+    finally:
+        proc.stop()
+
+
+def test_ember_generate_prints_the_thinking_apart(tmp_path):
+    """Off a terminal the thoughts come after "Thinking: " (dimmed on one), then the answer."""
+    import os
+    import subprocess
+    import sys
+
+    path = write_scripted_model(tmp_path / "thinker.gguf", SCRIPT)
+    env = {**os.environ, "EMBER_HOME": str(tmp_path / "home")}
+    for flags, want in (([], "Thinking: hm\n\nok\n"), (["--raw"], "<think>\thm</think> ok\n")):
+        r = subprocess.run([sys.executable, "-m", "app", "generate", "--model", str(path), "--max-tokens", "20",
+                            "--threads", "1", *flags, "Say ok."], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout == want

@@ -34,6 +34,7 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()  # extra Host names beyond loopback (remote binds)
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 << 20
+    max_reasoning_tokens: int | None = None  # a reasoning model's thinking, capped unless a request says
     extra: dict = field(default_factory=dict)
 
 
@@ -50,6 +51,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
                   description="OpenAI-compatible local inference server.")
     app.state.engine_thread = engine_thread
     app.state.model_store = ModelStore(settings.models_dir)
+    app.state.settings = settings
     app.state.settings = settings
     metrics = engine_thread.metrics
     install_error_handlers(app)

@@ -20,7 +20,8 @@ from engine.loaders.chat_template import TemplateError
 from engine.server import responses as R
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
-from engine.server.reasoning import ReasoningFormat, ReasoningParser, detect_format
+from engine.sampling_params import ThinkingBudget
+from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 from engine.server.structured import ReplyShape, reply_shape
@@ -167,8 +168,11 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     vocab = engine.tokenizer.vocab_size
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]
+    fmt, inside = reasoning_format(engine.chat_template, prompt)
+    budget = thinking_budget(engine, fmt, inside, body.max_reasoning_tokens, state)
     for p in params:  # the plain fallback layout's next-turn labels (ChatTemplate.turn_stops)
         p.stop = [*p.stop, *(t for t in engine.chat_template.turn_stops if t not in p.stop)]
+        p.thinking_budget = budget
     rid = R.new_id(prefix)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]
@@ -176,7 +180,6 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     first = await job.first()
     for i in range(1, body.n):  # the prompt's KV now exists: these start from it
         job.submit(ids, params[i], subs[i], engine)
-    fmt, inside = reasoning_format(engine.chat_template, prompt)
     return ChatRun(engine, loaded.spec.id, rid, ids, job, first, {s: i for i, s in enumerate(subs)},
                    [ChatChoice(i, shape.tools, ReasoningParser(fmt, inside) if fmt is not ReasoningFormat.NONE
                                else None) for i in range(body.n)])
@@ -191,14 +194,21 @@ def _render(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
         raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
 
 
-def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
-    """The model's thinking format from its own chat template (a fallback layout has none) and
-    whether the rendered prompt leaves the block open. `<think>` blocks only: harmony's channel
-    tokens are control tokens, which the detokenizer leaves out of the text."""
-    if template.is_fallback:
-        return ReasoningFormat.NONE, False
-    fmt, inside = detect_format(template.source, (), prompt[-256:])
-    return (fmt, inside) if fmt is ReasoningFormat.THINK_TAGS else (ReasoningFormat.NONE, False)
+def thinking_budget(engine, fmt: ReasoningFormat, inside: bool, requested: int | None,
+                    state) -> ThinkingBudget | None:
+    """The request's cap on thinking, else the server's (--max-reasoning-tokens); none without a
+    <think> format. The tags must be single tokens for the engine to write the closing one."""
+    settings = getattr(state, "settings", None)
+    limit = requested if requested is not None else getattr(settings, "max_reasoning_tokens", None)
+    if limit is None or fmt is not ReasoningFormat.THINK_TAGS:
+        return None
+    ids = [engine.tokenizer.encode(tag, add_bos=False, parse_special=True) for tag in (THINK_OPEN, THINK_CLOSE)]
+    if any(len(i) != 1 for i in ids):
+        raise APIError(400, "this model's <think> tags are not single tokens: its thinking cannot be budgeted",
+                       param="max_reasoning_tokens", code="invalid_value")
+    return ThinkingBudget(limit, ids[0][0], ids[1][0], inside)
+
+
 
 
 def _stream(job, first, index, choices, rid, model, created, tt, body: ChatCompletionRequest, n_prompt: int):

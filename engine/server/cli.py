@@ -82,6 +82,9 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--allowed-host", action="append", default=d["allowed_host"],
                    help="extra Host header names to accept")
     p.add_argument("--cors-origin", action="append", default=d["cors_origin"], help="browser origin allowed by CORS")
+    p.add_argument("--max-reasoning-tokens", type=int, default=d.get("max_reasoning_tokens"), metavar="N",
+                   help="a reasoning model thinks at most N tokens unless a request says otherwise "
+                        "(default: no limit)")
     add_config_args(p, d)
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"))
 
@@ -148,8 +151,11 @@ def serve(args) -> int:
     # a remote bind is protected by its key; its Host names are whatever the network calls it
     remote = args.allow_remote and not is_loopback(args.host)
     allowed = tuple(args.allowed_host) or (("*",) if remote else ())
+    if args.max_reasoning_tokens is not None and args.max_reasoning_tokens < 0:
+        raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
     app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
-                                            allowed_hosts=allowed, cors_origins=tuple(args.cors_origin)))
+                                            allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
+                                            max_reasoning_tokens=args.max_reasoning_tokens))
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as e:

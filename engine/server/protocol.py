@@ -168,6 +168,8 @@ class ChatCompletionRequest(SamplingRequest):
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, max_length=64, description="Extra variables for the chat template, e.g. {\"enable_thinking\": false}.")
+    max_reasoning_tokens: int | None = Field(
+        None, ge=0, le=INT32_MAX, description="Tokens a reasoning model may think before Ember closes the block.")
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -207,3 +207,13 @@ def split(text: str, fmt: ReasoningFormat, starts_in_reasoning: bool = False) ->
     reasoning, content = parser.feed(text)
     more_reasoning, more_content = parser.finish()
     return reasoning + more_reasoning, content + more_content
+
+
+def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
+    """The thinking format of a model's own chat template (a ChatTemplate; a fallback layout has
+    none) and whether the rendered prompt leaves the block open. `<think>` blocks only: harmony's
+    channel tokens are control tokens, which the detokenizer leaves out of the text."""
+    if template.is_fallback:
+        return ReasoningFormat.NONE, False
+    fmt, inside = detect_format(template.source, (), prompt[-256:])
+    return (fmt, inside) if fmt is ReasoningFormat.THINK_TAGS else (ReasoningFormat.NONE, False)
