@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -54,6 +55,8 @@ class AnthropicRoute(APIRoute):
                 return JSONResponse(_error_body(e.status, e.message), status_code=e.status)
             except RequestValidationError as e:
                 return JSONResponse(_error_body(400, _validation_message(e)[0]), status_code=400)
+            except HTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
+                return JSONResponse(_error_body(e.status_code, str(e.detail)), status_code=e.status_code)
         return route
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -57,6 +58,8 @@ class OllamaRoute(APIRoute):
                 return _error(e.status, e.message)
             except RequestValidationError as e:
                 return _error(400, _validation_message(e)[0])
+            except HTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
+                return _error(e.status_code, str(e.detail))
         return route
 
 
