@@ -63,7 +63,7 @@ def test_nibble_pairs_and_formats():
 
 
 @needs_cuda
-@pytest.mark.parametrize("M", [1, 7, 32, 33, 300])  # tinygemm up to 32 rows, dense bf16 above
+@pytest.mark.parametrize("M", [1, 7, 32, 33, 300])  # tinygemm up to DENSE_ROWS (256), dense bf16 above
 def test_int4_linear_on_cuda(M):
     w = weight(512, 1024, seed=M).to("cuda")
     lin = Int4Linear(w, torch.randn(512, device="cuda"))

@@ -51,23 +51,35 @@ def gpu_time(fn, reps: int = 20) -> float:
 
 
 def bench_layers(rows: list[int]) -> list[dict]:
+    """Qwen2.5-1.5B's 28 layers of matrices at M rows: tinygemm (the 4-bit path), Int4Linear's
+    dense path (dequantize per call, then bf16), and bf16 on a dense copy kept (memory x4):
+    where the first two cross is where Int4Linear should switch (DENSE_ROWS)."""
     from engine.kernels.pack import QuantWeight
+    from engine.layers import int4_linear
     from engine.layers.int4_linear import Int4Linear
 
     out = []
     for M in rows:
-        t4 = tdense = 0.0
+        t4 = tdq = tdense = 0.0
         for N, K in QWEN_1_5B.values():
             q = torch.randint(0, 16, (N, K), dtype=torch.uint8, device="cuda")
             d = torch.rand(N, K // 32, device="cuda") * 0.01
             w = QuantWeight(4, 32, q, d, -8 * d)
             lin, dense = Int4Linear(w), w.dequantize().to(torch.bfloat16)
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            t4 += 28 * gpu_time(lambda: lin(x))
+            saved = int4_linear.DENSE_ROWS
+            try:
+                int4_linear.DENSE_ROWS = 1 << 30
+                t4 += 28 * gpu_time(lambda: lin(x))
+                int4_linear.DENSE_ROWS = 0
+                tdq += 28 * gpu_time(lambda: lin(x))
+            finally:
+                int4_linear.DENSE_ROWS = saved
             tdense += 28 * gpu_time(lambda: torch.nn.functional.linear(x, dense))
             del lin, dense
-        out.append({"rows": M, "int4_ms": t4 * 1e3, "bf16_ms": tdense * 1e3, "speedup": tdense / t4})
-        print(f"rows {M:5d}: 4-bit {t4 * 1e3:8.2f} ms   bf16 {tdense * 1e3:8.2f} ms   {tdense / t4:5.2f}x", flush=True)
+        out.append({"rows": M, "int4_ms": t4 * 1e3, "dequant_bf16_ms": tdq * 1e3, "bf16_ms": tdense * 1e3})
+        print(f"rows {M:5d}: tinygemm {t4 * 1e3:8.2f} ms   dequantize+bf16 {tdq * 1e3:8.2f} ms   "
+              f"bf16 kept {tdense * 1e3:8.2f} ms", flush=True)
     return out
 
 
@@ -78,6 +90,8 @@ def write_qwen_shapes(path: Path) -> str:
     from gguf_factory import bpe_vocab, write_tiny_model
 
     c = QWEN_1_5B_MODEL
+    if path.is_file():  # written by an earlier run on this machine
+        return str(path)
     t0 = time.perf_counter()
     write_tiny_model(path, arch="qwen2", n_layers=c["n_layers"], hidden=c["hidden"], n_heads=c["n_heads"],
                      n_kv_heads=c["n_kv_heads"], ffn=c["ffn"], ctx=4096, qtype=QT.Q4_K, tied=True,
@@ -168,6 +182,45 @@ def bench_model(path: str, prompt_tokens: int = 512, new_tokens: int = 64, chats
     return out
 
 
+def profile_chats(path: str, chats: int = 64, steps: int = 20) -> str:
+    """Where a decode step of `chats` chats spends its time: cProfile over engine.step (host side)
+    and torch.profiler's CUDA kernel table, for the step's launch count and GPU time."""
+    import cProfile
+    import io
+    import pstats
+
+    from engine.sampling_params import SamplingParams
+
+    engine = load_engine_on_cuda(path, "quantized", chats, 512)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 40, ignore_eos=True)
+    for i in range(chats):
+        engine.add_request([300 + (i * 7 + j) % 1000 for j in range(128)], params)
+    for _ in range(12):  # prefill and warm-up
+        engine.step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    prof.disable()
+    step_ms = (time.perf_counter() - t0) / steps * 1e3
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+    table = tp.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    from engine.layers.int4_linear import DENSE_ROWS
+    text = (f"{chats} chats: {step_ms:.1f} ms a decode step ({chats * 1e3 / step_ms:.0f} tok/s), "
+            f"DENSE_ROWS {DENSE_ROWS}\n{out.getvalue()}\n{table}")
+    print(text, flush=True)
+    return text
+
+
 def bench_hf(prompt_tokens: int = 512, new_tokens: int = 64, chats: int = 64) -> dict:
     """transformers' generate, bf16, random weights of Qwen2.5-1.5B's shapes: prefill, one stream, chats."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -204,21 +257,35 @@ def main() -> int:
     ap.add_argument("--model", help="a GGUF file for the end-to-end figures")
     ap.add_argument("--qwen-shapes", action="store_true", help="write and use a random Q4_K Qwen2.5-1.5B-shaped GGUF")
     ap.add_argument("--hf", action="store_true", help="transformers' generate on the same shapes, side by side")
+    ap.add_argument("--profile", action="store_true", help="only profile 64 chats' decode steps (host and CUDA)")
+    ap.add_argument("--layers-only", action="store_true", help="only the layer timings (where DENSE_ROWS belongs)")
+    ap.add_argument("--dense-rows", type=int, help="Int4Linear's DENSE_ROWS for this run")
     ap.add_argument("--out", default=".", help="where cuda_check.json goes")
     args = ap.parse_args()
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)):
         print("no sm80+ CUDA GPU here: nothing to check")
         return 2
     sys.path.insert(0, str(ROOT))
+    if args.dense_rows is not None:
+        from engine.layers import int4_linear
+        int4_linear.DENSE_ROWS = args.dense_rows
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     print(f"{report['device']}, torch {report['torch']}", flush=True)
     t0 = time.perf_counter()
+    if args.profile:
+        model = write_qwen_shapes(Path(tempfile.gettempdir()) / "qwen2.5-1.5b-shapes-q4_k.gguf")
+        Path(args.out, "profile.txt").write_text(profile_chats(model))
+        return 0
+    if args.layers_only:
+        report["layers"] = bench_layers([1, 8, 32, 64, 128, 256, 512])
+        Path(args.out, "cuda_check.json").write_text(json.dumps(report, indent=2))
+        return 0
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
                             str(ROOT / "tests" / "test_int4_linear.py")], cwd=ROOT)
     report["tests_rc"] = tests.returncode
     report["copy_gb_s"] = copy_bandwidth() / 1e9
     print(f"copy bandwidth {report['copy_gb_s']:.0f} GB/s (read + write)", flush=True)
-    report["layers"] = bench_layers([1, 8, 32, 512])
+    report["layers"] = bench_layers([1, 8, 32, 64, 128, 256, 512])
     scratch = Path(tempfile.gettempdir()) / "qwen2.5-1.5b-shapes-q4_k.gguf"
     model = write_qwen_shapes(scratch) if args.qwen_shapes else args.model
     if model:
