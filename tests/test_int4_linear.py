@@ -59,6 +59,7 @@ def test_nibble_pairs_and_formats():
     q = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
     assert nibble_pairs(q).tolist() == [[0x12, 0xF0]]
     assert supports(weight(16, 64)) and not supports(QuantWeight(8, 32, q.to(torch.int8), torch.ones(1, 1), None))
+    assert not supports(weight(459, 64))  # tinygemm's column tiles are 8 wide: a 459-token head stays dense
     assert [inner_k_tiles(k) for k in (128, 64, 32)] == [8, 4, 2]
 
 

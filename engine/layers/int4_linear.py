@@ -41,7 +41,9 @@ def nibble_pairs(q: torch.Tensor) -> torch.Tensor:
 
 
 def supports(w: QuantWeight) -> bool:
-    return w.bits == 4 and w.group in GROUPS and w.shape[1] % 32 == 0
+    """tinygemm packs columns in tiles of 8 (n = tiles * 8 must equal the scales' N: a 459-row
+    head failed 'qScaleAndZeros.size(1) == n' on an H200) and rows in groups of 32."""
+    return w.bits == 4 and w.group in GROUPS and w.shape[1] % 32 == 0 and w.shape[0] % 8 == 0
 
 
 def inner_k_tiles(K: int) -> int:
