@@ -1,6 +1,6 @@
 """`create_app(engine_thread, settings)`: the FastAPI app of the engine process.
 
-Routes: the OpenAI ones (chat_routes.py, openai_routes.py, responses_api.py), /v1/models, /health, /metrics and the GUI's
+Routes: the OpenAI ones (chat_routes.py, openai_routes.py, responses_api.py, embedding_routes.py), /v1/models, /health, /metrics and the GUI's
 /v1/engine/{status,load,unload}. Everything is passed in (no module globals); the engine thread
 is started with the app and stopped with it.
 """
@@ -20,6 +20,8 @@ from engine.server.engine_thread import EngineThread
 from engine.server.errors import APIError, install_error_handlers
 from engine.server.model_store import ModelNotFound, ModelStore
 from engine.server.chat_routes import build_chat_router
+from engine.server.embedding_routes import build_embeddings_router
+from engine.server.embeddings import Embeddings
 from engine.server.openai_routes import build_router
 from engine.server.responses_api import build_responses_router
 from engine.server.ollama_routes import build_ollama_router
@@ -52,11 +54,12 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.state.engine_thread = engine_thread
     app.state.model_store = ModelStore(settings.models_dir)
     app.state.settings = settings
-    app.state.settings = settings
+    app.state.embeddings = Embeddings()  # llama.cpp's embeddings context, built on first use
     metrics = engine_thread.metrics
     install_error_handlers(app)
     app.include_router(build_chat_router())
     app.include_router(build_router())
+    app.include_router(build_embeddings_router())
     app.include_router(build_responses_router())
     app.include_router(build_ollama_router())
     app.include_router(build_anthropic_router())
@@ -157,8 +160,8 @@ def _health(t: EngineThread) -> dict:
 class RequestMetricsMiddleware:
     """Counts requests by endpoint and status (ASGI, so streams are not buffered)."""
 
-    KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-             "/v1/engine/status", "/v1/engine/load", "/v1/engine/unload")
+    KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health",
+             "/metrics", "/v1/engine/status", "/v1/engine/load", "/v1/engine/unload")
 
     def __init__(self, app, metrics) -> None:
         self.app, self.metrics = app, metrics

@@ -1,5 +1,6 @@
-"""Ollama's native API (/api/chat, /api/generate, /api/tags, /api/show, /api/ps, /api/version), so
-that programs speaking Ollama (Open WebUI, Continue, the `ollama` client) work against Ember.
+"""Ollama's native API (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
+/api/ps, /api/version), so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
+client) work against Ember. Embeddings are embeddings.py's, as on /v1/embeddings.
 
 No second engine path: a chat (and a templated generate) becomes a ChatCompletionRequest and goes
 through chat_routes.start_chat (model, template, tools, grammar, context, sampler, turn stops);
@@ -34,6 +35,8 @@ from engine.model_files.meta import read_meta
 from engine.model_files.tool_call_syntax import tool_format
 from engine.server import responses as R
 from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
+from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
+                                            ollama_embeddings_reply)
 from engine.server.engine_thread import LoadedModel, ModelSpec
 from engine.server.errors import APIError, _validation_message
 from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, ShowRequest
@@ -425,5 +428,20 @@ def build_ollama_router() -> APIRouter:
                                                      "response_format": _response_format(body.format), **sampler})
             run = await start_chat(request, req, "ollama")
         return await _Reply(run, False, t0).respond(body.stream)
+
+    @router.post("/api/embed")
+    async def embed(body: OllamaEmbedRequest, request: Request):
+        t0 = time.monotonic()
+        loaded = _loaded(request, body.model)
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        res = await request.app.state.embeddings.run(loaded, inputs, truncate=body.truncate)
+        return ollama_embed_reply(body.model, res, body.dimensions, t0)
+
+    @router.post("/api/embeddings")
+    async def embeddings(body: OllamaEmbeddingsRequest, request: Request):
+        loaded = _loaded(request, body.model)
+        if not body.prompt:  # as Ollama: no text, no vector
+            return {"embedding": []}
+        return ollama_embeddings_reply(await request.app.state.embeddings.run(loaded, [body.prompt]))
 
     return router
