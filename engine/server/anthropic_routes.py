@@ -15,19 +15,16 @@ max_tokens when it fills): agents send their own large default, not the local mo
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from engine.server.anthropic_protocol import (CountTokensRequest, MessagesRequest, openai_messages,
                                               openai_tools, sampler_fields)
 from engine.server.chat_routes import ChatRun, _render, start_chat
-from engine.server.errors import APIError, _validation_message
+from engine.server.errors import APIError, _validation_message, shaped_route
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.serving import encode, require_model
 from engine.server.sse import SSE_HEADERS
@@ -42,22 +39,8 @@ def _error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-class AnthropicRoute(APIRoute):
-    """Errors in Anthropic's shape, which the `anthropic` client reads."""
-
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
-
-        async def route(request: Request):
-            try:
-                return await handler(request)
-            except APIError as e:
-                return JSONResponse(_error_body(e.status, e.message), status_code=e.status)
-            except RequestValidationError as e:
-                return JSONResponse(_error_body(400, _validation_message(e)[0]), status_code=400)
-            except HTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
-                return JSONResponse(_error_body(e.status_code, str(e.detail)), status_code=e.status_code)
-        return route
+# Errors in Anthropic's shape, which the `anthropic` client reads.
+AnthropicRoute = shaped_route(lambda status, message: JSONResponse(_error_body(status, message), status_code=status))
 
 
 def _chat_request(body: CountTokensRequest, **sampler) -> ChatCompletionRequest:

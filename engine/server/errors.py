@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -97,3 +100,26 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
         return error_response(500, f"internal server error ({type(exc).__name__})", "internal_error")
+
+
+def shaped_route(error_response: Callable[[int, str], JSONResponse]) -> type[APIRoute]:
+    """A route class whose errors (an APIError, a body that fails validation or does not parse)
+    answer in another API's shape, `error_response(status, message)`: Ollama's and Anthropic's
+    clients read their own, not OpenAI's."""
+
+    class ShapedRoute(APIRoute):
+        def get_route_handler(self) -> Callable:
+            handler = super().get_route_handler()
+
+            async def route(request: Request):
+                try:
+                    return await handler(request)
+                except APIError as e:
+                    return error_response(e.status, e.message)
+                except RequestValidationError as e:
+                    return error_response(400, _validation_message(e)[0])
+                except StarletteHTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
+                    return error_response(e.status_code, str(e.detail))
+            return route
+
+    return ShapedRoute

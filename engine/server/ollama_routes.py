@@ -17,15 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -38,7 +35,7 @@ from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
 from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                             ollama_embeddings_reply)
 from engine.server.engine_thread import LoadedModel, ModelSpec
-from engine.server.errors import APIError, _validation_message
+from engine.server.errors import APIError, _validation_message, shaped_route
 from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, ShowRequest
 from engine.server.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
@@ -48,22 +45,8 @@ from engine.server.tool_protocol import ResponseFormat
 NDJSON = "application/x-ndjson"
 
 
-class OllamaRoute(APIRoute):
-    """Errors in Ollama's shape, {"error": message}, which the `ollama` client reads."""
-
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
-
-        async def route(request: Request):
-            try:
-                return await handler(request)
-            except APIError as e:
-                return _error(e.status, e.message)
-            except RequestValidationError as e:
-                return _error(400, _validation_message(e)[0])
-            except HTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
-                return _error(e.status_code, str(e.detail))
-        return route
+# Errors in Ollama's shape, {"error": message}, which the `ollama` client reads.
+OllamaRoute = shaped_route(lambda status, message: _error(status, message))
 
 
 def _error(status: int, message: str) -> JSONResponse:
