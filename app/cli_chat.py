@@ -57,19 +57,20 @@ def resolve_model(model: str | None) -> str:
 def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
+    from engine.loaders.chat_template import TemplateError
     from engine.model_files.fit import UnsupportedArchitecture
     from engine.config import EngineConfig
 
     path = resolve_model(args.model)
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                           num_threads=args.threads, speculative=args.speculative,
-                          max_model_len=args.ctx)
+                          max_model_len=args.ctx, chat_template=args.chat_template)
     try:
         return load_engine(config, args.backend, args.device)[0]
     except UnsupportedArchitecture as e:  # a file no runner runs: exit 2, as for a bad argument
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except BackendError as e:
+    except (BackendError, TemplateError) as e:
         raise SystemExit(f"error: {e}") from None
 
 

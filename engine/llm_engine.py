@@ -79,7 +79,7 @@ class LLMEngine:
                  chat_template: ChatTemplate | None = None, speculator: Speculator | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer or load_tokenizer(config.model_path)
-        self.chat_template = chat_template or ChatTemplate.from_model(config.model_path)
+        self.chat_template = chat_template or ChatTemplate.from_model(config.model_path, config.chat_template)
         if runner is None:
             from engine.model_runner import ModelRunner
             runner = ModelRunner(config)

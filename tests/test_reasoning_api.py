@@ -62,9 +62,16 @@ def test_streamed_reasoning_comes_first_and_equals_the_whole(server):
     assert usage.completion_tokens_details.reasoning_tokens == 5
 
 
-def test_a_template_without_thinking_leaves_the_text_alone(tmp_path):
-    path = write_scripted_model(tmp_path / "plain.gguf", SCRIPT, template=CHATML_TEMPLATE)
-    proc = start_engine(path, tmp_path)
+@pytest.mark.parametrize("how", ["the model's own", "--chat-template"])
+def test_a_template_without_thinking_leaves_the_text_alone(tmp_path, how):
+    """Reasoning is read from the template in use: the file's, or the one --chat-template gives."""
+    if how == "--chat-template":
+        (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
+        path, extra = write_scripted_model(tmp_path / "thinker.gguf", SCRIPT), ("--chat-template",
+                                                                              str(tmp_path / "chatml.jinja"))
+    else:
+        path, extra = write_scripted_model(tmp_path / "plain.gguf", SCRIPT, template=CHATML_TEMPLATE), ()
+    proc = start_engine(path, tmp_path, *extra)
     try:
         r = openai_client(proc).chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
                                                         max_tokens=20)
@@ -146,7 +153,9 @@ def test_ember_generate_prints_the_thinking_apart(tmp_path):
 
     path = write_scripted_model(tmp_path / "thinker.gguf", SCRIPT)
     env = {**os.environ, "EMBER_HOME": str(tmp_path / "home")}
-    for flags, want in (([], "Thinking: hm\n\nok\n"), (["--raw"], "<think>\thm</think> ok\n")):
+    (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
+    for flags, want in (([], "Thinking: hm\n\nok\n"), (["--raw"], "<think>\thm</think> ok\n"),
+                        (["--chat-template", str(tmp_path / "chatml.jinja")], "<think>\thm</think> ok\n")):
         r = subprocess.run([sys.executable, "-m", "app", "generate", "--model", str(path), "--max-tokens", "20",
                             "--threads", "1", *flags, "Say ok."], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]

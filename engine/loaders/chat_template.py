@@ -90,13 +90,22 @@ class ChatTemplate:
         return cls(meta["chat_template"], meta["bos_token"], meta["eos_token"], fallback=fallback)
 
     @classmethod
-    def from_model(cls, path: str | Path) -> "ChatTemplate":
-        """A GGUF file's template, or a Hugging Face directory's (read_hf_template_metadata)."""
-        if not Path(path).is_dir():
+    def from_model(cls, path: str | Path, template_file: str | Path | None = None) -> "ChatTemplate":
+        """A GGUF file's template, or a Hugging Face directory's (read_hf_template_metadata); with
+        `template_file`, that file's template in its place (BOS/EOS still the model's)."""
+        if template_file is None and not Path(path).is_dir():
             return cls.from_gguf(path)
-        meta = read_hf_template_metadata(path)
+        meta = read_hf_template_metadata(path) if Path(path).is_dir() else read_template_metadata(path)
         fallback = CHATML_TEMPLATE if meta["has_chatml_tokens"] else PLAIN_TEMPLATE
-        return cls(meta["chat_template"], meta["bos_token"], meta["eos_token"], fallback=fallback)
+        source = meta["chat_template"]
+        if template_file is not None:
+            try:
+                source = Path(template_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise TemplateError(f"cannot read the chat template file {template_file}: {e}") from None
+            if not source.strip():
+                raise TemplateError(f"the chat template file {template_file} is empty")
+        return cls(source, meta["bos_token"], meta["eos_token"], fallback=fallback)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                **extra: Any) -> str:

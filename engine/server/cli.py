@@ -59,7 +59,8 @@ def add_config_args(p: argparse.ArgumentParser, defaults: dict | None = None) ->
 def config_kwargs(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that the flags in `args` set (dtype is one of the backend flags)."""
     return {"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
-            "speculative": args.speculative, **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
+            "speculative": args.speculative, "chat_template": args.chat_template,
+            **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
 
 
 def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
