@@ -160,3 +160,22 @@ def test_ember_generate_prints_the_thinking_apart(tmp_path):
                             "--threads", "1", *flags, "Say ok."], capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout == want
+
+
+def test_ollama_clients_get_the_thinking_in_its_field(server):
+    """Ollama's /api/chat: message.thinking and message.content, streamed and not; think=false
+    reaches the template (its prompt grows by the empty block)."""
+    import ollama
+
+    client = ollama.Client(host=server.base_url, headers=server.headers)
+    name = _model(server)
+    r = client.chat(model=name, messages=MSGS, options={"temperature": 0, "num_predict": 20})
+    assert (r.message.thinking, r.message.content) == ("hm", "ok")
+    parts = list(client.chat(model=name, messages=MSGS, options={"temperature": 0, "num_predict": 20}, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == "hm"
+    assert "".join(p.message.content for p in parts) == "ok"
+    off = client.chat(model=name, messages=MSGS, think=False, options={"temperature": 0, "num_predict": 1})
+    on = client.chat(model=name, messages=MSGS, think=True, options={"temperature": 0, "num_predict": 1})
+    assert off.prompt_eval_count > on.prompt_eval_count
+    g = client.generate(model=name, prompt="Say ok.", options={"temperature": 0, "num_predict": 20})
+    assert (g.thinking, g.response) == ("hm", "ok")

@@ -93,7 +93,16 @@ class _Request(BaseModel):
     format: Format = None
     options: Options = Field(default_factory=Options)
     keep_alive: KeepAlive = None
-    think: bool | str | None = None  # accepted; a reasoning model's thoughts stay in the text
+    think: bool | Literal["low", "medium", "high"] | None = None  # a reasoning model's switch, or its effort
+
+    def think_fields(self) -> dict:
+        """`think` as the chat request's fields: true/false for the template's enable_thinking
+        (Qwen3, SmolLM3), a level for its reasoning effort (gpt-oss)."""
+        if self.think is None:
+            return {}
+        if isinstance(self.think, bool):
+            return {"chat_template_kwargs": {"enable_thinking": self.think}}
+        return {"reasoning_effort": self.think}
 
 
 class ChatRequest(_Request):

@@ -242,32 +242,37 @@ class _Reply:
         self.run, self.chat, self.t0 = run, chat, t0
         self.choice = run.choices[0]
 
-    def chunk(self, text: str, calls=None) -> dict:
+    def chunk(self, text: str, calls=None, thinking: str = "") -> dict:
+        """A reasoning model's thoughts go in `thinking` (message.thinking in a chat), as Ollama's."""
         d = {"model": _tag(self.run.model), "created_at": _now()}
         if self.chat:
-            d["message"] = {"role": "assistant", "content": text}
+            d["message"] = {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})
             if calls:
                 d["message"]["tool_calls"] = [{"function": {"name": c.name, "arguments": _arguments(c.arguments)}}
                                               for c in calls]
         else:
             d["response"] = text
+            if thinking:
+                d["thinking"] = thinking
         return d | {"done": False}
 
     def feed(self, out):
         """The chunks for what `out` added (tool-call text is held back until it is parsed)."""
         self.choice.add(out)
         for delta, _reason, _items in self.choice.stream_deltas(out, None, False):
+            if delta.get("reasoning_content"):
+                yield self.chunk("", thinking=delta["reasoning_content"])
             if delta.get("content"):
                 yield self.chunk(delta["content"])
             if delta.get("tool_calls"):
                 yield self.chunk("", self.choice.calls)
 
-    def final(self, text: str = "", calls=None) -> dict:
+    def final(self, text: str = "", calls=None, thinking: str = "") -> dict:
         end = time.monotonic()
         job, c = self.run.job, self.choice
         first = job.first_token_at.get(next(iter(self.run.index)), end)
         ns = lambda s: max(0, int(s * 1e9))  # noqa: E731
-        return self.chunk(text, calls) | {
+        return self.chunk(text, calls, thinking) | {
             "done": True, "done_reason": "length" if c.reason == "length" else "stop",
             "total_duration": ns(end - self.t0), "load_duration": 0,  # the model was loaded already
             "prompt_eval_count": len(self.run.prompt_ids), "prompt_eval_duration": ns(first - job.t0),
@@ -297,7 +302,8 @@ class _Reply:
             return StreamingResponse(self.lines(), media_type=NDJSON)
         await self.run.collect()
         c = self.choice
-        return JSONResponse(self.final(c.content or "", c.calls) if self.chat else self.final(c.text))
+        return JSONResponse(self.final(c.content or "", c.calls, c.reasoning) if self.chat
+                            else self.final(c.text, thinking=c.reasoning))
 
 
 def _arguments(text: str):
@@ -385,7 +391,8 @@ def build_ollama_router() -> APIRouter:
             return _loaded_reply(loaded, chat=True)
         req = _validated(ChatCompletionRequest, {
             "model": loaded.spec.id, "messages": _openai_messages(body.messages), "tools": body.tools,
-            "response_format": _response_format(body.format), **body.options.sampler_fields()})
+            "response_format": _response_format(body.format), **body.options.sampler_fields(),
+            **body.think_fields()})
         run = await start_chat(request, req, "ollama")
         return await _Reply(run, True, t0).respond(body.stream)
 
@@ -408,7 +415,8 @@ def build_ollama_router() -> APIRouter:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
                 {"role": "user", "content": body.prompt}]
             req = _validated(ChatCompletionRequest, {"model": loaded.spec.id, "messages": messages,
-                                                     "response_format": _response_format(body.format), **sampler})
+                                                     "response_format": _response_format(body.format), **sampler,
+                                                     **body.think_fields()})
             run = await start_chat(request, req, "ollama")
         return await _Reply(run, False, t0).respond(body.stream)
 
