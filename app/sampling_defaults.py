@@ -56,9 +56,13 @@ def effective_settings(chat_settings: dict | None, model_defaults: dict | None =
 
 
 def request_fields(settings: dict) -> tuple[str | None, dict]:
-    """(system prompt or None, the sampling keywords for `chat_stream`) of an effective settings dict."""
+    """(system prompt or None, the request keywords for `chat_stream`) of an effective settings
+    dict; a chat that turned thinking off asks the template for it (enable_thinking: false)."""
     system = (settings.get("system_prompt") or "").strip() or None
-    return system, {k: settings[k] for k in SAMPLING_KEYS}
+    fields = {k: settings[k] for k in SAMPLING_KEYS}
+    if settings.get("think") is False:
+        fields["chat_template_kwargs"] = {"enable_thinking": False}
+    return system, fields
 
 
 def store_defaults(store) -> Callable[[str | None], dict]:

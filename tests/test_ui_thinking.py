@@ -90,3 +90,21 @@ def test_a_history_file_from_before_gains_the_reasoning_fields(tmp_path):
         assert store.get_message(1).reasoning == "why"
     finally:
         store.close()
+
+
+def test_the_think_switch_shows_for_a_model_that_has_one_and_reaches_the_template(qtbot, app, monkeypatch):
+    panel = app.window.settings_panel
+    qtbot.waitUntil(lambda: panel.think.isVisibleTo(app.window), timeout=30_000)
+    assert app.controller.last_status["thinking"] == {"format": "think_tags", "switch": True}
+    view = app.window.new_chat()
+    app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
+    sent = []
+    cls = type(app.controller.client())
+    original = cls.chat_stream
+    monkeypatch.setattr(cls, "chat_stream", lambda self, messages, *a, **kw: (
+        sent.append(kw), original(self, messages, *a, **kw))[1])
+    panel.think.setChecked(False)  # as a click does: the chat's setting, then its next request
+    assert app.chat_store.get_chat(view.chat_id).settings["think"] is False
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000):
+        view.send("Say ok.")
+    assert sent[-1]["chat_template_kwargs"] == {"enable_thinking": False}

@@ -1,4 +1,5 @@
-"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens, speculative decoding.
+"""Per-chat model and sampling settings: system prompt, temperature, top-p, max tokens, speculative
+decoding, and whether a reasoning model thinks first (where its template can turn that off).
 
 It shows `effective_settings` (the chat's own values over the model's recommendation over Ember's
 defaults): the chat view sends that same dict, so an untouched chat sends what is on screen.
@@ -43,6 +44,9 @@ class ChatSettingsPanel(QWidget):
         # stored as the chat's "speculative" (True/False); off sends "speculative": "off" with its requests
         self.speculative = QCheckBox("Speculative decoding", self, checked=True)
         self.set_speculation_available(False)
+        # stored as the chat's "think" (True/False); off sends chat_template_kwargs enable_thinking: false
+        self.think = QCheckBox("Think before answering", self, checked=True)
+        self.set_thinking_switch(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
 
         box = QGroupBox("Chat settings", self)
@@ -54,6 +58,7 @@ class ChatSettingsPanel(QWidget):
         form.addRow("Top-p", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
         form.addRow(self.speculative)  # the whole width: its words would widen the label column
+        form.addRow(self.think)
         form.addRow(self.source)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
@@ -65,6 +70,7 @@ class ChatSettingsPanel(QWidget):
         self.top_p.valueChanged.connect(self._on_edited)
         self.max_tokens.valueChanged.connect(self._on_edited)
         self.speculative.toggled.connect(self._on_edited)
+        self.think.toggled.connect(self._on_edited)
         self.model.currentIndexChanged.connect(self._on_model_edited)
         self.load({}, None)
 
@@ -82,13 +88,14 @@ class ChatSettingsPanel(QWidget):
         self.top_p.setValue(float(s["top_p"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
         self.speculative.setChecked(s.get("speculative") is not False)
+        self.think.setChecked(s.get("think") is not False)
         self._select_model(model)
         self._loading = False
 
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
                 "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value(),
-                "speculative": self.speculative.isChecked()}
+                "speculative": self.speculative.isChecked(), "think": self.think.isChecked()}
 
     def set_speculation_available(self, available: bool) -> None:
         """Whether the engine speculates at all (Settings → Engine); the chat's choice is kept either way."""
@@ -98,6 +105,12 @@ class ChatSettingsPanel(QWidget):
             "text and code, and the same reply. Off: this chat's replies are written one token at a time"
             if available else "Speculative decoding is off for the engine (Settings → Engine → Speculative "
                               "decoding); this chat's choice applies once it is on")
+
+    def set_thinking_switch(self, available: bool) -> None:
+        """Whether the loaded model's template can turn its thinking off; shown only where it can."""
+        self.think.setVisible(available)
+        self.think.setToolTip("A reasoning model thinks before it answers (shown apart, collapsed). Off: it "
+                              "answers at once, faster, for simple questions")
 
     def current_model(self) -> str | None:
         """The chosen model's id; None for "whichever model the engine has loaded"."""

@@ -27,6 +27,7 @@ from engine.server.responses_api import build_responses_router
 from engine.server.ollama_routes import build_ollama_router
 from engine.server.anthropic_routes import build_anthropic_router
 from engine.server.protocol import LoadModelRequest
+from engine.server.reasoning import thinking_switches
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
         d["max_model_len"] = s.max_model_len if s is not None else None
         d["num_requests"] = engine_thread.num_requests
         d["generation_tok_s"] = round(metrics.generation_tok_s(), 2)
+        loaded = engine_thread.model
+        if loaded is not None:  # what the GUI's per-chat Think switch may ask of this model
+            d["thinking"] = thinking_switches(loaded.engine.chat_template)
         spec = s.spec if s is not None else None
         if spec is not None:
             d["speculative"] = {

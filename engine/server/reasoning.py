@@ -217,3 +217,11 @@ def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
         return ReasoningFormat.NONE, False
     fmt, inside = detect_format(template.source, (), prompt[-256:])
     return (fmt, inside) if fmt is ReasoningFormat.THINK_TAGS else (ReasoningFormat.NONE, False)
+
+
+def thinking_switches(template) -> dict:
+    """What a model's template lets a client ask of its thinking, for the engine's status: whether
+    it thinks in <think> blocks, and whether `enable_thinking` turns that off (Qwen3, SmolLM3)."""
+    fmt, _ = reasoning_format(template, "")
+    source = "" if template.is_fallback else template.source
+    return {"format": fmt.value, "switch": fmt is ReasoningFormat.THINK_TAGS and "enable_thinking" in source}
