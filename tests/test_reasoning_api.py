@@ -179,3 +179,20 @@ def test_ollama_clients_get_the_thinking_in_its_field(server):
     assert off.prompt_eval_count > on.prompt_eval_count
     g = client.generate(model=name, prompt="Say ok.", options={"temperature": 0, "num_predict": 20})
     assert (g.thinking, g.response) == ("hm", "ok")
+
+
+def test_the_responses_api_returns_a_reasoning_item_before_the_message(server):
+    client = openai_client(server)
+    r = client.responses.create(model=_model(server), input="Say ok.", temperature=0, max_output_tokens=20)
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message"] and r.output_text == "ok"
+    assert r.output[0].content[0].text == "hm"
+    assert r.usage.output_tokens_details.reasoning_tokens == 5
+    events = list(client.responses.create(model=_model(server), input="Say ok.", temperature=0,
+                                          max_output_tokens=20, stream=True))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (thought, answer) == ("hm", "ok")
+    done = [e.item.type for e in events if e.type == "response.output_item.done"]
+    assert done == ["reasoning", "message"]
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "ok"

@@ -1,7 +1,8 @@
 """POST /v1/responses: OpenAI's Responses API on the chat path (responses_protocol.to_chat).
 
-The reply becomes `output` items (a message with output_text, and one function_call item per
-tool call); streamed, it is the typed event sequence (response.created … response.completed,
+The reply becomes `output` items (a reasoning item with a thinking model's thoughts, a message
+with output_text, and one function_call item per tool call); streamed, it is the typed event
+sequence (response.created … response.completed,
 each SSE with its `event:` line and a sequence_number), with no `[DONE]`. Nothing is stored,
 so `previous_response_id` is a 400.
 """
@@ -32,6 +33,12 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    """A reasoning model's thoughts, as the Responses API carries them (reasoning_text content)."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
 def _call_item(call, status: str = "completed") -> dict:
     return {"type": "function_call", "id": _item_id("fc"), "call_id": call.id, "name": call.name,
             "arguments": call.arguments, "status": status}
@@ -52,7 +59,7 @@ class ResponseBody:
         if done:
             n_in, n_out = len(self.run.prompt_ids), choice.completion_tokens
             use = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": choice.cached, "cache_write_tokens": 0},
-                   "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
+                   "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": choice.reasoning_tokens},
                    "total_tokens": n_in + n_out}
         return {
             "id": self.id, "object": "response", "created_at": self.created, "model": self.run.model,
@@ -72,6 +79,8 @@ class ResponseBody:
 def _output(choice: ChatChoice) -> list[dict]:
     items = []
     status = "incomplete" if choice.reason == "length" else "completed"
+    if choice.reasoning:
+        items.append(_reasoning_item(_item_id("rs"), choice.reasoning, status))
     if choice.content:
         items.append(_message_item(_item_id("msg"), choice.content, status))
     items += [_call_item(c) for c in choice.calls]
@@ -98,7 +107,7 @@ def _events(run: ChatRun, resp: ResponseBody):
     tool call an item of its own with its arguments in one delta."""
     seq = iter(range(1 << 62))
     choice = run.choices[0]
-    state = {"msg": None, "text": "", "output": []}
+    state = {"msg": None, "text": "", "output": [], "rs": None, "thought": ""}
     tt = R.TokenText(run.engine.tokenizer)
 
     def ev(kind: str, **data) -> str:
@@ -125,6 +134,21 @@ def _events(run: ChatRun, resp: ResponseBody):
         state["output"].append(item)
         state["msg"] = None
 
+    def open_reasoning():
+        state["rs"] = _item_id("rs")
+        yield ev("response.output_item.added", output_index=len(state["output"]),
+                 item={**_reasoning_item(state["rs"], "", "in_progress"), "content": []})
+
+    def close_reasoning(status: str):
+        if state["rs"] is None:
+            return
+        index, text = len(state["output"]), state["thought"]
+        yield ev("response.reasoning_text.done", item_id=state["rs"], output_index=index, content_index=0, text=text)
+        item = _reasoning_item(state["rs"], text, status)
+        yield ev("response.output_item.done", output_index=index, item=item)
+        state["output"].append(item)
+        state["rs"] = None
+
     def emit(item):
         out = item[1]
         if not choice.started:
@@ -132,6 +156,14 @@ def _events(run: ChatRun, resp: ResponseBody):
             yield ev("response.in_progress", response=resp.make(None, []))
         choice.add(out)
         for delta, reason, _ in choice.stream_deltas(out, tt, False):
+            if delta.get("reasoning_content"):
+                if state["rs"] is None:
+                    yield from open_reasoning()
+                state["thought"] += delta["reasoning_content"]
+                yield ev("response.reasoning_text.delta", item_id=state["rs"], output_index=len(state["output"]),
+                         content_index=0, delta=delta["reasoning_content"])
+            if delta.get("content") or delta.get("tool_calls") or reason is not None:
+                yield from close_reasoning("incomplete" if reason == "length" else "completed")
             if delta.get("content"):
                 if state["msg"] is None:
                     yield from open_message()
