@@ -196,3 +196,19 @@ def test_the_responses_api_returns_a_reasoning_item_before_the_message(server):
     done = [e.item.type for e in events if e.type == "response.output_item.done"]
     assert done == ["reasoning", "message"]
     assert events[-1].type == "response.completed" and events[-1].response.output_text == "ok"
+
+
+def test_anthropic_clients_get_a_thinking_block_and_its_budget(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=server.api_key, max_retries=0)
+    kw = dict(model=_model(server), max_tokens=20, messages=[{"role": "user", "content": "Say ok."}],
+              extra_body={"temperature": 0})
+    m = client.messages.create(**kw)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert (m.content[0].thinking, m.content[1].text) == ("hm", "ok")
+    with client.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == "hm"
+    capped = client.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 0})
+    assert [b.type for b in capped.content] == ["text"] and capped.content[0].text == "ok"

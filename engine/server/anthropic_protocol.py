@@ -76,6 +76,14 @@ class ToolChoice(BaseModel):
     disable_parallel_tool_use: bool = False
 
 
+class ThinkingConfig(BaseModel):
+    """Extended thinking: on with a token budget (a reasoning model's <think> block, capped), or off
+    (the template's enable_thinking: false)."""
+    model_config = _config
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+
+
 class CountTokensRequest(BaseModel):
     model_config = _config
     model: ModelName
@@ -93,6 +101,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)
     stream: bool = False
     metadata: dict | None = None  # user_id: accepted, unused
+    thinking: ThinkingConfig | None = None
 
     @field_validator("stop_sequences")
     @classmethod
@@ -179,4 +188,8 @@ def sampler_fields(body: MessagesRequest) -> dict:
         d["top_p"] = body.top_p
     if body.top_k is not None:
         d["top_k"] = body.top_k
+    if body.thinking is not None:
+        d["chat_template_kwargs"] = {"enable_thinking": body.thinking.type == "enabled"}
+        if body.thinking.type == "enabled" and body.thinking.budget_tokens is not None:
+            d["max_reasoning_tokens"] = body.thinking.budget_tokens
     return d

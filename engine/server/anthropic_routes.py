@@ -82,6 +82,7 @@ class _Reply:
         self.last = None  # the last RequestOutput
         self.block = -1  # the index of the last content block started
         self.text_open = False
+        self.thinking_open = False
 
     def add(self, out) -> None:
         self.last = out
@@ -114,7 +115,8 @@ class _Reply:
 
     def message(self) -> dict:
         c = self.choice
-        content = [{"type": "text", "text": c.content}] if c.content else []
+        content = [{"type": "thinking", "thinking": c.reasoning, "signature": ""}] if c.reasoning else []
+        content += [{"type": "text", "text": c.content}] if c.content else []
         content += [{"type": "tool_use", "id": t.id, "name": t.name, "input": _input(t.arguments)} for t in c.calls]
         seq = self.stop_sequence()
         return {"id": self.run.rid, "type": "message", "role": "assistant", "model": self.run.model,
@@ -128,8 +130,8 @@ class _Reply:
                                               "content_block": block})
 
     def _stop_text(self):
-        if self.text_open:
-            self.text_open = False
+        if self.text_open or self.thinking_open:
+            self.text_open = self.thinking_open = False
             yield _event("content_block_stop", {"type": "content_block_stop", "index": self.block})
 
     def events(self, out):
@@ -137,7 +139,15 @@ class _Reply:
         the reply ends and is parsed, as chat_routes does)."""
         self.add(out)
         for delta, _reason, _items in self.choice.stream_deltas(out, None, False):
+            if delta.get("reasoning_content"):  # a thinking block, before the text (no signature: local)
+                if not self.thinking_open:
+                    self.thinking_open = True
+                    yield self._start_block({"type": "thinking", "thinking": "", "signature": ""})
+                yield _event("content_block_delta", {"type": "content_block_delta", "index": self.block, "delta": {
+                    "type": "thinking_delta", "thinking": delta["reasoning_content"]}})
             if delta.get("content"):
+                if self.thinking_open:
+                    yield from self._stop_text()
                 if not self.text_open:
                     self.text_open = True
                     yield self._start_block({"type": "text", "text": ""})
