@@ -212,3 +212,42 @@ def test_anthropic_clients_get_a_thinking_block_and_its_budget(server):
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking == "hm"
     capped = client.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 0})
     assert [b.type for b in capped.content] == ["text"] and capped.content[0].text == "ok"
+
+
+def test_a_json_schema_request_returns_valid_json_in_content(server, tmp_path):
+    """The grammar holds the reply from its first token (no thinking first, yet): the content is
+    the schema's JSON, even for a template that opens the block in the prompt."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = openai_client(server).chat.completions.create(
+        model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert not (r.choices[0].message.model_extra or {}).get("reasoning_content")
+
+
+def test_a_template_that_opens_the_block_in_the_prompt(tmp_path):
+    """DeepSeek-R1 distills' templates end the prompt inside <think>: the reply is thoughts up to
+    </think>, then the answer; with a grammar, all of it is the answer."""
+    import json
+
+    r1 = CHATML_TEMPLATE.replace("{{ '<|im_start|>assistant\\n' }}", "{{ '<|im_start|>assistant\\n<think>\\n' }}")
+    assert r1 != CHATML_TEMPLATE
+    path = write_scripted_model(tmp_path / "r1.gguf", ["h", "m", "</think>", "Ġ", "o", "k"], template=r1)
+    proc = start_engine(path, tmp_path)
+    try:
+        client = openai_client(proc)
+        r = client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0, max_tokens=20)
+        assert (r.choices[0].message.model_extra["reasoning_content"], r.choices[0].message.content) == ("hm", "ok")
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        j = client.chat.completions.create(
+            model=_model(proc), messages=MSGS, temperature=0, max_tokens=40,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        assert isinstance(json.loads(j.choices[0].message.content)["ok"], bool)
+    finally:
+        proc.stop()

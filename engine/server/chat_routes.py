@@ -169,6 +169,8 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]
     fmt, inside = reasoning_format(engine.chat_template, prompt)
+    if shape.grammar is not None:  # a grammar holds the reply from its first token: all of it is the answer
+        fmt, inside = ReasoningFormat.NONE, False
     budget = thinking_budget(engine, fmt, inside, body.max_reasoning_tokens, state)
     for p in params:  # the plain fallback layout's next-turn labels (ChatTemplate.turn_stops)
         p.stop = [*p.stop, *(t for t in engine.chat_template.turn_stops if t not in p.stop)]
