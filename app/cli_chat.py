@@ -122,7 +122,6 @@ def stream(engine, prompt, params, out=sys.stdout, thinking=None) -> str:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     rid = engine.add_request(prompt, params)
-    text = ""
     try:
         while engine.has_unfinished():
             if stop.is_set():

@@ -179,6 +179,7 @@ def test_ollama_clients_get_the_thinking_in_its_field(server):
     assert off.prompt_eval_count > on.prompt_eval_count
     g = client.generate(model=name, prompt="Say ok.", options={"temperature": 0, "num_predict": 20})
     assert (g.thinking, g.response) == ("hm", "ok")
+    assert "thinking" in client.show(name).capabilities
 
 
 def test_the_responses_api_returns_a_reasoning_item_before_the_message(server):

@@ -14,7 +14,6 @@ switch the model the app is using. keep_alive is accepted and ignored for the sa
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from datetime import datetime, timezone
@@ -26,16 +25,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from engine.model_files.gguf_file import GGUFFile
-from engine.model_files.manifest import is_model_id, manifest_path, read_manifest
-from engine.model_files.meta import read_meta
-from engine.model_files.tool_call_syntax import tool_format
 from engine.server import responses as R
 from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
 from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                             ollama_embeddings_reply)
-from engine.server.engine_thread import LoadedModel, ModelSpec
+from engine.server.engine_thread import LoadedModel
 from engine.server.errors import APIError, _validation_message, shaped_route
+from engine.server.ollama_models import facts as model_facts, listing as model_listing, show as model_show, tag
 from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, ShowRequest
 from engine.server.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
@@ -69,10 +65,6 @@ def _model_id(name: str) -> str:
     return name.removesuffix(":latest")
 
 
-def _tag(model_id: str) -> str:
-    return f"{model_id}:latest"
-
-
 def _not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
 
@@ -83,101 +75,6 @@ def _loaded(request: Request, name: str) -> LoadedModel:
         return require_model(state.engine_thread, state.model_store, _model_id(name))
     except APIError as e:
         raise (_not_found(name) if e.status == 404 else e) from None
-
-
-# ---- model facts (tags, show, ps) ------------------------------------------------------------
-_digests: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256, for models outside the store
-
-
-def _sha256(path: Path) -> str:
-    """The store's digest rule (manifest.py): a file's sha256; a directory's sorted
-    "relpath\\0sha256\\n" lines hashed."""
-    if path.is_dir():
-        lines = "".join(f"{p.relative_to(path).as_posix()}\0{_sha256(p)}\n"
-                        for p in sorted(path.rglob("*")) if p.is_file())
-        return hashlib.sha256(lines.encode()).hexdigest()
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _digests:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        _digests[key] = h.hexdigest()
-    return _digests[key]
-
-
-def _facts(store, spec: ModelSpec) -> dict:
-    """The manifest's fields for a model (read from the file for one served by --model PATH)."""
-    if store.root is not None and is_model_id(spec.id):
-        p = manifest_path(store.root, spec.id)
-        if p.is_file():
-            return read_manifest(p)
-    path = Path(spec.path)
-    meta = read_meta(path)
-    size = (sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir()
-            else path.stat().st_size)
-    added = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat()
-    return {"format": meta.format, "architecture": meta.architecture, "parameter_count": meta.parameter_count,
-            "quantization": meta.quantization, "context_length": meta.context_length,
-            "num_layers": meta.num_layers, "num_kv_heads": meta.num_kv_heads, "size_bytes": size,
-            "sha256": _sha256(path), "added_at": added, "path": str(path)}
-
-
-def _parameter_size(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.1f}{unit}" if unit == "B" else f"{n / div:.0f}{unit}"
-    return str(n)
-
-
-def _details(f: dict) -> dict:
-    arch = f.get("architecture") or ""
-    return {"parent_model": "", "format": f.get("format", "gguf"), "family": arch, "families": [arch],
-            "parameter_size": _parameter_size(int(f.get("parameter_count") or 0)),
-            "quantization_level": f.get("quantization") or ""}
-
-
-def _listing(spec: ModelSpec, f: dict) -> dict:
-    return {"name": _tag(spec.id), "model": _tag(spec.id), "modified_at": f.get("added_at"),
-            "size": f.get("size_bytes", 0), "digest": f.get("sha256", ""), "details": _details(f)}
-
-
-def _template_of(spec: ModelSpec, loaded: LoadedModel | None) -> str:
-    if loaded is not None and loaded.spec.id == spec.id:
-        return loaded.engine.chat_template.source
-    path = Path(spec.path)
-    if path.is_file():
-        with GGUFFile(path) as header:
-            t = header.get("tokenizer.chat_template")
-        return t if isinstance(t, str) else ""
-    config = path / "tokenizer_config.json"
-    if config.is_file():
-        t = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-        return t if isinstance(t, str) else ""
-    return ""
-
-
-def _show(store, spec: ModelSpec, loaded: LoadedModel | None) -> dict:
-    f = _facts(store, spec)
-    arch = f.get("architecture") or "unknown"
-    info = {"general.architecture": arch, "general.parameter_count": f.get("parameter_count"),
-            "general.name": spec.name or spec.id}
-    if f.get("context_length"):
-        info[f"{arch}.context_length"] = f["context_length"]
-    if f.get("num_layers"):
-        info[f"{arch}.block_count"] = f["num_layers"]
-    if f.get("num_kv_heads"):
-        info[f"{arch}.attention.head_count_kv"] = f["num_kv_heads"]
-    template = _template_of(spec, loaded)
-    parameters = ""
-    if loaded is not None and loaded.spec.id == spec.id:  # what this server serves it with
-        parameters = f"num_ctx {loaded.engine.max_model_len}"
-        stops = loaded.engine.chat_template.turn_stops
-        parameters += "".join(f"\nstop {json.dumps(s)}" for s in stops)
-    caps = ["completion"] + (["tools"] if tool_format(template) is not None else [])
-    return {"modelfile": "", "parameters": parameters, "template": template, "details": _details(f),
-            "model_info": info, "capabilities": caps, "modified_at": f.get("added_at")}
 
 
 # ---- requests -> the chat path ---------------------------------------------------------------
@@ -244,7 +141,7 @@ class _Reply:
 
     def chunk(self, text: str, calls=None, thinking: str = "") -> dict:
         """A reasoning model's thoughts go in `thinking` (message.thinking in a chat), as Ollama's."""
-        d = {"model": _tag(self.run.model), "created_at": _now()}
+        d = {"model": tag(self.run.model), "created_at": _now()}
         if self.chat:
             d["message"] = {"role": "assistant", "content": text} | ({"thinking": thinking} if thinking else {})
             if calls:
@@ -319,7 +216,7 @@ def _line(d: dict) -> str:
 
 def _loaded_reply(loaded: LoadedModel, chat: bool) -> dict:
     """An empty request is Ollama's way to load a model: it is loaded (or require_model said why not)."""
-    d = {"model": _tag(loaded.spec.id), "created_at": _now()}
+    d = {"model": tag(loaded.spec.id), "created_at": _now()}
     d |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return d | {"done": True, "done_reason": "load"}
 
@@ -346,7 +243,7 @@ def build_ollama_router() -> APIRouter:
                 continue
             seen.add(spec.id)
             try:
-                models.append(_listing(spec, await run_in_threadpool(_facts, state.model_store, spec)))
+                models.append(model_listing(spec, await run_in_threadpool(model_facts, state.model_store, spec)))
             except (OSError, ValueError):  # a file gone or damaged since it was installed
                 continue
         return {"models": models}
@@ -368,7 +265,7 @@ def build_ollama_router() -> APIRouter:
         else:
             raise _not_found(name)
         try:
-            return await run_in_threadpool(_show, state.model_store, spec, loaded)
+            return await run_in_threadpool(model_show, state.model_store, spec, loaded)
         except (OSError, ValueError) as e:
             raise APIError(400, f"cannot read {name!r}: {e}") from None
 
@@ -378,7 +275,7 @@ def build_ollama_router() -> APIRouter:
         loaded = state.engine_thread.model
         if loaded is None:
             return {"models": []}
-        entry = _listing(loaded.spec, await run_in_threadpool(_facts, state.model_store, loaded.spec))
+        entry = model_listing(loaded.spec, await run_in_threadpool(model_facts, state.model_store, loaded.spec))
         on_gpu = not str(loaded.device).startswith("cpu")
         return {"models": [entry | {"size_vram": entry["size"] if on_gpu else 0,
                                     "context_length": loaded.engine.max_model_len}]}
