@@ -37,14 +37,20 @@ def app(qtbot, tmp_path):
     sup.stop()
 
 
-def test_thoughts_collapse_above_the_answer_and_survive_a_restart(qtbot, app, monkeypatch):
-    view = app.window.new_chat()
-    app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
-    requests = []
+def record_requests(app, monkeypatch) -> list[tuple[list[dict], dict]]:
+    """(messages, request keywords) of every chat the app sends from now on."""
+    recorded: list[tuple[list[dict], dict]] = []
     cls = type(app.controller.client())
     original = cls.chat_stream
     monkeypatch.setattr(cls, "chat_stream", lambda self, messages, *a, **kw: (
-        requests.append(messages), original(self, messages, *a, **kw))[1])
+        recorded.append((messages, kw)), original(self, messages, *a, **kw))[1])
+    return recorded
+
+
+def test_thoughts_collapse_above_the_answer_and_survive_a_restart(qtbot, app, monkeypatch):
+    view = app.window.new_chat()
+    app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
+    recorded = record_requests(app, monkeypatch)
     with qtbot.waitSignal(view.reply_finished, timeout=120_000):
         view.send("Say ok.")
     with qtbot.waitSignal(view.reply_finished, timeout=120_000):
@@ -56,7 +62,7 @@ def test_thoughts_collapse_above_the_answer_and_survive_a_restart(qtbot, app, mo
     click_link(qtbot, view.transcript, "show")
     assert "hm" in view.transcript.toPlainText()
     # the second turn sent the first answer without its thoughts
-    assert requests[1][-2] == {"role": "assistant", "content": "ok"}
+    assert recorded[1][0][-2] == {"role": "assistant", "content": "ok"}
 
     stored = app.chat_store.messages(view.chat_id)[1]
     assert (stored.content, stored.reasoning) == ("ok", "hm") and stored.thought_s is not None
@@ -98,13 +104,9 @@ def test_the_think_switch_shows_for_a_model_that_has_one_and_reaches_the_templat
     assert app.controller.last_status["thinking"] == {"format": "think_tags", "switch": True}
     view = app.window.new_chat()
     app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
-    sent = []
-    cls = type(app.controller.client())
-    original = cls.chat_stream
-    monkeypatch.setattr(cls, "chat_stream", lambda self, messages, *a, **kw: (
-        sent.append(kw), original(self, messages, *a, **kw))[1])
+    recorded = record_requests(app, monkeypatch)
     panel.think.setChecked(False)  # as a click does: the chat's setting, then its next request
     assert app.chat_store.get_chat(view.chat_id).settings["think"] is False
     with qtbot.waitSignal(view.reply_finished, timeout=120_000):
         view.send("Say ok.")
-    assert sent[-1]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert recorded[-1][1]["chat_template_kwargs"] == {"enable_thinking": False}

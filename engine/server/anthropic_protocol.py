@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from engine.server.errors import APIError
-from engine.server.protocol import INT32_MAX, MAX_STOP_STRINGS, StopString
+from engine.server.protocol import INT32_MAX, StopString, few_stops
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -106,9 +106,7 @@ class MessagesRequest(CountTokensRequest):
     @field_validator("stop_sequences")
     @classmethod
     def _few_stops(cls, v):
-        if v is not None and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
-        return v
+        return few_stops(v, "stop sequences")
 
 
 # ---- to OpenAI's shape ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from engine.server.protocol import INT32_MAX, MAX_STOP_STRINGS, StopString
+from engine.server.protocol import INT32_MAX, StopString, few_stops
 from engine.server.tool_protocol import Tool
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -39,9 +39,7 @@ class Options(BaseModel):
     @field_validator("stop")
     @classmethod
     def _few_stops(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
+        return few_stops(v)
 
     def sampler_fields(self) -> dict:
         """The options as SamplingRequest fields (protocol.py), with Ollama's defaults for the

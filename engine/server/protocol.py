@@ -42,6 +42,13 @@ StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
 
 
+def few_stops(v, what: str = "stop strings"):
+    """A request's stop strings (a list of them) are at most MAX_STOP_STRINGS, in every API."""
+    if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} {what}")
+    return v
+
+
 class StreamOptions(BaseModel):
     model_config = _config
     include_usage: bool = False
@@ -77,9 +84,7 @@ class SamplingRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _few_stops(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
+        return few_stops(v)
 
     @field_validator("logit_bias")
     @classmethod
