@@ -15,7 +15,7 @@ NAME = "ember_kernels"
 # library's `abi()` (csrc/qlinear.cpp) and the stamp the build writes beside it say theirs. A
 # library built from older sources (a checkout updated without `make install`) would reject or
 # misread today's tiles: it counts as not installed.
-ABI = 3
+ABI = 4
 
 
 def library_dir() -> Path:

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
-from gguf import RopeScalingType, TokenType
+from gguf import GGMLQuantizationType, RopeScalingType, TokenType
+from gguf.quants import quantize
 
 ARCHS: tuple[str, ...] = ("llama", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "gpt-oss")
 UNKNOWN_ARCH = "ember-unknown-arch"
@@ -123,32 +124,42 @@ def vocab_size() -> int:
 class _Tensors:
     """Adds tensors by gguf-py kind, refusing a kind the architecture does not have."""
 
-    def __init__(self, w: GGUFWriter, arch: MODEL_ARCH, rng: np.random.Generator):
+    def __init__(self, w: GGUFWriter, arch: MODEL_ARCH, rng: np.random.Generator, norm_jitter: float,
+                 qtype: GGMLQuantizationType | None):
         self.w, self.kinds, self.rng = w, set(MODEL_TENSORS[arch]), rng
+        self.norm_jitter, self.qtype = norm_jitter, qtype
 
     def add(self, kind: MODEL_TENSOR, shape: tuple[int, ...], *, bid: int | None = None,
             suffix: str = "weight", fill: float | None = None) -> None:
         assert kind in self.kinds, f"{kind.name} is not a tensor of this architecture"
         name = TENSOR_NAMES[kind].format(bid=bid) + "." + suffix
-        if fill is not None:
-            data = np.full(shape, fill, dtype=np.float32)
+        if fill is not None:  # a norm: 1, or 1 + noise so a norm read in the wrong place shows
+            data = (fill + self.norm_jitter * self.rng.standard_normal(shape)).astype(np.float32)
         else:
             data = (self.rng.standard_normal(shape) * 0.05).astype(np.float32)
-        self.w.add_tensor(name, data)
+        if self.qtype is not None and len(shape) == 2:
+            self.w.add_tensor(name, quantize(data, self.qtype), raw_dtype=self.qtype)
+        else:
+            self.w.add_tensor(name, data)
 
 
-def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0) -> ArchFacts:
+def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0,
+                    layers: int | None = None, norm_jitter: float = 0.0,
+                    qtype: GGMLQuantizationType | None = None) -> ArchFacts:
     """Write a tiny random `arch` model (one of ARCHS, or UNKNOWN_ARCH) to `path`; return its facts.
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
+    layers overrides the architecture's layer count; norm_jitter adds noise to the norms (else
+    1); qtype stores every matrix in that block type, quantized by gguf-py.
     """
     if arch not in ARCHS and arch != UNKNOWN_ARCH:
         raise ValueError(f"not an architecture this helper writes: {arch!r}")
-    layers, ctx, rope_base, eps = _SHAPES[arch]
+    default_layers, ctx, rope_base, eps = _SHAPES[arch]
+    layers = layers or default_layers
     layout = _ARCH_ENUM["llama" if arch == UNKNOWN_ARCH else arch]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
-    t = _Tensors(w, layout, rng)
+    t = _Tensors(w, layout, rng, norm_jitter, qtype)
     T = MODEL_TENSOR
     E, H, KV, D, V = _EMBD, _HEADS, _KV_HEADS, _HEAD_DIM, vocab_size()
     moe = arch in ("qwen3moe", "gpt-oss")
@@ -164,7 +175,7 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     w.add_value_length(D)
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(eps)
-    w.add_file_type(0)  # all f32
+    w.add_file_type(0 if qtype is None else {GGMLQuantizationType.Q8_0: 7, GGMLQuantizationType.Q4_0: 2}[qtype])
     if arch == "phi3":
         w.add_rope_dimension_count(D)
     if moe:

@@ -143,6 +143,15 @@ def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool
     return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
 
 
+# How llama.cpp 0.3.36 builds each family's graph (src/models/*.cpp), written out here on its own
+# so the oracle shares nothing with Ember's family table: interleaved (NORM) RoPE, per-head q/k
+# norms, Gemma's sandwich norms, GELU-tanh, sqrt(d) embedding scale, the local RoPE base of
+# Gemma 3's sliding layers (10,000) and SmolLM3's RoPE-less every 4th layer.
+_INTERLEAVED = {"llama", "smollm3"}
+_QK_NORM = {"qwen3", "gemma3"}
+_GEMMA = {"gemma3"}
+
+
 @torch.inference_mode()
 def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """[T, V] in `dtype` (float64: the oracle) from a plain dense transformer over gguf-py-dequantized
@@ -160,26 +169,42 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
 
     H, KV = f[f"{arch}.attention.head_count"], f[f"{arch}.attention.head_count_kv"]
     eps, base = f[f"{arch}.attention.layer_norm_rms_epsilon"], f.get(f"{arch}.rope.freq_base", 10000.0)
+    window = f.get(f"{arch}.attention.sliding_window", 0)
+    n_layers, gemma = f[f"{arch}.block_count"], arch in _GEMMA
     norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
     ids = torch.tensor(tokens)
     T = len(tokens)
     pos = torch.arange(T)
     x = t("token_embd.weight")[ids]
-    for i in range(f[f"{arch}.block_count"]):
+    if gemma:
+        x = x * float(np.float32(np.sqrt(x.shape[-1])))
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)  # masked: key after query
+    for i in range(n_layers):
         p = f"blk.{i}."
+        slides = gemma and window and i % 6 < 5
         h = norm(x, t(p + "attn_norm.weight"))
         q, k, v = (h @ t(p + n + ".weight").T for n in ("attn_q", "attn_k", "attn_v"))
         if t(p + "attn_q.bias") is not None:
             q, k, v = q + t(p + "attn_q.bias"), k + t(p + "attn_k.bias"), v + t(p + "attn_v.bias")
         d = q.shape[-1] // H
-        q = _rope_ref(q.view(T, H, d), pos, base, arch == "llama")
-        k = _rope_ref(k.view(T, KV, d), pos, base, arch == "llama")
+        q, k = q.view(T, H, d), k.view(T, KV, d)
+        if arch in _QK_NORM:
+            q, k = norm(q, t(p + "attn_q_norm.weight")), norm(k, t(p + "attn_k_norm.weight"))
+        if not (arch == "smollm3" and (i + 1) % 4 == 0):
+            b = 10000.0 if slides else base
+            q = _rope_ref(q, pos, b, arch in _INTERLEAVED)
+            k = _rope_ref(k, pos, b, arch in _INTERLEAVED)
         k, v = k.repeat_interleave(H // KV, dim=1), v.view(T, KV, d).repeat_interleave(H // KV, dim=1)
+        mask = causal | (pos[:, None] - pos[None, :] >= window) if slides else causal
         att = torch.einsum("thd,shd->hts", q, k) / d ** 0.5
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-        x = x + torch.einsum("hts,shd->thd", att, v).reshape(T, H * d) @ t(p + "attn_output.weight").T
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        a = torch.einsum("hts,shd->thd", att, v).reshape(T, H * d) @ t(p + "attn_output.weight").T
+        x = x + (norm(a, t(p + "post_attention_norm.weight")) if gemma else a)
         h = norm(x, t(p + "ffn_norm.weight"))
-        x = x + (F.silu(h @ t(p + "ffn_gate.weight").T) * (h @ t(p + "ffn_up.weight").T)) @ t(p + "ffn_down.weight").T
+        g = h @ t(p + "ffn_gate.weight").T
+        g = F.gelu(g, approximate="tanh") if gemma else F.silu(g)
+        m = (g * (h @ t(p + "ffn_up.weight").T)) @ t(p + "ffn_down.weight").T
+        x = x + (norm(m, t(p + "post_ffw_norm.weight")) if gemma else m)
     x = norm(x, t("output_norm.weight"))
     head = t("output.weight")
     return x @ (head if head is not None else t("token_embd.weight")).T

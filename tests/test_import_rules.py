@@ -32,6 +32,7 @@ SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.m
                  "engine.model_files.manifest", "engine.model_files.bundled", "engine.model_files.fit",
                  "engine.model_files.memory", "engine.model_files.tool_call_syntax", "engine.model_files.errors",
                  "engine.model_files.quant_config", "engine.model_files.architectures",
+                 "engine.model_files.families",
                  "engine.kernel_library", "engine.kernel_paths")
 
 

@@ -52,8 +52,9 @@ def context(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([cache[int(b)] for b in table[:-(-n // B)]])[:n]
 
 
-def reference(q, k_cache, v_cache, tables, seq_lens, scale) -> tuple[torch.Tensor, float]:
-    """float64 softmax(q K^T scale) V per sequence and head, from the pools' exact values; and max |x|."""
+def reference(q, k_cache, v_cache, tables, seq_lens, scale, window: int = 0) -> tuple[torch.Tensor, float]:
+    """float64 softmax(q K^T scale) V per sequence and head, from the pools' exact values (with a
+    window: over the last `window` keys only); and max |x|."""
     S, H, hd = q.shape
     G = H // k_cache.shape[2]
     out = torch.empty(S, H, hd, dtype=torch.float64)
@@ -62,6 +63,8 @@ def reference(q, k_cache, v_cache, tables, seq_lens, scale) -> tuple[torch.Tenso
         n = int(seq_lens[s])
         k = context(k_cache, tables[s], n).double()
         v = context(v_cache, tables[s], n).double()
+        if window:
+            k, v = k[-window:], v[-window:]
         for h in range(H):
             x = k[:, h // G] @ q[s, h].double() * scale
             xmax = max(xmax, x.abs().max().item())
@@ -113,6 +116,20 @@ def test_large_scores_and_long_context(path):
     assert torch.isfinite(got).all() and xmax > 50
     err = (got.double() - ref).abs().max().item()
     assert err <= tolerance(xmax, v_cache), err
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+@pytest.mark.parametrize("window", [1, B - 1, B, 33, 512])
+def test_a_sliding_window_reads_only_the_last_window_keys(path, window):
+    """Gemma 3's local layers: every sequence attends to its last `window` keys (all of them
+    when shorter), whatever block the window starts in."""
+    q, k_cache, v_cache, tables, seq_lens = make_case(LENS + [700], 4, 1, 64, torch.float32, seed=window)
+    got = paged_decode(q, k_cache, v_cache, tables, seq_lens, 0.125, path, window=window)
+    ref, xmax = reference(q, k_cache, v_cache, tables, seq_lens, 0.125, window)
+    err = (got.double() - ref).abs().max().item()
+    assert err <= tolerance(xmax, v_cache), err
+    if window < max(LENS):  # and it is not the full-context answer
+        assert not torch.allclose(got, paged_decode(q, k_cache, v_cache, tables, seq_lens, 0.125, path))
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)

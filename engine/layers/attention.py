@@ -10,6 +10,9 @@ GQA: the pool stores K/V once per KV head ``[num_blocks, B, n_kv, hd]``; query h
 head ``h // (n_heads / n_kv)`` through ``scaled_dot_product_attention(enable_gqa=True)``; K/V
 are never repeated in memory.
 
+A sliding-window layer (window W > 0) lets the query at position p see keys p - W < j <= p, as
+llama.cpp's standard SWA mask does; the pool still holds every position.
+
 Decode rows on a CPU go to Ember's C++ kernel (engine/kernels/attention.py) when it is built:
 it reads the blocks in place instead of gathering a padded copy (2-8x faster). Gather + SDPA
 stays for prefill chunks, for GPUs and when the kernel is missing.
@@ -74,9 +77,13 @@ def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor,
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            plan: tuple[int, torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
-    """One query token per sequence, batched; padding beyond seq_len is masked out."""
+            plan: tuple[int, torch.Tensor, torch.Tensor], scale: float, window: int = 0,
+            seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """One query token per sequence, batched; padding beyond seq_len (and, with a window, keys
+    before seq_len - window) is masked out."""
     max_len, table, mask = plan
+    if window:
+        mask = mask & (torch.arange(max_len, device=q.device) >= (seq_lens - window)[:, None])[:, None, None, :]
     k = _gather(k_cache, table)[:, :max_len].transpose(1, 2)  # [S, n_kv, L, hd]
     v = _gather(v_cache, table)[:, :max_len].transpose(1, 2)
     out = F.scaled_dot_product_attention(
@@ -85,42 +92,46 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                 scale: float) -> torch.Tensor:
+                 scale: float, window: int = 0) -> torch.Tensor:
     """The first num_decodes rows of q, one token per sequence: the kernel, else gather + SDPA."""
     nd = meta.num_decodes
     if meta.decode_seq_lens is None:
         meta.decode_seq_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.long, device=q.device)
     if decode_kernel_available(k_cache):
-        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale)
+        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale, window=window)
     if meta.decode_plan is None:
         meta.decode_plan = decode_plan(meta.block_tables[:nd], meta.decode_seq_lens, k_cache.shape[1])
-    return _decode(q, k_cache, v_cache, meta.decode_plan, scale)
+    return _decode(q, k_cache, v_cache, meta.decode_plan, scale, window, meta.decode_seq_lens)
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+             block_table: torch.Tensor, seq_len: int, scale: float, window: int = 0) -> torch.Tensor:
     """A chunk of n query tokens at positions [seq_len-n, seq_len) over a seq_len context."""
     n = q.shape[0]
     nb = (seq_len + k_cache.shape[1] - 1) // k_cache.shape[1]
     k = _gather(k_cache, block_table[:nb])[:seq_len].transpose(0, 1)  # [n_kv, L, hd]
     v = _gather(v_cache, block_table[:nb])[:seq_len].transpose(0, 1)
     qh = q.transpose(0, 1).to(k.dtype)  # [H, n, hd]
-    if n == seq_len:
+    windowed = 0 < window < seq_len
+    if n == seq_len and not windowed:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        # Query j sits at absolute position seq_len - n + j and sees keys 0..that position.
+        # Query j sits at absolute position a = seq_len - n + j and sees keys 0..a (a - W < key
+        # with a window W: the band between two diagonals).
         mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
+        if windowed:
+            mask = mask.triu(seq_len - n - window + 1)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]."""
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+    """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]; window 0: full."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     nd = meta.num_decodes
     if nd:
-        decoded = _decode_rows(q[:nd], k_cache, v_cache, meta, scale).to(q.dtype)
+        decoded = _decode_rows(q[:nd], k_cache, v_cache, meta, scale, window).to(q.dtype)
         if nd == meta.num_seqs:  # a pure decode step (the common one): no scatter into `out`
             return decoded
     out = torch.empty_like(q)
@@ -128,20 +139,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         out[:nd] = decoded
     for i in range(nd, meta.num_seqs):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
-        out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale).to(q.dtype)
+        out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale,
+                            window).to(q.dtype)
     return out
 
 
 class PagedAttention(torch.nn.Module):
     """The attention a model layer calls; the KV pool and metadata are passed in each step."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
+                 window: int = 0) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.window = window
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.window)

@@ -1,5 +1,5 @@
 """The whole decoder stack as one C++ op (engine/kernels/csrc/decoder.cpp) when every matrix is
-quantized: the same forward as LlamaForCausalLM's layers, minus ~40 torch dispatches per layer,
+quantized: the same forward as LlamaForCausalLM's layers, for every family's switches, minus ~40 torch dispatches per layer,
 which at one token per step cost more than the layer's arithmetic (profile in the CPU-kernels
 issue: 14 ms of a 18 ms SmolLM2 step was Python and small ops).
 
@@ -12,6 +12,8 @@ import torch
 from engine.kernels import CpuPath, default_path, kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
+
+ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1}  # decoder.cpp's set_family
 
 
 def build_stack(model, path: CpuPath | None = None):
@@ -26,9 +28,16 @@ def build_stack(model, path: CpuPath | None = None):
     c = model.config
     stack = torch.classes.ember.DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
                                              c.intermediate_size, c.rms_norm_eps)
-    for layer, group in zip(model.layers, linears):
-        stack.add_norm(layer.input_layernorm.weight.float())
-        stack.add_norm(layer.post_attention_layernorm.weight.float())
+    stack.set_family(c.qk_norm, c.post_norms, ACTIVATION_IDS[c.activation], c.scale)
+    for i, (layer, group) in enumerate(zip(model.layers, linears)):
+        stack.add_layer(c.window(i), c.rope(i))
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if c.qk_norm:
+            norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+        if c.post_norms:
+            norms += [layer.attn_output_norm, layer.mlp_output_norm]
+        for norm in norms:
+            stack.add_norm(norm.weight.float())
         for lin in group:
             stack.add_linear(lin.qw, lin.scales, lin.mins, lin.bias, lin.out_features, lin.bits, lin.group,
                              lin.scales_super, lin.mins_super)
@@ -37,10 +46,11 @@ def build_stack(model, path: CpuPath | None = None):
     return stack
 
 
-def run_stack(stack, hidden: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor],
+def run_stack(stack, hidden: torch.Tensor, rotations: list[tuple[torch.Tensor, torch.Tensor]],
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
-    """hidden [T, d] embeddings -> the final normed hidden [T, d] (float32)."""
-    C, S = rotation
-    return stack.forward(hidden.float(), C, S, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+    """hidden [T, d] embeddings -> the final normed hidden [T, d] (float32); rotations: the
+    step's RoPE tables (global, then local), which each layer indexes."""
+    return stack.forward(hidden.float(), [C for C, _ in rotations], [S for _, S in rotations],
+                         [k for k, _ in kv_caches], [v for _, v in kv_caches],
                          meta.slot_mapping, meta.block_tables, torch.tensor(meta.seq_lens), meta.query_start_loc,
                          meta.num_decodes)

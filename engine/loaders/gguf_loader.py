@@ -9,12 +9,15 @@ llama-family files (NORM RoPE in llama.cpp) store Q/K rows permuted for interlea
 (convert_hf_to_gguf.py `permute`: HF row s*hd/2 + j of a head goes to row 2j + s). We undo it:
     w.reshape(n_h, hd/2, 2, in).swapaxes(1, 2).reshape(w.shape)     # row 2j+s -> s*hd/2 + j
 so the model uses one rotate-half RoPE. Whole rows move, so this is exact on any block type.
-qwen2 (NEOX RoPE) is stored in HF order and is left alone.
+qwen2, qwen3 and gemma3 (NEOX RoPE) are stored in HF order and left alone. Which family does
+what is data (engine/model_files/families.py); this file turns a family and a header into a
+ModelConfig and the family's tensors into our weights.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -24,7 +27,9 @@ from gguf import GGMLQuantizationType as QT
 from engine.kernels.pack import QuantWeight, cat_rows
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.repack import REPACKABLE, repack
+from engine.model_files.families import FAMILIES, NOT_YET, Family
 from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
+from engine.model_files.meta import sliding_layers
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.llama import LlamaForCausalLM
 
@@ -35,9 +40,6 @@ log = logging.getLogger(__name__)
 class GGUFError(ValueError):
     """A GGUF file Ember cannot load; the message names the file and the problem."""
 
-
-# architecture -> Q/K rows stored permuted (NORM RoPE). Mistral/SmolLM files say "llama".
-ARCHITECTURES = {"llama": True, "qwen2": False}
 
 # Generous bounds (the largest open models are far inside them); anything beyond is corrupt.
 MAX_DIM = {"hidden_size": 1 << 16, "intermediate_size": 1 << 20, "num_layers": 1024,
@@ -83,8 +85,11 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     """ModelConfig from metadata and the tensor directory (which tensors exist, embedding rows)."""
     name = f.path
     arch = f.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{name}: unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+    if arch in NOT_YET:
+        raise GGUFError(f"{name}: architecture {arch!r}: {NOT_YET[arch]} (the llama.cpp backend runs it)")
+    if arch not in FAMILIES:
+        raise GGUFError(f"{name}: unsupported architecture {arch!r} (supported: {', '.join(FAMILIES)})")
+    family = FAMILIES[arch]
     tensors = f.tensors
     if "token_embd.weight" not in tensors:
         raise GGUFError(f"{name}: missing tensor token_embd.weight")
@@ -109,15 +114,17 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
         scaling = RopeScaling("linear", factor, f.get(f"{arch}.rope.scaling.original_context_length"))
     elif kind not in ("none", "linear"):
         raise GGUFError(f"{name}: RoPE scaling {kind!r} is unsupported (supported: none, linear)")
+    num_layers = _dim(f, f"{arch}.block_count", MAX_DIM["num_layers"])
     cfg = ModelConfig(
         arch=arch, vocab_size=embd[0], hidden_size=hidden,
         intermediate_size=_dim(f, f"{arch}.feed_forward_length", MAX_DIM["intermediate_size"]),
-        num_layers=_dim(f, f"{arch}.block_count", MAX_DIM["num_layers"]), num_heads=n_heads, num_kv_heads=n_kv,
+        num_layers=num_layers, num_heads=n_heads, num_kv_heads=n_kv,
         head_dim=head_dim, rms_norm_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=scaling,
         context_length=_dim(f, f"{arch}.context_length", MAX_DIM["context_length"]),
         tie_word_embeddings="output.weight" not in tensors,
-        attention_bias="blk.0.attn_q.bias" in tensors, rope_freq_factors="rope_freqs.weight" in tensors)
+        attention_bias="blk.0.attn_q.bias" in tensors, rope_freq_factors="rope_freqs.weight" in tensors,
+        **family_fields(f, family, hidden, n_heads, num_layers))
     if not 0 < cfg.vocab_size <= MAX_DIM["vocab_size"]:
         raise GGUFError(f"{name}: absurd vocab_size = {cfg.vocab_size} (expected 1..{MAX_DIM['vocab_size']})")
     if head_dim % 2:
@@ -126,6 +133,25 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     if vocab_meta is not None and int(vocab_meta) != cfg.vocab_size:
         raise GGUFError(f"{name}: token_embd has {cfg.vocab_size} rows but {arch}.vocab_size is {vocab_meta}")
     return cfg
+
+
+def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_layers: int) -> dict:
+    """The ModelConfig fields a family's description and the header decide together: which layers
+    slide and with which RoPE, the query scale, the embedding scale."""
+    arch = family.name
+    window = _int(f, f"{arch}.attention.sliding_window", 0)
+    slides = sliding_layers(arch, window, f.get(f"{arch}.attention.sliding_window_pattern"), num_layers)
+    rope = [1 if s and family.local_rope_base else 0 for s in slides]
+    if family.no_rope_period:
+        rope = [-1 if (i + 1) % family.no_rope_period == 0 else r for i, r in enumerate(rope)]
+    scale = (hidden / n_heads) ** -0.5 if num_layers in family.attention_scale_by_layers else None
+    # ggml scales by sqrtf(n_embd): the float32 value, kept exactly
+    embed_scale = torch.tensor(math.sqrt(hidden), dtype=torch.float32).item() if family.embed_scale_sqrt_hidden else 1.0
+    return dict(qk_norm=family.qk_norm, post_norms=family.post_norms, activation=family.activation,
+                embed_scale=embed_scale,
+                attention_scale=scale, rope_theta_local=family.local_rope_base,
+                layer_windows=tuple(window if s else 0 for s in slides) if any(slides) else (),
+                layer_rope=tuple(rope) if any(rope) else ())
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
@@ -148,6 +174,10 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                    p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d), p + "ffn_down.weight": (d, f)}
         if cfg.attention_bias:
             shapes |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
+        if cfg.qk_norm:
+            shapes |= {p + "attn_q_norm.weight": (cfg.head_dim,), p + "attn_k_norm.weight": (cfg.head_dim,)}
+        if cfg.post_norms:
+            shapes |= {p + "post_attention_norm.weight": (d,), p + "post_ffw_norm.weight": (d,)}
     return shapes
 
 
@@ -173,7 +203,9 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
 RENAMES = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
            "o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-           "down_proj.weight": "ffn_down.weight"}
+           "down_proj.weight": "ffn_down.weight", "q_norm.weight": "attn_q_norm.weight",
+           "k_norm.weight": "attn_k_norm.weight", "attn_output_norm.weight": "post_attention_norm.weight",
+           "mlp_output_norm.weight": "post_ffw_norm.weight"}
 
 
 def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -209,7 +241,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     f = open_gguf(path)
     cfg = config_from_file(f)
     tensors = check_tensors(f, cfg)
-    permuted = ARCHITECTURES[cfg.arch]
+    permuted = FAMILIES[cfg.arch].rope_interleaved
     dense_types: set[str] = set()
 
     def get(tname: str, quant: bool):

@@ -14,9 +14,10 @@ below with the reason). When the pin moves, update this list from the new sdist'
 """
 from __future__ import annotations
 
-# Ember's own (torch) engine: the Llama family (llama, and SmolLM/Mistral files, which say
-# "llama") and Qwen2 (engine/loaders/gguf_loader.py ARCHITECTURES).
-EMBER_ARCHITECTURES: frozenset[str] = frozenset({"llama", "qwen2"})
+from engine.model_files.families import FAMILIES
+
+# Ember's own (torch) engine: the dense families of engine/model_files/families.py.
+EMBER_ARCHITECTURES: frozenset[str] = frozenset(FAMILIES)
 
 # llama-cpp-python 0.3.36's llama.cpp, in its table's order. Left out of its 154 names:
 # - "(unknown)": the sentinel for a name the table lacks; "clip": a stub that lets llama-quantize

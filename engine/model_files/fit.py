@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from engine.kernel_library import cpu_flags, kernels_installed
 from engine.model_files.architectures import EMBER_ARCHITECTURES, llama_cpp_runs
+from engine.model_files.families import NOT_YET
 from engine.model_files.errors import ModelFileError
 
 GiB = 1 << 30
@@ -122,7 +123,8 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
                           get("context_length") or MAX_DEFAULT_CONTEXT,
                           architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
                           value_head_dim=get("value_head_dim") or 0,
-                          sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0)
+                          sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0,
+                          ember_engine_why_not=NOT_YET.get(arch, ""))
 
 
 def check_runnable(meta, where: object) -> None:

@@ -107,19 +107,23 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
 
 
 def _sliding_window(arch: str, field, num_layers: int) -> tuple[int, int]:
-    """(window, windowed layers): the header's window, and its pattern as llama.cpp reads it (a
-    per-layer bool array, or a period, else the architecture's own period; no period known: a
-    window on every layer)."""
+    """(window, how many layers use it)."""
     window = _scalar_max(field(f"{arch}.attention.sliding_window")) or 0
+    return window, sum(sliding_layers(arch, window, field(f"{arch}.attention.sliding_window_pattern"), num_layers))
+
+
+def sliding_layers(arch: str, window: int, pattern, num_layers: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp's set_swa_pattern reads it: the file's
+    per-layer bool array, else its period, else the architecture's own period (a layer i slides
+    when i % period < period - 1); no period known: every layer slides."""
     if not window:
-        return 0, 0
-    pattern = field(f"{arch}.attention.sliding_window_pattern")
+        return (False,) * num_layers
     if isinstance(pattern, (list, tuple)):
-        return window, sum(1 for v in pattern[:num_layers] if v)
+        return tuple(bool(pattern[i]) if i < len(pattern) else False for i in range(num_layers))
     period = _scalar_max(pattern) if pattern is not None else SWA_PERIOD.get(arch, 0)
     if not period:
-        return window, num_layers
-    return window, sum(1 for i in range(num_layers) if i % period < period - 1)
+        return (True,) * num_layers
+    return tuple(i % period < period - 1 for i in range(num_layers))
 
 
 def _scalar_max(value) -> int | None:

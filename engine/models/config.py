@@ -1,6 +1,7 @@
-"""What a Llama-family checkpoint is: the shapes and constants the model code needs.
+"""What a decoder checkpoint is: the shapes and constants the model code needs.
 
-Filled from a file's metadata (engine/loaders/gguf_loader.py), never from its name.
+Filled from a file's metadata and its family's description (engine/model_files/families.py),
+never from its name. The per-layer tuples say which attention each layer runs.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class RopeScaling:
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # GGUF general.architecture: "llama" (also smollm, mistral files) or "qwen2"
+    arch: str  # GGUF general.architecture, a key of engine/model_files/families.FAMILIES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,6 +36,24 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry biases (qwen2)
     rope_freq_factors: bool = False  # a llama3-style `rope_freqs` tensor divides the frequencies
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (qwen3, gemma3)
+    post_norms: bool = False  # RMSNorm on the attention and MLP outputs before the residual adds (gemma3)
+    activation: str = "silu"  # the gate's nonlinearity: "silu" or "gelu_tanh"
+    embed_scale: float = 1.0  # embeddings are multiplied by it (gemma: sqrt(hidden))
+    attention_scale: float | None = None  # softmax(q.k * scale); None: head_dim^-0.5
+    rope_theta_local: float | None = None  # RoPE base of layers whose layer_rope is 1 (no scaling)
+    layer_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens, 0 = full; () = all full
+    layer_rope: tuple[int, ...] = ()  # per layer: 0 the global RoPE, 1 the local one, -1 none; () = all 0
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def rope(self, layer: int) -> int:
+        return self.layer_rope[layer] if self.layer_rope else 0
 
     @property
     def q_size(self) -> int:

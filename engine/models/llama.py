@@ -1,9 +1,15 @@
-"""The Llama-family decoder (llama, smollm, mistral, qwen2): pre-norm, GQA attention, SwiGLU.
+"""The dense decoder of every family Ember runs (engine/model_files/families.py): the Llama
+block, with each family's differences read from its ModelConfig rather than written as a class.
 
-    h = embed(ids)
-    for each layer:  h = h + o_proj(attn(rope(q), rope(k), v))   on rms_norm(h)
-                     h = h + down(silu(gate(x)) * up(x))          on x = rms_norm(h)
+    h = embed(ids) * embed_scale
+    for each layer:  a = o_proj(attn(rope(qn(q)), rope(kn(k)), v, window))   on rms_norm(h)
+                     h = h + post_attn_norm(a)
+                     m = down(act(gate(x)) * up(x))                           on x = rms_norm(h)
+                     h = h + post_mlp_norm(m)
     hidden = rms_norm(h);  logits = hidden @ lm_head^T  (lm_head = embed when tied)
+
+qn/kn (per-head RMSNorm), the post norms, the window and a layer's RoPE (global, local or none)
+are there only where the config says so; act is SiLU or GELU-tanh.
 
 q/k/v and gate/up are fused into one Linear each (one GEMM instead of three/two). The residual
 stream is kept in float32 whatever the weight dtype. Attention goes through PagedAttention, so
@@ -21,46 +27,58 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels.pack import QuantWeight
-from engine.layers.activation import silu_and_mul
+from engine.layers.activation import ACTIVATIONS
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.decoder_stack import build_stack, run_stack
 from engine.layers.linear import make_linear
-from engine.layers.norm import RMSNorm
+from engine.layers.norm import RMSNorm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.config import ModelConfig
 
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 
-# Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias.
+# Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias,
+# q/k norms only with config.qk_norm, the output norms only with config.post_norms.
 WEIGHT_NAMES = (
     "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs",
     "layers.{i}.input_layernorm.weight", "layers.{i}.post_attention_layernorm.weight",
     "layers.{i}.qkv_proj.weight", "layers.{i}.qkv_proj.bias", "layers.{i}.o_proj.weight",
     "layers.{i}.gate_up_proj.weight", "layers.{i}.down_proj.weight",
+    "layers.{i}.q_norm.weight", "layers.{i}.k_norm.weight",
+    "layers.{i}.attn_output_norm.weight", "layers.{i}.mlp_output_norm.weight",
 )
+
+Rotation = "tuple[torch.Tensor, torch.Tensor] | None"  # (C, S) tables of apply_rope; None: no RoPE
 
 
 def _norm(config: ModelConfig, weight: torch.Tensor) -> RMSNorm:
-    norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    norm = RMSNorm(weight.shape[0], config.rms_norm_eps)
     norm.weight = torch.nn.Parameter(weight, requires_grad=False)
     return norm
 
 
 class LlamaAttention(torch.nn.Module):
-    def __init__(self, config: ModelConfig, prefix: str, take: Take) -> None:
+    def __init__(self, config: ModelConfig, prefix: str, take: Take, window: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size, self.eps = config.q_size, config.kv_size, config.rms_norm_eps
         self.qkv_proj = make_linear(take(prefix + "qkv_proj.weight"), take(prefix + "qkv_proj.bias"))
         self.o_proj = make_linear(take(prefix + "o_proj.weight"))
-        self.attn = PagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
+        self.q_norm = _norm(config, take(prefix + "q_norm.weight")) if config.qk_norm else None
+        self.k_norm = _norm(config, take(prefix + "k_norm.weight")) if config.qk_norm else None
+        self.attn = PagedAttention(config.num_heads, config.num_kv_heads, config.head_dim, config.scale, window)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, rotation: Rotation,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         T, qk_size = x.shape[0], self.q_size + self.kv_size
         qkv = self.qkv_proj(x)
+        qk = qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # per-head norms, each over head_dim, before RoPE
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((rms_norm(q, self.q_norm.weight, self.eps), rms_norm(k, self.k_norm.weight, self.eps)), 1)
         # Q and K heads share positions, so one RoPE call rotates both: [T, H + n_kv, hd].
-        qk = apply_rope(qkv[:, :qk_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        if rotation is not None:
+            qk = apply_rope(qk, *rotation)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, qk_size:].view(T, self.num_kv_heads, self.head_dim)
         o = self.attn(q, k, v, kv_cache, meta)
@@ -68,13 +86,14 @@ class LlamaAttention(torch.nn.Module):
 
 
 class LlamaMLP(torch.nn.Module):
-    def __init__(self, prefix: str, take: Take) -> None:
+    def __init__(self, prefix: str, take: Take, activation: str = "silu") -> None:
         super().__init__()
         self.gate_up_proj = make_linear(take(prefix + "gate_up_proj.weight"))
         self.down_proj = make_linear(take(prefix + "down_proj.weight"))
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(torch.nn.Module):
@@ -82,12 +101,16 @@ class LlamaDecoderLayer(torch.nn.Module):
         super().__init__()
         p = f"layers.{i}."
         self.input_layernorm = _norm(config, take(p + "input_layernorm.weight"))
-        self.self_attn = LlamaAttention(config, p, take)
+        self.self_attn = LlamaAttention(config, p, take, config.window(i))
         self.post_attention_layernorm = _norm(config, take(p + "post_attention_layernorm.weight"))
-        self.mlp = LlamaMLP(p, take)
+        self.mlp = LlamaMLP(p, take, config.activation)
+        self.attn_output_norm = self.mlp_output_norm = None
+        if config.post_norms:
+            self.attn_output_norm = _norm(config, take(p + "attn_output_norm.weight"))
+            self.mlp_output_norm = _norm(config, take(p + "mlp_output_norm.weight"))
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rotation: Rotation,
+                kv_cache: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         # residual carries the float32 stream; `hidden` is the last sub-block's output to add.
         if residual is None:
@@ -95,9 +118,14 @@ class LlamaDecoderLayer(torch.nn.Module):
             x = self.input_layernorm(residual)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(x, cos, sin, kv_cache, meta)
+        hidden = self.self_attn(x, rotation, kv_cache, meta)
+        if self.attn_output_norm is not None:
+            hidden = self.attn_output_norm(hidden.float())
         x, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(x), residual
+        hidden = self.mlp(x)
+        if self.mlp_output_norm is not None:
+            hidden = self.mlp_output_norm(hidden.float())
+        return hidden, residual
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -124,6 +152,9 @@ class LlamaForCausalLM(torch.nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
                                       take("rope_freqs") if config.rope_freq_factors else None
                                       ).to(self.device)
+        # Sliding-window layers of some families turn at their own base, unscaled (gemma3).
+        self.rotary_local = (RotaryEmbedding(config.head_dim, config.rope_theta_local).to(self.device)
+                             if config.rope_theta_local is not None else None)
         self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
         self.stack = build_stack(self)  # all matrices quantized: the layers run as one C++ op
 
@@ -138,20 +169,32 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._table is not None:
-            return self._table.rows(input_ids).to(self._dtype)
-        return F.embedding(input_ids, self.embed_tokens)
+            rows = self._table.rows(input_ids)
+        else:
+            rows = F.embedding(input_ids, self.embed_tokens)
+        if self.config.embed_scale != 1.0:  # in float32, as llama.cpp's ggml_scale
+            rows = rows.float() * self.config.embed_scale
+        return rows.to(self._dtype)
+
+    def rotations(self, positions: torch.Tensor) -> list:
+        """The step's RoPE tables: [global, local] (local only where the config has one)."""
+        tables = [self.rotary(positions)]
+        if self.rotary_local is not None:
+            tables.append(self.rotary_local(positions))
+        return tables
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.layers)} layers")
         hidden = self.embed(input_ids)
-        cos, sin = self.rotary(positions)
+        rotations = self.rotations(positions)
         if self.stack is not None:
-            return run_stack(self.stack, hidden, (cos, sin), kv_caches, meta)
+            return run_stack(self.stack, hidden, rotations, kv_caches, meta)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            rope = self.config.rope(i)
+            hidden, residual = layer(hidden, residual, rotations[rope] if rope >= 0 else None, kv_cache, meta)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

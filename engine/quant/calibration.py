@@ -86,7 +86,7 @@ class LayerRun:
         for s in range(0, n, self.batch):
             h = hidden[s:s + self.batch]
             S = h.shape[0]
-            mlp, residual = layer(h.reshape(S * T, d), None, cos[: S * T], sin[: S * T], self.kv, self._meta(S))
+            mlp, residual = layer(h.reshape(S * T, d), None, (cos[: S * T], sin[: S * T]), self.kv, self._meta(S))
             out[s:s + S] = (residual + mlp).view(S, T, d)
         return out
 
@@ -98,7 +98,7 @@ class LayerRun:
         for s in range(0, n, self.batch):
             h = x[s:s + self.batch]
             S = h.shape[0]
-            out[s:s + S] = attn(h.reshape(S * T, d), self.cos[: S * T], self.sin[: S * T], self.kv,
+            out[s:s + S] = attn(h.reshape(S * T, d), (self.cos[: S * T], self.sin[: S * T]), self.kv,
                                 self._meta(S)).view(S, T, d)
         return out
 

@@ -40,15 +40,20 @@ class GGUFSource:
     path: Path
 
     def __post_init__(self) -> None:
-        from engine.loaders.gguf_loader import ARCHITECTURES, check_tensors, config_from_file, open_gguf
+        from engine.loaders.gguf_loader import check_tensors, config_from_file, open_gguf
+        from engine.model_files.families import FAMILIES
+        from engine.quant.writer import HF_ARCHITECTURES
 
         self.file = open_gguf(self.path)
         self.config = config_from_file(self.file)
         if self.config.rope_freq_factors:
             raise ValueError(f"{self.path}: rope_freqs (llama3 RoPE scaling) cannot be written to a "
                              "Hugging Face config by Ember yet")
+        if self.config.arch not in HF_ARCHITECTURES:
+            raise ValueError(f"{self.path}: `ember quantize` writes {', '.join(HF_ARCHITECTURES)} checkpoints; "
+                             f"{self.config.arch} is not one of them yet")
         self.tensors = check_tensors(self.file, self.config)
-        self.permuted = ARCHITECTURES[self.config.arch]
+        self.permuted = FAMILIES[self.config.arch].rope_interleaved
 
     def _gguf_name(self, name: str) -> str:
         if name == "model.embed_tokens.weight":

@@ -1,11 +1,14 @@
-// A whole Llama-family decoder stack as one op: the forward pass of engine/models/llama.py with
-// every matrix quantized, for a flattened batch of decodes and prefill chunks.
+// A whole decoder stack as one op: the forward pass of engine/models/llama.py with every matrix
+// quantized, for a flattened batch of decodes and prefill chunks, for every family of
+// engine/model_files/families.py (its switches are set_family's and add_layer's arguments).
 //
 //     h = embed(ids);  per layer:  r = r + h;  x = rms_norm(r) w_in
-//                                  q, k, v = split(x Wqkv^T + b);  q, k = rope(q), rope(k)
-//                                  K/V pool <- k, v;  o = attention(q, pool)
-//                                  r = r + o Wo^T;  x = rms_norm(r) w_post
-//                                  h = (silu(x Wg^T) * x Wu^T) Wd^T
+//                                  q, k, v = split(x Wqkv^T + b);  [q, k = rms_norm per head]
+//                                  q, k = rope_l(q), rope_l(k)  (the layer's table, or none)
+//                                  K/V pool <- k, v;  o = attention(q, pool, window_l)
+//                                  a = o Wo^T;  [a = rms_norm(a) w_ao];  r = r + a
+//                                  x = rms_norm(r) w_post
+//                                  h = (act(x Wg^T) * x Wu^T) Wd^T;  [h = rms_norm(h) w_mo]
 //     out = rms_norm(r + h) w_final
 //
 // Python dispatches some 40 small torch ops per layer; at one token per step that costs more
@@ -27,9 +30,10 @@ namespace ember {
 namespace {
 
 using pointwise::add_;
+using pointwise::gated_act;
 using pointwise::rms_norm;
+using pointwise::rms_norm_heads_;
 using pointwise::rope_;
-using pointwise::silu_mul;
 
 struct Linear {
   at::Tensor qw, d;
@@ -46,8 +50,12 @@ struct DecoderStack : torch::CustomClassHolder {
   int64_t H, NKV, HD, D, F;
   double eps, scale;
   int64_t path = 0;
+  bool qk_norm = false, post_norms = false, gelu = false;
   std::vector<Linear> linears;  // per layer: qkv, o, gate_up, down
-  std::vector<at::Tensor> norms;  // per layer: input, post-attention; then the final norm
+  // per layer: input, post-attention, [q, k with qk_norm], [attention out, MLP out with
+  // post_norms]; then the final norm
+  std::vector<at::Tensor> norms;
+  std::vector<int64_t> windows, ropes;  // per layer: window (0 full), RoPE table (-1 none)
 
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps_)
       : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_),
@@ -58,22 +66,38 @@ struct DecoderStack : torch::CustomClassHolder {
     linears.push_back({qw, d, m, bias, d_super, m_super, n, bits, group});
   }
   void add_norm(at::Tensor w) {
-    TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == D, "norm weights must be float32 [hidden]");
+    TORCH_CHECK(w.scalar_type() == at::kFloat && (w.numel() == D || w.numel() == HD),
+                "norm weights must be float32 [hidden] or [head_dim]");
     norms.push_back(w.contiguous());
   }
+  // The family's switches (engine/model_files/families.py); activation 0 SiLU, 1 GELU-tanh.
+  void set_family(bool qk_norm_, bool post_norms_, int64_t activation, double scale_) {
+    qk_norm = qk_norm_, post_norms = post_norms_, gelu = activation == 1, scale = scale_;
+  }
+  void add_layer(int64_t window, int64_t rope) { windows.push_back(window), ropes.push_back(rope); }
   void set_path(int64_t p) { path = p; }
 
-  // hidden [T, D] float32 embeddings; C, S [T, HD] rotation tables; the pool of every layer;
-  // slots [T]; block_tables [num_seqs, *]; seq_lens [num_seqs]; query_start [num_seqs + 1];
-  // the first num_decodes sequences have one query each. Returns the final normed hidden.
-  at::Tensor forward(at::Tensor hidden, at::Tensor C, at::Tensor S, std::vector<at::Tensor> k_caches,
-                     std::vector<at::Tensor> v_caches, at::Tensor slots, at::Tensor block_tables,
-                     at::Tensor seq_lens, std::vector<int64_t> query_start, int64_t num_decodes) {
+  // hidden [T, D] float32 embeddings; C, S: the step's rotation tables [T, HD] (global, then
+  // local where the family has one); the pool of every layer; slots [T]; block_tables
+  // [num_seqs, *]; seq_lens [num_seqs]; query_start [num_seqs + 1]; the first num_decodes
+  // sequences have one query each. Returns the final normed hidden.
+  at::Tensor forward(at::Tensor hidden, std::vector<at::Tensor> C, std::vector<at::Tensor> S,
+                     std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, at::Tensor slots,
+                     at::Tensor block_tables, at::Tensor seq_lens, std::vector<int64_t> query_start,
+                     int64_t num_decodes) {
     const int64_t L = (int64_t)linears.size() / 4, T = hidden.size(0), qs = H * HD, kvs = NKV * HD;
-    TORCH_CHECK((int64_t)norms.size() == 2 * L + 1 && (int64_t)k_caches.size() == L && (int64_t)v_caches.size() == L,
-                "the stack has ", L, " layers, ", norms.size(), " norms and ", k_caches.size(), " caches");
+    const int64_t per = 2 + 2 * qk_norm + 2 * post_norms;  // norms a layer holds
+    TORCH_CHECK((int64_t)norms.size() == per * L + 1 && (int64_t)k_caches.size() == L && (int64_t)v_caches.size() == L
+                    && (int64_t)windows.size() == L, "the stack has ", L, " layers, ", norms.size(), " norms, ",
+                windows.size(), " layer specs and ", k_caches.size(), " caches");
     TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.size(1) == D, "hidden must be float32 [T, ", D, "]");
-    const auto Cc = C.reshape({T, HD}).to(at::kFloat).contiguous(), Sc = S.reshape({T, HD}).to(at::kFloat).contiguous();
+    TORCH_CHECK(C.size() == S.size() && !C.empty(), "one S table per C table");
+    std::vector<at::Tensor> Cc, Sc;
+    for (size_t i = 0; i < C.size(); ++i) {
+      Cc.push_back(C[i].reshape({T, HD}).to(at::kFloat).contiguous());
+      Sc.push_back(S[i].reshape({T, HD}).to(at::kFloat).contiguous());
+    }
+    for (int64_t r : ropes) TORCH_CHECK(r < (int64_t)C.size(), "a layer asks for RoPE table ", r, " of ", C.size());
     // Every query row attends on its own, a prefill row at position p as a decode over p + 1
     // tokens: the same kernel and the same bits for a token whether it comes in a prompt chunk
     // of any length, after a cached prefix, or decoded (SDPA's causal and masked paths differ).
@@ -93,10 +117,15 @@ struct DecoderStack : torch::CustomClassHolder {
     auto x = at::empty_like(residual);
     auto h = residual;  // layer 0 adds nothing: its residual is the embedding itself
     for (int64_t l = 0; l < L; ++l) {
+      const at::Tensor* nl = &norms[per * l];  // input, post-attention, [q, k], [attention out, MLP out]
       if (l) add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
-      rms_norm(residual.data_ptr<float>(), norms[2 * l].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      rms_norm(residual.data_ptr<float>(), nl[0].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
       auto qkv = linears[4 * l](x, path);  // [T, qs + 2 kvs]
-      rope_(qkv.data_ptr<float>(), qkv.size(1), Cc.data_ptr<float>(), Sc.data_ptr<float>(), T, H + NKV, HD);
+      if (qk_norm)
+        rms_norm_heads_(qkv.data_ptr<float>(), qkv.size(1), nl[2].data_ptr<float>(), nl[3].data_ptr<float>(), T,
+                        H + NKV, NKV, HD, (float)eps);
+      if (const int64_t r = ropes[l]; r >= 0)
+        rope_(qkv.data_ptr<float>(), qkv.size(1), Cc[r].data_ptr<float>(), Sc[r].data_ptr<float>(), T, H + NKV, HD);
       auto q = qkv.slice(1, 0, qs).reshape({T, H, HD}).contiguous();
       auto k = qkv.slice(1, qs, qs + kvs).reshape({T, NKV, HD});
       auto v = qkv.slice(1, qs + kvs, qs + 2 * kvs).reshape({T, NKV, HD});
@@ -105,17 +134,22 @@ struct DecoderStack : torch::CustomClassHolder {
       const bool q8 = kc.scalar_type() == at::kChar;  // q8_0 rows (kv_quant.cpp)
       kc.view({-1, NKV, kc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(k) : k.to(kc.scalar_type()));
       vc.view({-1, NKV, vc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(v) : v.to(vc.scalar_type()));
-      auto o = paged_attention_decode(q, kc, vc, row_tables, row_lens, scale, path);
+      auto o = paged_attention_decode(q, kc, vc, row_tables, row_lens, scale, path, windows[l]);
       auto attn = linears[4 * l + 1](o.view({T, qs}), path);
+      const at::Tensor* post = nl + 2 + 2 * qk_norm;  // attention out, MLP out
+      if (post_norms)  // in place: a row's sum of squares is taken before its first write
+        rms_norm(attn.data_ptr<float>(), post[0].data_ptr<float>(), attn.data_ptr<float>(), T, D, (float)eps);
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
-      rms_norm(residual.data_ptr<float>(), norms[2 * l + 1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      rms_norm(residual.data_ptr<float>(), nl[1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
       auto gu = linears[4 * l + 2](x, path);
       auto act = at::empty({T, F}, x.options());
-      silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), T, F);
+      gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, gelu);
       h = linears[4 * l + 3](act, path);
+      if (post_norms)
+        rms_norm(h.data_ptr<float>(), post[1].data_ptr<float>(), h.data_ptr<float>(), T, D, (float)eps);
     }
     add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
-    rms_norm(residual.data_ptr<float>(), norms[2 * L].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+    rms_norm(residual.data_ptr<float>(), norms[per * L].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
     return x;
   }
 };
@@ -128,5 +162,7 @@ TORCH_LIBRARY_FRAGMENT(ember, lib) {
       .def("add_linear", &ember::DecoderStack::add_linear)
       .def("add_norm", &ember::DecoderStack::add_norm)
       .def("set_path", &ember::DecoderStack::set_path)
+      .def("set_family", &ember::DecoderStack::set_family)
+      .def("add_layer", &ember::DecoderStack::add_layer)
       .def("forward", &ember::DecoderStack::forward);
 }

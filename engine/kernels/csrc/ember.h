@@ -35,6 +35,6 @@ at::Tensor kv_q8_dequant(const at::Tensor& rows);
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t path);
+                                  int64_t path, int64_t window = 0);
 
 }  // namespace ember

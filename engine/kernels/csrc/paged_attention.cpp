@@ -186,7 +186,7 @@ TileFn tile_fn(bool avx512, int64_t D) {
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t path) {
+                                  int64_t path, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(),
               "q must be contiguous float32 [S, H, head_dim], got ", q.scalar_type(), " ", q.sizes());
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous(),
@@ -210,6 +210,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
               block_tables.sizes());
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kLong && seq_lens.size(0) == S,
               "seq_lens must be int64 [S = ", S, "]");
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: full attention), got ", window);
   if (path == 0) path = best_path();
   check_path(path);
   const auto bt = block_tables.contiguous(), sl = seq_lens.contiguous();
@@ -220,7 +221,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
     for (int64_t b = 0; b < (lens[s] + B - 1) / B; ++b)
       TORCH_CHECK(table[s * MB + b] >= 0 && table[s * MB + b] < NB, "block_tables[", s, ", ", b, "] = ",
                   table[s * MB + b], " is not a block of the pool (", NB, " blocks)");
-    total += lens[s];
+    total += window > 0 ? std::min(lens[s], window) : lens[s];
   }
   auto out = at::empty_like(q);
   if (S == 0) return out;
@@ -245,7 +246,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
       std::fill(w.m, w.m + G, NEG_INF);
       std::fill(w.l, w.acc + G * D, 0.f);  // l, alpha and acc
       w.q = qb + (s * H + kvh * G) * D;
-      for (int64_t p0 = 0; p0 < L; p0 += T) {
+      // A sliding window of W keys: the query at position L - 1 sees keys L - W .. L - 1.
+      for (int64_t p0 = window > 0 ? std::max<int64_t>(0, L - window) : 0; p0 < L; p0 += T) {
         w.n = (int)std::min<int64_t>(T, L - p0);
         int64_t blk = p0 / B, in = p0 % B;  // position p0 + j = blk * B + in, stepped without divisions
         for (int j = 0; j < T; ++j) {
@@ -274,6 +276,6 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-          "float scale, int path) -> Tensor");
+          "float scale, int path, int window=0) -> Tensor");
   lib.impl("paged_attention_decode", c10::DispatchKey::CPU, &ember::paged_attention_decode);
 }

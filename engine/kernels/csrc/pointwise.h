@@ -1,5 +1,5 @@
-// The per-row glue of decoder.cpp between its matrix products: residual adds, RMSNorm, RoPE and
-// SwiGLU, spread over torch's threads. Every value depends on its own row alone and each is
+// The per-row glue of decoder.cpp between its matrix products: residual adds, RMSNorm (of rows
+// and of heads), RoPE, SwiGLU and GeGLU, spread over torch's threads. Every value depends on its own row alone and each is
 // computed by the same plain IEEE operations (no fused multiply-adds: -ffp-contract=off), so
 // vector lanes, the scalar tail and any split into threads give the same bits: a token's
 // outputs never depend on the batch around it.
@@ -31,6 +31,24 @@ TPW inline void rms_norm_rows(const float* x, const float* w, float* y, int64_t 
 
 inline void rms_norm(const float* x, const float* w, float* y, int64_t T, int64_t d, float eps) {
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) { rms_norm_rows(x, w, y, t0, t1, d, eps); });
+}
+
+// The same norm over each head of a row: heads 0..h1-1 of width hd at x + t * row_stride,
+// weights w1 for heads < h1 - h2 (q) and w2 for the last h2 (k). In place.
+TPW inline void rms_norm_head_rows(float* x, int64_t row_stride, const float* w1, const float* w2, int64_t t0,
+                                   int64_t t1, int64_t heads, int64_t h2, int64_t hd, float eps) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * hd;
+      rms_norm_rows(v, h < heads - h2 ? w1 : w2, v, 0, 1, hd, eps);
+    }
+}
+
+inline void rms_norm_heads_(float* x, int64_t row_stride, const float* wq, const float* wk, int64_t T,
+                            int64_t heads, int64_t k_heads, int64_t hd, float eps) {
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    rms_norm_head_rows(x, row_stride, wq, wk, t0, t1, heads, k_heads, hd, eps);
+  });
 }
 
 TPW inline void add_range(float* r, const float* h, int64_t i0, int64_t i1) {
@@ -71,11 +89,22 @@ TPW inline void silu_mul_row(const float* g, const float* u, float* y, int64_t i
   for (int64_t i = i0; i < i1; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
-inline void silu_mul(const float* gu, float* y, int64_t T, int64_t f) {
+// [gate | up] -> gelu(gate) * up with GELU's tanh form (ggml_gelu, HF gelu_pytorch_tanh):
+// gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), glibc's tanhf as silu uses expf.
+TPW inline void gelu_mul_row(const float* g, const float* u, float* y, int64_t i0, int64_t i1) {
+  constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
+  for (int64_t i = i0; i < i1; ++i) y[i] = 0.5f * g[i] * (1.f + std::tanh(k * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+}
+
+// act(gate) * up over T rows of [gate | up] (2f wide) into y [T, f]; gelu: GeGLU, else SwiGLU.
+inline void gated_act(const float* gu, float* y, int64_t T, int64_t f, bool gelu) {
   at::parallel_for(0, T * f, 1 << 14, [&](int64_t i0, int64_t i1) {
     for (int64_t t = i0 / f; t * f < i1; ++t) {
       const int64_t a = std::max(i0, t * f) - t * f, b = std::min(i1, (t + 1) * f) - t * f;
-      silu_mul_row(gu + t * 2 * f, gu + t * 2 * f + f, y + t * f, a, b);
+      if (gelu)
+        gelu_mul_row(gu + t * 2 * f, gu + t * 2 * f + f, y + t * f, a, b);
+      else
+        silu_mul_row(gu + t * 2 * f, gu + t * 2 * f + f, y + t * f, a, b);
     }
   });
 }

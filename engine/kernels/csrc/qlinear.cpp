@@ -172,8 +172,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
 }  // namespace ember
 
 // The contract of these ops (tile formats, arguments), checked by engine/kernels/__init__.py's
-// ABI: 2 = 6-bit tiles, q8_0 KV rows; 3 = each path checked against its own CPU features.
-static int64_t abi() { return 3; }
+// ABI: 2 = 6-bit tiles, q8_0 KV rows; 3 = each path checked against its own CPU features;
+// 4 = sliding windows, per-head norms, GeGLU and per-layer RoPE in the decoder stack.
+static int64_t abi() { return 4; }
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("abi() -> int", &abi);
