@@ -1,7 +1,9 @@
 """The real Gemma 3 270M (Q4_K_M, base model, no chat template; `gemma3`: 18 layers, 4 query heads,
-1 KV head of 256, a 512-token window on 15 layers) on the llama.cpp runner, chosen by `auto`:
-`ember generate --raw`, `ember serve` through the official openai client, and teacher-forced
-scores equal to llama-cpp-python's own on the same file (the same-answer rule).
+1 KV head of 256, a 512-token window on 15 layers) on Ember's own engine, chosen by `auto`:
+teacher-forced against llama.cpp and against the exact model on 1,024-token chunks (so the
+window slides), `ember generate --raw`, `ember serve` through the official openai client; and
+on the llama.cpp runner (`--backend llama.cpp`), scores equal to llama-cpp-python's own on the
+same file (the same-answer rule).
 
 The file comes from PyPI part packages (tests/real_models.py) and is cached outside the repo.
 """
@@ -16,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine.loaders.gguf_loader import load_model
+from model_oracles import agreement, format_summary, llama_cpp_logits, llama_cpp_model, our_logits, summarize
 from real_models import GEMMA3_270M, fetch_parts_model
 from server_util import openai_client, start_engine
 from test_fidelity import corpus_text
@@ -39,7 +43,15 @@ def server(gemma, tmp_path_factory):
     proc.stop()
 
 
-def test_the_header_facts_and_auto_picks_llama_cpp_saying_why(gemma):
+@pytest.fixture(scope="module")
+def llama_cpp_server(gemma, tmp_path_factory):
+    proc = start_engine(gemma, tmp_path_factory.mktemp("gemma-llama-cpp"), "--max-model-len", "2048",
+                        backend="llama.cpp")
+    yield proc
+    proc.stop()
+
+
+def test_the_header_facts_and_auto_picks_embers_engine(gemma):
     from engine.backends import model_footprint
     from engine.model_files.fit import MachineInfo, choose_backend
 
@@ -48,7 +60,45 @@ def test_the_header_facts_and_auto_picks_llama_cpp_saying_why(gemma):
     assert (fp.sliding_window, fp.sliding_layers) == (512, 15)
     machine = MachineInfo(ram_free_bytes=8 << 30, ram_total_bytes=16 << 30, cpu_count=2, ember_kernels=True)
     decision = choose_backend(machine, fp)
-    assert decision.backend == "llama.cpp" and "not the gemma3 architecture yet" in decision.reason
+    assert decision.backend == "torch" and "Ember's kernels" in decision.reason, decision.reason
+
+
+CTX = 1024  # past the 512-token window: the local layers slide
+
+
+def test_embers_engine_agrees_with_llama_cpp_and_is_as_close_to_the_exact_model(gemma):
+    """Three 1,024-token chunks of the corpus (start, middle, end), teacher-forced. The oracle for
+    "exact" is Ember's float32 dense forward (dequantized weights, float activations), which
+    the tiny-model tests hold to a float64 forward at 1e-5. Both quantized engines round
+    activations to 8 bits (llama.cpp per 256, Ember per 32), each its own way, so Ember's
+    engine must be at least as close to the exact model as llama.cpp is, and agree with
+    llama.cpp on perplexity to 1%. Measured on Zen 5 (AVX-512 VNNI): Ember vs exact mean KL
+    0.0037, top-1 96.0%; llama.cpp vs exact 0.0076, 95.2%; Ember vs llama.cpp PPL ratio 0.998,
+    KL 0.0096, top-1 94.1% (the issue's 95% is out of reach while both sides round: see
+    the issue's note)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ours, exact = load_model(gemma, quantized=True), load_model(gemma)
+        assert ours.stack is not None and ours.config.layer_windows.count(512) == 15
+        llm = llama_cpp_model(gemma, CTX)
+        tokens = llm.tokenize(corpus_text().encode(), add_bos=True, special=False)
+        chunks = [tokens[:CTX]] + [tokens[:1] + tokens[s:s + CTX - 1] for s in (len(tokens) // 2, len(tokens) - CTX)]
+        vs_llama, ours_vs_exact, llama_vs_exact = [], [], []
+        for c in chunks:
+            targets = torch.tensor(c[1:])
+            q, e = our_logits(ours, c)[:-1], our_logits(exact, c)[:-1]
+            lc = torch.from_numpy(llama_cpp_logits(llm, c))[:-1]
+            vs_llama.append(agreement(q, lc, targets))
+            ours_vs_exact.append(agreement(q, e, targets))
+            llama_vs_exact.append(agreement(lc, e, targets))
+    finally:
+        torch.set_num_threads(threads)
+    a, b, c = summarize(vs_llama), summarize(ours_vs_exact), summarize(llama_vs_exact)
+    print("\n" + "\n".join((format_summary("Ember vs llama.cpp", a), format_summary("Ember vs exact", b),
+                             format_summary("llama.cpp vs exact", c))))
+    assert abs(a["ppl_ratio"] - 1) <= 0.01, a
+    assert b["kl"] <= c["kl"] and b["top1"] >= c["top1"], (b, c)
 
 
 def test_ember_generate_raw_completes_text(gemma, tmp_path):
@@ -59,9 +109,9 @@ def test_ember_generate_raw_completes_text(gemma, tmp_path):
     assert r.stdout.strip() and "Traceback" not in r.stderr
 
 
-def test_serve_answers_the_openai_client_on_llama_cpp(server):
+def test_serve_answers_the_openai_client_on_embers_engine(server):
     health = server.health()
-    assert health["backend"] == "llama.cpp" and "gemma3" in health["decision"]["reason"]
+    assert health["backend"] == "torch", health["decision"]
     client = openai_client(server)
     r = client.completions.create(model=health["model"], prompt=PROMPT, max_tokens=12, temperature=0,
                                   extra_body={"ignore_eos": True})
@@ -74,13 +124,14 @@ def test_serve_answers_the_openai_client_on_llama_cpp(server):
     assert reply.strip() and "User:" not in reply and "Assistant:" not in reply
 
 
-def test_scores_equal_llama_cpp_python_alone(server, gemma):
+def test_scores_equal_llama_cpp_python_alone(llama_cpp_server, gemma):
     """Echoed prompt logprobs over real HTTP against llama-cpp-python on the same file with the
     runner's settings (flash attention, as llama.cpp's server by default; 512-row ubatches; f16
     KV), log-softmaxed in float32 as the engine does: the same numbers, not merely close."""
     import llama_cpp
 
     text = corpus_text()[:3000]
+    server = llama_cpp_server
     r = httpx.post(server.base_url + "/v1/completions", headers=server.headers, timeout=300,
                    json={"prompt": text, "max_tokens": 1, "echo": True, "logprobs": 0, "temperature": 0})
     r.raise_for_status()
