@@ -145,12 +145,13 @@ class _Tensors:
 
 def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0,
                     layers: int | None = None, norm_jitter: float = 0.0,
-                    qtype: GGMLQuantizationType | None = None) -> ArchFacts:
+                    qtype: GGMLQuantizationType | None = None, rope_dim: int | None = None) -> ArchFacts:
     """Write a tiny random `arch` model (one of ARCHS, or UNKNOWN_ARCH) to `path`; return its facts.
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
     layers overrides the architecture's layer count; norm_jitter adds noise to the norms (else
-    1); qtype stores every matrix in that block type, quantized by gguf-py.
+    1); qtype stores every matrix in that block type, quantized by gguf-py; rope_dim: phi3's
+    rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all.
     """
     if arch not in ARCHS and arch != UNKNOWN_ARCH:
         raise ValueError(f"not an architecture this helper writes: {arch!r}")
@@ -177,7 +178,7 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     w.add_layer_norm_rms_eps(eps)
     w.add_file_type(0 if qtype is None else {GGMLQuantizationType.Q8_0: 7, GGMLQuantizationType.Q4_0: 2}[qtype])
     if arch == "phi3":
-        w.add_rope_dimension_count(D)
+        w.add_rope_dimension_count(rope_dim or D)
     if moe:
         w.add_expert_count(_EXPERTS)
         w.add_expert_used_count(_EXPERTS_USED)

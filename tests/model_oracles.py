@@ -171,6 +171,7 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
     eps, base = f[f"{arch}.attention.layer_norm_rms_epsilon"], f.get(f"{arch}.rope.freq_base", 10000.0)
     window = f.get(f"{arch}.attention.sliding_window", 0)
     n_layers, gemma = f[f"{arch}.block_count"], arch in _GEMMA
+    head_dim = f.get(f"{arch}.attention.key_length", t("token_embd.weight").shape[1] // H)
     norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
     ids = torch.tensor(tokens)
     T = len(tokens)
@@ -183,7 +184,10 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
         p = f"blk.{i}."
         slides = gemma and window and i % 6 < 5
         h = norm(x, t(p + "attn_norm.weight"))
-        q, k, v = (h @ t(p + n + ".weight").T for n in ("attn_q", "attn_k", "attn_v"))
+        if t(p + "attn_qkv.weight") is not None:  # phi3: one q|k|v matrix
+            q, k, v = (h @ t(p + "attn_qkv.weight").T).split([H * head_dim, KV * head_dim, KV * head_dim], -1)
+        else:
+            q, k, v = (h @ t(p + n + ".weight").T for n in ("attn_q", "attn_k", "attn_v"))
         if t(p + "attn_q.bias") is not None:
             q, k, v = q + t(p + "attn_q.bias"), k + t(p + "attn_k.bias"), v + t(p + "attn_v.bias")
         d = q.shape[-1] // H
@@ -201,9 +205,12 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
         a = torch.einsum("hts,shd->thd", att, v).reshape(T, H * d) @ t(p + "attn_output.weight").T
         x = x + (norm(a, t(p + "post_attention_norm.weight")) if gemma else a)
         h = norm(x, t(p + "ffn_norm.weight"))
-        g = h @ t(p + "ffn_gate.weight").T
+        if t(p + "ffn_gate.weight") is None:  # phi3: one gate|up matrix, gate first
+            g, u = (h @ t(p + "ffn_up.weight").T).chunk(2, -1)
+        else:
+            g, u = h @ t(p + "ffn_gate.weight").T, h @ t(p + "ffn_up.weight").T
         g = F.gelu(g, approximate="tanh") if gemma else F.silu(g)
-        m = (g * (h @ t(p + "ffn_up.weight").T)) @ t(p + "ffn_down.weight").T
+        m = (g * u) @ t(p + "ffn_down.weight").T
         x = x + (norm(m, t(p + "post_ffw_norm.weight")) if gemma else m)
     x = norm(x, t("output_norm.weight"))
     head = t("output.weight")

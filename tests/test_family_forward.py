@@ -16,17 +16,18 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from arch_ggufs import vocab_size, write_arch_gguf
-from engine.backends import load_engine
+from engine.backends import load_engine, model_footprint
 from engine.config import EngineConfig
 from engine.kernels import available_paths, kernels
 from engine.layers import attention as attn
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.families import FAMILIES
+from engine.model_files.fit import MachineInfo, choose_backend
 from engine.sampling_params import SamplingParams
 from model_oracles import (agreement, assert_agrees, decode_meta, kv_pool, llama_cpp_logits, llama_cpp_model,
                            our_logits, prefill_meta, reference_logits, summarize)
 
-ARCHS = ["llama", "qwen3", "smollm3", "gemma3"]
+ARCHS = ["llama", "qwen3", "smollm3", "gemma3", "phi3"]
 assert set(ARCHS) == set(FAMILIES) - {"qwen2"}  # qwen2: tests/test_model_tiny.py's files
 LAYERS = {"smollm3": 4}
 T = 70
@@ -147,3 +148,15 @@ def test_auto_runs_each_family_on_embers_engine(files, arch):
         assert len(out.output_token_ids) == 40 and out.finish_reason == "length"
     finally:
         engine.close()
+
+
+def test_a_family_file_with_what_embers_engine_lacks_goes_to_llama_cpp_saying_why(tmp_path):
+    """Phi-4-mini rotates 3/4 of each head: Ember's loader refuses it in words, `auto` runs it
+    on llama.cpp and says why."""
+    path = tmp_path / "phi4-mini-like.gguf"
+    write_arch_gguf(path, "phi3", rope_dim=12, qtype=QT.Q8_0)
+    fp = model_footprint(path)
+    assert not fp.ember_engine and fp.ember_engine_why_not == "partial RoPE (12 of 16 dims) is unsupported"
+    decision = choose_backend(MachineInfo(ram_free_bytes=8 << 30, ram_total_bytes=16 << 30, cpu_count=2,
+                                          ember_kernels=True), fp)
+    assert decision.backend == "llama.cpp" and "Ember's own engine: partial RoPE" in decision.reason

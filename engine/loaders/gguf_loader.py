@@ -105,6 +105,8 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     rope_dim = _int(f, f"{arch}.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         raise GGUFError(f"{name}: partial RoPE ({rope_dim} of {head_dim} dims) is unsupported")
+    if any(t.startswith("rope_factors_") for t in tensors):
+        raise GGUFError(f"{name}: LongRoPE (rope_factors_long/short) is unsupported")
     scaling = None
     kind = f.get(f"{arch}.rope.scaling.type", "none")
     factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
@@ -139,7 +141,7 @@ def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_la
     """The ModelConfig fields a family's description and the header decide together: which layers
     slide and with which RoPE, the query scale, the embedding scale."""
     arch = family.name
-    window = _int(f, f"{arch}.attention.sliding_window", 0)
+    window = 0 if family.ignores_sliding_window else _int(f, f"{arch}.attention.sliding_window", 0)
     slides = sliding_layers(arch, window, f.get(f"{arch}.attention.sliding_window_pattern"), num_layers)
     rope = [1 if s and family.local_rope_base else 0 for s in slides]
     if family.no_rope_period:
@@ -162,6 +164,7 @@ def read_model_config(path: str | Path) -> ModelConfig:
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape the metadata implies."""
     d, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    fused = FAMILIES[cfg.arch].fused_projections
     shapes = {"token_embd.weight": (cfg.vocab_size, d), "output_norm.weight": (d,)}
     if not cfg.tie_word_embeddings:
         shapes["output.weight"] = (cfg.vocab_size, d)
@@ -169,9 +172,17 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["rope_freqs.weight"] = (cfg.head_dim // 2,)
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
-        shapes |= {p + "attn_norm.weight": (d,), p + "attn_q.weight": (q, d), p + "attn_k.weight": (kv, d),
-                   p + "attn_v.weight": (kv, d), p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,),
-                   p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d), p + "ffn_down.weight": (d, f)}
+        shapes[p + "attn_norm.weight"] = (d,)
+        if fused:  # q|k|v and gate|up as the file stores them
+            shapes[p + "attn_qkv.weight"] = (q + 2 * kv, d)
+        else:
+            shapes |= {p + "attn_q.weight": (q, d), p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d)}
+        shapes |= {p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,)}
+        if fused:
+            shapes[p + "ffn_up.weight"] = (2 * f, d)
+        else:
+            shapes |= {p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d)}
+        shapes[p + "ffn_down.weight"] = (d, f)
         if cfg.attention_bias:
             shapes |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
         if cfg.qk_norm:
@@ -241,7 +252,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     f = open_gguf(path)
     cfg = config_from_file(f)
     tensors = check_tensors(f, cfg)
-    permuted = FAMILIES[cfg.arch].rope_interleaved
+    permuted, fused = FAMILIES[cfg.arch].rope_interleaved, FAMILIES[cfg.arch].fused_projections
     dense_types: set[str] = set()
 
     def get(tname: str, quant: bool):
@@ -274,10 +285,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
             part = leaf.split(".")[1]
             if part == "bias" and not cfg.attention_bias:
                 return None
-            w = fuse([qk(p + "attn_q", cfg.num_heads, part, quant), qk(p + "attn_k", cfg.num_kv_heads, part, quant),
-                      get(p + f"attn_v.{part}", quant)])
+            if fused:
+                w = get(p + f"attn_qkv.{part}", quant)
+            else:
+                w = fuse([qk(p + "attn_q", cfg.num_heads, part, quant), qk(p + "attn_k", cfg.num_kv_heads, part, quant),
+                          get(p + f"attn_v.{part}", quant)])
         elif leaf == "gate_up_proj.weight":  # rows [gate | up]
-            w = fuse([get(p + "ffn_gate.weight", quant), get(p + "ffn_up.weight", quant)])
+            w = get(p + "ffn_up.weight", quant) if fused else fuse([get(p + "ffn_gate.weight", quant),
+                                                                       get(p + "ffn_up.weight", quant)])
         elif leaf == "rope_freqs":
             return get("rope_freqs.weight", False)  # stays float32: folded into the RoPE frequencies
         else:

@@ -21,6 +21,10 @@ What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp)
 - no_rope_period: layers with (i + 1) % period == 0 take no RoPE (SmolLM3's NoPE layers).
 - attention_scale_by_layers: layer count -> the query scale's divisor rule hidden/heads instead
   of head_dim (Gemma 3 27B's query_pre_attn_scalar, as llama.cpp reads it: by layer count).
+- ignores_sliding_window: llama.cpp runs every layer full whatever the header's window says
+  (Phi-3's, disabled in llama.cpp's phi3 loader), so Ember does too.
+- fused_projections: the file holds q|k|v as one attn_qkv matrix and gate|up as one ffn_up of
+  2 * n_ff rows (Phi-3/Phi-4), which are our fused weights as they stand.
 
 Gemma's (1 + w) RMSNorm needs no switch: its converter stores 1 + w, so the file's weight is
 the plain norm's.
@@ -41,6 +45,8 @@ class Family:
     local_rope_base: float | None = None
     no_rope_period: int = 0
     attention_scale_by_layers: frozenset[int] = frozenset()
+    fused_projections: bool = False
+    ignores_sliding_window: bool = False
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -51,11 +57,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gemma3", rope_interleaved=False, qk_norm=True, post_norms=True, activation="gelu_tanh",
            embed_scale_sqrt_hidden=True, local_rope_base=10000.0,
            attention_scale_by_layers=frozenset({62})),
+    # Phi-3 and Phi-4 (14B); llama.cpp ignores their sliding window too. Phi-4-mini's partial
+    # rotary and the 128k models' LongRoPE factors are refused by the loader (llama.cpp runs them).
+    Family("phi3", rope_interleaved=False, fused_projections=True, ignores_sliding_window=True),
 )}
 
 # GGUF architectures llama.cpp runs that Ember's engine leaves to it, and why (logged by `auto`).
 NOT_YET: dict[str, str] = {
-    "phi3": "fused QKV and gate/up with partial and LongRoPE rotary are not in Ember's engine yet",
     "qwen3moe": "mixture-of-experts layers are not in Ember's engine yet",
     "gpt-oss": "mixture-of-experts layers and attention sinks are not in Ember's engine yet",
     "qwen35": "hybrid linear-attention layers are not in Ember's engine yet",
