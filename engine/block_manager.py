@@ -16,6 +16,10 @@ Memory follows use: a free block without a hash is "clean", and clean blocks are
 lowest id first (before any cached block is evicted), so the blocks ever written stay a compact
 prefix of the pool. Each block that turns clean is reported to `on_clean` (the torch runner gives
 its pages back to the OS); a pool reserved but not touched then holds only live and cached KV.
+
+With a sliding window (window > 0), the leading blocks a sequence's window layers will never
+read again are reported to `on_window_out` (the runner gives back those layers' pages; see
+engine/kv_window.py) and no prefix hit relies on their window-layer K/V.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 
+from engine.kv_window import blocks_out_of_window, usable_hits
 from engine.sequence import Sequence
 
 NO_HASH = -1
@@ -42,11 +47,12 @@ def hash_block_tokens(parent_hash: int, token_ids: list[int] | tuple[int, ...]) 
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids", "windowed_out")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
+        self.windowed_out = False  # its window layers' K/V were given back (kv_window.py)
         self.hash = NO_HASH  # set once the block is full, computed and registered in the cache
         self.token_ids: tuple[int, ...] = ()  # the block's tokens while it holds a hash
 
@@ -57,7 +63,9 @@ class Block:
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  max_cached_free: int | None = None,
-                 on_clean: Callable[[list[int], Callable[[int], bool]], None] | None = None) -> None:
+                 on_clean: Callable[[list[int], Callable[[int], bool]], None] | None = None,
+                 window: int = 0,
+                 on_window_out: Callable[[list[int], Callable[[int], bool]], None] | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         if max_cached_free is not None and max_cached_free < 0:
@@ -67,6 +75,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.max_cached_free = max_cached_free  # None: keep every freed block's hash
         self.on_clean = on_clean
+        self.window, self.on_window_out = window, on_window_out
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         self.clean_free: list[int] = list(range(num_blocks))  # a min-heap: lowest id first
@@ -115,7 +124,7 @@ class BlockManager:
             self._drop_hash(self.blocks[block_id])
         block = self.blocks[block_id]
         assert block.ref_count == 0
-        block.ref_count = 1
+        block.ref_count, block.windowed_out = 1, False
         self.used_block_ids.add(block_id)
         return block_id
 
@@ -185,6 +194,8 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[i * B:(i + 1) * B]):
                 break
             hits.append(block_id)
+        if self.window:
+            del hits[usable_hits([self.blocks[b].windowed_out for b in hits], self.window, B):]
         return hits
 
     def hash_blocks(self, seq: Sequence) -> None:
@@ -268,6 +279,8 @@ class BlockManager:
         written is copied first; returns the (src, dst) block copies the runner must make."""
         B, table = self.block_size, seq.block_table
         start = seq.num_computed_tokens
+        if self.window:
+            self._window_out(seq)
         end_blocks = (start + num_new_tokens + B - 1) // B
         first = start // B
         if start % B and end_blocks == first + 1 <= len(table) and self.blocks[table[first]].ref_count == 1:
@@ -285,6 +298,22 @@ class BlockManager:
         while len(table) < end_blocks:
             table.append(self._take_free_block())
         return copies
+
+    def _window_out(self, seq: Sequence) -> None:
+        """Report the leading blocks seq's window layers are done with. Only blocks seq alone
+        holds: a block shared with a fork or a prefix hit may sit in the other's window, so
+        it (and the blocks after it) wait for a later step."""
+        out: list[int] = []
+        for i in range(blocks_out_of_window(seq.num_computed_tokens, self.window, self.block_size)):
+            block = self.blocks[seq.block_table[i]]
+            if block.windowed_out:
+                continue
+            if block.ref_count != 1:
+                break
+            block.windowed_out = True
+            out.append(block.block_id)
+        if out and self.on_window_out is not None:
+            self.on_window_out(out, lambda b: self.blocks[b].windowed_out or self.is_clean(b))
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share all of parent's blocks with child; the first write into a shared block copies it."""

@@ -73,13 +73,35 @@ class KVPool:
                     pages.append(p)
         return [(p0 * PAGE, (p1 - p0) * PAGE) for p0, p1 in _runs(pages)]
 
-    def give_back(self, block_ids: Iterable[int], is_clean: Callable[[int], bool]) -> None:
-        """Return the pages of clean blocks to the OS in every layer's K and V; they read as zeros."""
+    def give_back(self, block_ids: Iterable[int], is_clean: Callable[[int], bool],
+                  layers: Iterable[int] | None = None) -> None:
+        """Return the pages of clean blocks to the OS in every layer's K and V (or only those of
+        `layers`: the sliding-window layers' blocks out of their window); they read as zeros."""
         if self._map is None:
             return
+        bases = self._offsets if layers is None else [self._offsets[2 * i + kv] for i in layers for kv in (0, 1)]
         for start, length in self.pages_to_give_back(block_ids, is_clean):
-            for base in self._offsets:
+            for base in bases:
                 self._map.madvise(mmap.MADV_DONTNEED, base + start, length)
+
+    def resident_bytes(self) -> int:
+        """Bytes of the pool in memory now (mincore(2) over its pages; the kernel may merge the
+        mapping with its neighbours, so /proc's per-mapping Rss would count theirs); 0 where
+        mincore is not there. What `ember bench window` reports."""
+        if self._map is None:
+            return 0
+        import ctypes
+
+        try:
+            mincore = ctypes.CDLL(None, use_errno=True).mincore
+        except (OSError, AttributeError):
+            return 0
+        length = len(self._map)
+        vec = (ctypes.c_ubyte * (-(-length // PAGE)))()
+        addr = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(self._map)))
+        if mincore(addr, ctypes.c_size_t(length), vec) != 0:
+            return 0
+        return sum(v & 1 for v in vec) * PAGE
 
     def close(self) -> None:
         """Drop the tensors; the mapping goes with the last view of it."""

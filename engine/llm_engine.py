@@ -92,7 +92,9 @@ class LLMEngine:
         idle_blocks = idle_cache_tokens(config, runner.max_model_len) // config.block_size
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
                                           enable_prefix_caching=caching and runner.paged_kv,
-                                          max_cached_free=idle_blocks, on_clean=getattr(runner, "give_back", None))
+                                          max_cached_free=idle_blocks, on_clean=getattr(runner, "give_back", None),
+                                          window=getattr(runner, "sliding_window", 0),
+                                          on_window_out=getattr(runner, "give_back_window", None))
         self.prompt_cache = runner.prompt_cache if caching else None
         self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
         # Drafts for the next step's decodes (engine/speculative/); None: plain decoding.

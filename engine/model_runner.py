@@ -118,6 +118,17 @@ class ModelRunner:
         """The block manager's on_clean: clean blocks' pages go back to the OS (engine/kv_pool.py)."""
         self.kv_pool.give_back(block_ids, is_clean)
 
+    @property
+    def sliding_window(self) -> int:
+        """The window of the model's sliding-window layers (0: none); the block manager reports
+        the blocks they are done with to give_back_window (engine/kv_window.py)."""
+        return max(self.model.config.layer_windows, default=0)  # the widest: no layer loses a key it reads
+
+    def give_back_window(self, block_ids, is_out) -> None:
+        """The sliding-window layers' pages of blocks out of their window go back to the OS."""
+        windows = self.model.config.layer_windows
+        self.kv_pool.give_back(block_ids, is_out, layers=[i for i, w in enumerate(windows) if w])
+
     def release(self, seq) -> None:
         """The pool is shared and addressed by block tables: only the sampler's state goes."""
         self.sampler.release(seq)

@@ -208,6 +208,51 @@ def test_trim_releases_blocks_past_a_rollback():
     bm.check()
 
 
+def test_window_layers_give_back_blocks_behind_the_window_and_hits_keep_theirs():
+    """Window 4, blocks of 2: a query at position p reads keys p-3..p in the window layers, so
+    once a step starts at 20, blocks 0..7 (positions 0..15) are out (the window of the last
+    block boundary is kept); a prefix hit that ends where those blocks would be needed is cut
+    back, one that ends at the sequence's last full block (the chat's next turn) is whole."""
+    out: list[int] = []
+    bm = BlockManager(40, 2, window=4, on_window_out=lambda ids, is_out: out.extend(ids))
+    a = _seq(range(20))
+    bm.allocate(a)
+    a.num_computed_tokens = 20
+    bm.hash_blocks(a)
+    assert out == []  # the prompt's own queries needed every block
+    a.token_ids.append(99)
+    _compute(bm, a, 1)  # the step at 20
+    assert out == a.block_table[:8] and all(bm.blocks[b].windowed_out for b in out)
+    _compute(bm, a, 0)  # the step at 21: the same boundary (20), nothing more, none twice
+    assert out == a.block_table[:8]
+    b = _seq([*range(10), 7, 7, 7])  # shares 5 blocks, whose window (positions 6..9) is gone
+    assert bm.match_prefix(b) == []
+    d = _seq([*range(18), 5, 5, 5])  # 9 blocks: its first query at 18 reads 15..17, and block 7 is out
+    assert bm.match_prefix(d) == []
+    c = _seq([*range(20), 99, 5, 5])  # the chat's next turn: the hit's window (blocks 8, 9) is intact
+    assert bm.match_prefix(c) == a.block_table[:10]
+    bm.free(a)
+    bm.allocate(c)  # freed with their hashes: still a hit, and still out of the window
+    assert c.num_computed_tokens == 20 and bm.blocks[c.block_table[0]].windowed_out
+    bm.check()
+
+
+def test_a_block_shared_with_a_fork_stays_until_both_are_past_it():
+    out: list[int] = []
+    bm = BlockManager(40, 2, window=2, on_window_out=lambda ids, is_out: out.extend(ids))
+    a = _seq(range(8))
+    bm.allocate(a)
+    a.num_computed_tokens = 8
+    child = a.fork()
+    bm.fork(a, child)
+    a.token_ids.append(1)
+    _compute(bm, a, 1)
+    assert out == []  # blocks 0..2 are out of a's window, but the child may still read them
+    bm.free(child)
+    _compute(bm, a, 0)  # the step at 9 keeps the window of 8: blocks 0..2 (positions 0..5) are out
+    assert out == a.block_table[:3]
+
+
 def test_clean_blocks_go_out_lowest_first_and_are_reported_once():
     """Freed blocks without a hash are reused before untouched ones, so the blocks ever written
     stay a compact prefix of the pool; each block that turns clean is reported to on_clean."""
@@ -248,12 +293,15 @@ TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=30)  # a tiny alphabet
 
 class BlockManagerMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4]),
-                caching=st.booleans(), max_cached_free=st.sampled_from([None, 0, 1, 3]))
-    def setup(self, num_blocks, block_size, caching, max_cached_free):
+                caching=st.booleans(), max_cached_free=st.sampled_from([None, 0, 1, 3]),
+                window=st.sampled_from([0, 0, 1, 3, 8]))
+    def setup(self, num_blocks, block_size, caching, max_cached_free, window):
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching,
-                               max_cached_free=max_cached_free, on_clean=self._give_back)
-        self.B = block_size
+                               max_cached_free=max_cached_free, on_clean=self._give_back,
+                               window=window, on_window_out=self._window_out)
+        self.B, self.W = block_size, window
         self.pool = {}  # (block, offset) -> prefix tuple whose K/V sit there
+        self.wpool = {}  # the same for the sliding-window layers, which give back blocks out of their window
         self.live: list[Sequence] = []  # hold blocks
         self.waiting: list[Sequence] = []  # preempted: no blocks, tokens kept
         self.next_id = 0
@@ -265,16 +313,32 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert is_clean(b) and self.bm.blocks[b].ref_count == 0 and self.bm.blocks[b].hash == NO_HASH
             for off in range(self.B):
                 self.pool.pop((b, off), None)
+                self.wpool.pop((b, off), None)
+
+    def _window_out(self, block_ids: list[int], is_out) -> None:
+        """The window layers' pages of blocks out of every holder's window go back (read as
+        zeros); a block some sequence's window still reads would fail the read in _write."""
+        assert self.W
+        for b in block_ids:
+            assert is_out(b) and self.bm.blocks[b].ref_count == 1
+            for off in range(self.B):
+                self.wpool.pop((b, off), None)
 
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id
 
     def _write(self, seq: Sequence, n: int) -> None:
-        """Run n tokens: the runner makes the copies, then writes each new position's K/V."""
+        """Run n tokens: the runner makes the copies, then writes each new position's K/V. With
+        a window, the first new query's window (whose keys every later one's includes or writes
+        now) must read its own prefix from the window layers' pool."""
         keys = prefix_keys(seq.token_ids)
+        start = seq.num_computed_tokens
+        for p in range(max(0, start - self.W + 1) if self.W else start, start):
+            assert self.wpool.get((seq.block_table[p // self.B], p % self.B)) == (seq.token_ids[p], keys[p])
         for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
             self.pool[(seq.block_table[p // self.B], p % self.B)] = (seq.token_ids[p], keys[p])
+            self.wpool[(seq.block_table[p // self.B], p % self.B)] = (seq.token_ids[p], keys[p])
         seq.num_computed_tokens += n
         self.bm.hash_blocks(seq)
 
@@ -283,6 +347,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for off in range(self.B):
                 if (src, off) in self.pool:
                     self.pool[(dst, off)] = self.pool[(src, off)]
+                if (src, off) in self.wpool:
+                    self.wpool[(dst, off)] = self.wpool[(src, off)]
 
     def _admit(self, seq: Sequence, chunk: int) -> bool:
         cached = self.bm.match_prefix(seq)
