@@ -99,6 +99,7 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         ctx = mc.context_length or MAX_DEFAULT_CONTEXT
         self.max_model_len = default_context(ctx, config.max_model_len)
+        self.model.use_context(self.max_model_len)  # LongRoPE's factors follow the context, as in llama.cpp
         B = config.block_size
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype, self.device, mc.head_dim)
         width = mc.head_dim + mc.head_dim // 16 if self.kv_dtype == torch.int8 else mc.head_dim  # q8_0 rows

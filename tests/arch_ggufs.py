@@ -145,13 +145,16 @@ class _Tensors:
 
 def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0,
                     layers: int | None = None, norm_jitter: float = 0.0,
-                    qtype: GGMLQuantizationType | None = None, rope_dim: int | None = None) -> ArchFacts:
+                    qtype: GGMLQuantizationType | None = None, rope_dim: int | None = None,
+                    longrope: bool = False) -> ArchFacts:
     """Write a tiny random `arch` model (one of ARCHS, or UNKNOWN_ARCH) to `path`; return its facts.
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
     layers overrides the architecture's layer count; norm_jitter adds noise to the norms (else
     1); qtype stores every matrix in that block type, quantized by gguf-py; rope_dim: phi3's
-    rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all.
+    rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all; longrope: phi3's LongRoPE
+    as the converter writes it for the 128k models (rope_factors_long/short, an original context
+    of a quarter of the context, attn_factor sqrt(1 + ln(scale) / ln(original))).
     """
     if arch not in ARCHS and arch != UNKNOWN_ARCH:
         raise ValueError(f"not an architecture this helper writes: {arch!r}")
@@ -179,6 +182,9 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     w.add_file_type(0 if qtype is None else {GGMLQuantizationType.Q8_0: 7, GGMLQuantizationType.Q4_0: 2}[qtype])
     if arch == "phi3":
         w.add_rope_dimension_count(rope_dim or D)
+        if longrope:
+            w.add_rope_scaling_orig_ctx_len(ctx // 4)
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(4) / np.log(ctx // 4))))
     if moe:
         w.add_expert_count(_EXPERTS)
         w.add_expert_used_count(_EXPERTS_USED)
@@ -196,6 +202,10 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     _tokenizer(w, chat_template)
 
     t.add(T.TOKEN_EMBD, (V, E))
+    if longrope:  # per-frequency divisors of the rotated pairs, short ones near 1, long ones larger
+        half = (rope_dim or D) // 2
+        w.add_tensor("rope_factors_short.weight", (1 + 0.3 * rng.random(half)).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", (1 + 8 * rng.random(half)).astype(np.float32))
     for i in range(layers):
         t.add(T.ATTN_NORM, (E,), bid=i, fill=1.0)
         if arch == "phi3":

@@ -131,16 +131,23 @@ def llama_cpp_logits(llm, tokens: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)
 
 
-def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool) -> torch.Tensor:
-    """x [T, H, d]. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+d/2) = NEOX."""
-    d = x.shape[-1]
-    theta = pos[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    c, s = theta.cos()[:, None, :].to(x.dtype), theta.sin()[:, None, :].to(x.dtype)
+def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool, rope_dim: int = 0,
+             factors: torch.Tensor | None = None, mscale: float = 1.0) -> torch.Tensor:
+    """x [T, H, d]. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+n/2) = NEOX, over
+    the first n = rope_dim dims (the rest pass through); frequencies divided by `factors`
+    (LongRoPE), cos and sin multiplied by `mscale` (ggml's attn_factor)."""
+    n = rope_dim or x.shape[-1]
+    freq = base ** (-torch.arange(0, n, 2, dtype=torch.float64) / n)
+    if factors is not None:
+        freq = freq / factors.double()
+    theta = pos[:, None].double() * freq
+    c, s = (mscale * theta.cos())[:, None, :].to(x.dtype), (mscale * theta.sin())[:, None, :].to(x.dtype)
+    x, rest = x[..., :n], x[..., n:]
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)
-    a, b = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+        return torch.cat((torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2), rest), -1)
+    a, b = x[..., : n // 2], x[..., n // 2:]
+    return torch.cat((a * c - b * s, b * c + a * s, rest), dim=-1)
 
 
 # How llama.cpp 0.3.36 builds each family's graph (src/models/*.cpp), written out here on its own
@@ -172,6 +179,10 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
     window = f.get(f"{arch}.attention.sliding_window", 0)
     n_layers, gemma = f[f"{arch}.block_count"], arch in _GEMMA
     head_dim = f.get(f"{arch}.attention.key_length", t("token_embd.weight").shape[1] // H)
+    rope_dim = f.get(f"{arch}.rope.dimension_count", 0)
+    # LongRoPE (phi3): llama.cpp takes the short factors while its context is within the
+    # original one (these oracles run llama.cpp at small contexts), and the attn_factor always
+    factors, mscale = t("rope_factors_short.weight"), f.get(f"{arch}.rope.scaling.attn_factor", 1.0)
     norm = lambda x, w: x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
     ids = torch.tensor(tokens)
     T = len(tokens)
@@ -196,8 +207,8 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
             q, k = norm(q, t(p + "attn_q_norm.weight")), norm(k, t(p + "attn_k_norm.weight"))
         if not (arch == "smollm3" and (i + 1) % 4 == 0):
             b = 10000.0 if slides else base
-            q = _rope_ref(q, pos, b, arch in _INTERLEAVED)
-            k = _rope_ref(k, pos, b, arch in _INTERLEAVED)
+            q = _rope_ref(q, pos, b, arch in _INTERLEAVED, rope_dim, factors, mscale)
+            k = _rope_ref(k, pos, b, arch in _INTERLEAVED, rope_dim, factors, mscale)
         k, v = k.repeat_interleave(H // KV, dim=1), v.view(T, KV, d).repeat_interleave(H // KV, dim=1)
         mask = causal | (pos[:, None] - pos[None, :] >= window) if slides else causal
         att = torch.einsum("thd,shd->hts", q, k) / d ** 0.5

@@ -16,13 +16,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from arch_ggufs import vocab_size, write_arch_gguf
-from engine.backends import load_engine, model_footprint
+from engine.backends import load_engine
 from engine.config import EngineConfig
 from engine.kernels import available_paths, kernels
 from engine.layers import attention as attn
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.families import FAMILIES
-from engine.model_files.fit import MachineInfo, choose_backend
 from engine.sampling_params import SamplingParams
 from model_oracles import (agreement, assert_agrees, decode_meta, kv_pool, llama_cpp_logits, llama_cpp_model,
                            our_logits, prefill_meta, reference_logits, summarize)
@@ -150,13 +149,32 @@ def test_auto_runs_each_family_on_embers_engine(files, arch):
         engine.close()
 
 
-def test_a_family_file_with_what_embers_engine_lacks_goes_to_llama_cpp_saying_why(tmp_path):
-    """Phi-4-mini rotates 3/4 of each head: Ember's loader refuses it in words, `auto` runs it
-    on llama.cpp and says why."""
-    path = tmp_path / "phi4-mini-like.gguf"
-    write_arch_gguf(path, "phi3", rope_dim=12, qtype=QT.Q8_0)
-    fp = model_footprint(path)
-    assert not fp.ember_engine and fp.ember_engine_why_not == "partial RoPE (12 of 16 dims) is unsupported"
-    decision = choose_backend(MachineInfo(ram_free_bytes=8 << 30, ram_total_bytes=16 << 30, cpu_count=2,
-                                          ember_kernels=True), fp)
-    assert decision.backend == "llama.cpp" and "Ember's own engine: partial RoPE" in decision.reason
+@pytest.mark.parametrize("rope_dim,longrope", [(12, False), (16, True), (12, True)],
+                         ids=["partial-rotary", "longrope", "phi4-mini-like"])
+def test_phi_partial_rotary_and_longrope_match_llama_cpp(tmp_path, rope_dim, longrope):
+    """Phi-4-mini turns 3/4 of each head and, like Phi-3's 128k models, divides its frequencies by
+    LongRoPE factors and scales cos and sin by attn_factor; llama.cpp at a context within the
+    original one takes the short factors, and so does Ember's model at that context."""
+    path = tmp_path / "phi.gguf"
+    write_arch_gguf(path, "phi3", seed=4, rope_dim=rope_dim, longrope=longrope, norm_jitter=0.2)
+    model = load_model(path)
+    assert model.config.rotary_dim == (rope_dim if rope_dim < 16 else 0)
+    tokens = _tokens(3)
+    ours = our_logits(model, tokens)
+    assert _max_rel(ours, reference_logits(path, tokens)) < 1e-5
+    assert _max_rel(ours, llama_cpp_logits(llama_cpp_model(path, 128), tokens)) < 1e-4
+    if longrope:  # beyond the original context, the long factors: other logits
+        model.use_context(model.config.rope_original_context + 1)
+        assert _max_rel(our_logits(model, tokens), ours) > 1e-3
+    qmodel = load_model(write_quantized(tmp_path, rope_dim, longrope), quantized=True)
+    assert qmodel.stack is not None  # and the C++ stack takes the same tables
+    stacked = our_logits(qmodel, tokens)
+    qmodel.stack = None
+    assert _max_rel(stacked, our_logits(qmodel, tokens)) < 5e-2
+
+
+def write_quantized(tmp_path, rope_dim, longrope):
+    path = tmp_path / "phi-q8.gguf"
+    write_arch_gguf(path, "phi3", seed=4, rope_dim=rope_dim, longrope=longrope, norm_jitter=0.2, qtype=QT.Q8_0)
+    return path
+

@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from engine.kernels.pack import QuantWeight, cat_rows
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
+from engine.layers.rotary import partial_rotary_order
 from engine.loaders.repack import REPACKABLE, repack
 from engine.model_files.families import FAMILIES, NOT_YET, Family
 from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
@@ -103,12 +104,17 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     if _int(f, f"{arch}.attention.value_length", head_dim) != head_dim:
         raise GGUFError(f"{name}: key_length and value_length differ (unsupported)")
     rope_dim = _int(f, f"{arch}.rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and (family.rope_interleaved or rope_dim % 2 or not 0 < rope_dim < head_dim):
         raise GGUFError(f"{name}: partial RoPE ({rope_dim} of {head_dim} dims) is unsupported")
-    if any(t.startswith("rope_factors_") for t in tensors):
-        raise GGUFError(f"{name}: LongRoPE (rope_factors_long/short) is unsupported")
+    long_rope = {"rope_factors_long.weight", "rope_factors_short.weight"} <= tensors.keys()
+    original = int(f.get(f"{arch}.rope.scaling.original_context_length", 0) or 0)
+    if any(t.startswith("rope_factors_") for t in tensors) and not (long_rope and original > 0):
+        raise GGUFError(f"{name}: LongRoPE needs rope_factors_long, rope_factors_short and "
+                        f"{arch}.rope.scaling.original_context_length")
     scaling = None
     kind = f.get(f"{arch}.rope.scaling.type", "none")
+    if long_rope and kind in ("longrope", "su"):  # the factors say it all
+        kind = "none"
     factor = float(f.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
     if kind == "none" and f.get(f"{arch}.rope.scale_linear") is not None:  # older files
         kind, factor = "linear", float(f.get(f"{arch}.rope.scale_linear"))
@@ -126,6 +132,9 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
         context_length=_dim(f, f"{arch}.context_length", MAX_DIM["context_length"]),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors, rope_freq_factors="rope_freqs.weight" in tensors,
+        rotary_dim=rope_dim if rope_dim != head_dim else 0,
+        rope_attn_factor=float(f.get(f"{arch}.rope.scaling.attn_factor", 1.0) or 1.0),
+        rope_long_factors=long_rope, rope_original_context=original if long_rope else 0,
         **family_fields(f, family, hidden, n_heads, num_layers))
     if not 0 < cfg.vocab_size <= MAX_DIM["vocab_size"]:
         raise GGUFError(f"{name}: absurd vocab_size = {cfg.vocab_size} (expected 1..{MAX_DIM['vocab_size']})")
@@ -170,6 +179,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["output.weight"] = (cfg.vocab_size, d)
     if cfg.rope_freq_factors:
         shapes["rope_freqs.weight"] = (cfg.head_dim // 2,)
+    if cfg.rope_long_factors:
+        shapes |= dict.fromkeys(("rope_factors_long.weight", "rope_factors_short.weight"),
+                                ((cfg.rotary_dim or cfg.head_dim) // 2,))
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
         shapes[p + "attn_norm.weight"] = (d,)
@@ -228,6 +240,19 @@ def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 # Our weights that are matrices a QuantLinear can hold (the table only as a tied head or its rows).
 QUANTIZABLE = ("qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight",
                "lm_head.weight", "embed_tokens.weight")
+
+
+ROTARY_ROWS = ("qkv_proj.weight", "qkv_proj.bias", "q_norm.weight", "k_norm.weight")
+
+
+def rotary_rows(cfg: ModelConfig, leaf: str) -> torch.Tensor:
+    """The row order that moves a partial rotary's turning dims where rotate-half turns them:
+    each q and k head by partial_rotary_order, v as it is; a q/k norm weight is one head."""
+    order = partial_rotary_order(cfg.head_dim, cfg.rotary_dim)
+    if leaf in ("q_norm.weight", "k_norm.weight"):
+        return order
+    heads = torch.arange(cfg.num_heads + cfg.num_kv_heads)[:, None] * cfg.head_dim + order
+    return torch.cat((heads.flatten(), torch.arange(cfg.q_size + cfg.kv_size, cfg.q_size + 2 * cfg.kv_size)))
 
 
 def return_freed_memory() -> None:
@@ -293,10 +318,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         elif leaf == "gate_up_proj.weight":  # rows [gate | up]
             w = get(p + "ffn_up.weight", quant) if fused else fuse([get(p + "ffn_gate.weight", quant),
                                                                        get(p + "ffn_up.weight", quant)])
-        elif leaf == "rope_freqs":
-            return get("rope_freqs.weight", False)  # stays float32: folded into the RoPE frequencies
+        elif leaf in ("rope_freqs", "rope_factors_short", "rope_factors_long"):
+            return get(f"{leaf}.weight", False)  # stays float32: folded into the RoPE frequencies
         else:
             w = get((p if layer else "") + RENAMES[leaf], quant)
+        if cfg.rotary_dim and leaf in ROTARY_ROWS:  # partial rotary: each head's dims moved (rotary.py)
+            order = rotary_rows(cfg, leaf)
+            w = w.rows(order) if isinstance(w, QuantWeight) else w[order]
         return w.to(device) if isinstance(w, QuantWeight) else w.to(device=device, dtype=dtype)
 
     # The unpacking is a stream of small memory-bound ops: one CPU thread does it as fast as two

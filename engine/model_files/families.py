@@ -57,8 +57,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gemma3", rope_interleaved=False, qk_norm=True, post_norms=True, activation="gelu_tanh",
            embed_scale_sqrt_hidden=True, local_rope_base=10000.0,
            attention_scale_by_layers=frozenset({62})),
-    # Phi-3 and Phi-4 (14B); llama.cpp ignores their sliding window too. Phi-4-mini's partial
-    # rotary and the 128k models' LongRoPE factors are refused by the loader (llama.cpp runs them).
+    # Phi-3, Phi-4 and Phi-4-mini (partial rotary and LongRoPE: the loader and rotary.py);
+    # llama.cpp ignores their sliding window, and so does Ember.
     Family("phi3", rope_interleaved=False, fused_projections=True, ignores_sliding_window=True),
 )}
 

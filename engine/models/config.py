@@ -44,6 +44,10 @@ class ModelConfig:
     rope_theta_local: float | None = None  # RoPE base of layers whose layer_rope is 1 (no scaling)
     layer_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens, 0 = full; () = all full
     layer_rope: tuple[int, ...] = ()  # per layer: 0 the global RoPE, 1 the local one, -1 none; () = all 0
+    rotary_dim: int = 0  # dims of each head RoPE turns (0: all; fewer: the loader moved them, rotary.py)
+    rope_attn_factor: float = 1.0  # cos and sin of the turning pairs times this (LongRoPE's mscale)
+    rope_long_factors: bool = False  # LongRoPE: rope_factors_short/long, chosen by the context
+    rope_original_context: int = 0  # LongRoPE: the context the short factors serve
 
     @property
     def scale(self) -> float:

@@ -40,7 +40,7 @@ Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> we
 # Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias,
 # q/k norms only with config.qk_norm, the output norms only with config.post_norms.
 WEIGHT_NAMES = (
-    "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs",
+    "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs", "rope_factors_short", "rope_factors_long",
     "layers.{i}.input_layernorm.weight", "layers.{i}.post_attention_layernorm.weight",
     "layers.{i}.qkv_proj.weight", "layers.{i}.qkv_proj.bias", "layers.{i}.o_proj.weight",
     "layers.{i}.gate_up_proj.weight", "layers.{i}.down_proj.weight",
@@ -149,9 +149,12 @@ class LlamaForCausalLM(torch.nn.Module):
             self.lm_head = make_linear(self.embed_tokens if config.tie_word_embeddings else head)
             self._table = None
         self.norm = _norm(config, take("norm.weight"))
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling,
-                                      take("rope_freqs") if config.rope_freq_factors else None
-                                      ).to(self.device)
+        long = config.rope_long_factors
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.rope_scaling,
+            take("rope_factors_short") if long else take("rope_freqs") if config.rope_freq_factors else None,
+            config.rotary_dim, config.rope_attn_factor, take("rope_factors_long") if long else None,
+            config.rope_original_context).to(self.device)
         # Sliding-window layers of some families turn at their own base, unscaled (gemma3).
         self.rotary_local = (RotaryEmbedding(config.head_dim, config.rope_theta_local).to(self.device)
                              if config.rope_theta_local is not None else None)
@@ -175,6 +178,10 @@ class LlamaForCausalLM(torch.nn.Module):
         if self.config.embed_scale != 1.0:  # in float32, as llama.cpp's ggml_scale
             rows = rows.float() * self.config.embed_scale
         return rows.to(self._dtype)
+
+    def use_context(self, context: int) -> None:
+        """The runner's context per sequence, which picks LongRoPE's factors (as llama.cpp's n_ctx)."""
+        self.rotary.use_context(context)
 
     def rotations(self, positions: torch.Tensor) -> list:
         """The step's RoPE tables: [global, local] (local only where the config has one)."""
