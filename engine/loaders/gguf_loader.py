@@ -15,27 +15,23 @@ ModelConfig and the family's tensors into our weights.
 """
 from __future__ import annotations
 
-import ctypes
-import logging
 import math
-import sys
 from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine.kernels.pack import QuantWeight, cat_rows
-from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.layers.rotary import partial_rotary_order
+from engine.loaders.assemble import assemble
+from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.repack import REPACKABLE, repack
+from engine.loaders.weight_names import FUSED, FUSED_IN_FILE, GLOBALS, NORMS
 from engine.model_files.families import FAMILIES, NOT_YET, Family
 from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from engine.model_files.meta import sliding_layers
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.llama import LlamaForCausalLM
-
-
-log = logging.getLogger(__name__)
 
 
 class GGUFError(ValueError):
@@ -222,15 +218,6 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
     return f.tensors
 
 
-# Our names (engine/models/llama.py) of weights loaded as they are -> GGUF names (per layer: blk.N.*).
-RENAMES = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight", "input_layernorm.weight": "attn_norm.weight",
-           "o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-           "down_proj.weight": "ffn_down.weight", "q_norm.weight": "attn_q_norm.weight",
-           "k_norm.weight": "attn_k_norm.weight", "attn_output_norm.weight": "post_attention_norm.weight",
-           "mlp_output_norm.weight": "post_ffw_norm.weight"}
-
-
 def unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Interleaved-pair rows (GGUF llama) -> rotate-half rows (HF); weights [out, in] or biases [out]."""
     hd = w.shape[0] // n_heads
@@ -255,16 +242,6 @@ def rotary_rows(cfg: ModelConfig, leaf: str) -> torch.Tensor:
     return torch.cat((heads.flatten(), torch.arange(cfg.q_size + cfg.kv_size, cfg.q_size + 2 * cfg.kv_size)))
 
 
-def return_freed_memory() -> None:
-    """Hand the load's freed scratch (repack and dequantize intermediates) back to the OS: glibc
-    keeps freed heap for reuse, which showed as 0.22x the file size of RSS after the load."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:  # not glibc (musl): nothing to trim
-            pass
-
-
 def kernels_cover(f: GGUFFile) -> bool:
     """Every matrix of the file has a repack, so the whole model can stay quantized."""
     return all(QT(t.qtype) in REPACKABLE for t in f.tensors.values() if len(t.shape) == 2)
@@ -278,14 +255,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     cfg = config_from_file(f)
     tensors = check_tensors(f, cfg)
     permuted, fused = FAMILIES[cfg.arch].rope_interleaved, FAMILIES[cfg.arch].fused_projections
-    dense_types: set[str] = set()
+    held_dense: set[str] = set()  # filled while the model takes its weights
 
     def get(tname: str, quant: bool):
         t = tensors[tname]
         if quant and QT(t.qtype) in REPACKABLE:
             return repack(byte_tensor(f.raw(t)), QT(t.qtype), t.shape)
         if quant:
-            dense_types.add(t.type_name)
+            held_dense.add(f"{t.type_name} tensors (Ember's kernels have no repack for them)")
         return dequantize(f.raw(t), QT(t.qtype), t.shape, device)
 
     def qk(kind: str, n: int, part: str, quant: bool):
@@ -306,38 +283,28 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         layer, _, leaf = key.partition(".")[2].partition(".") if key.startswith("layers.") else ("", "", key)
         p = f"blk.{layer}."
         quant = quantized and leaf in QUANTIZABLE
-        if leaf in ("qkv_proj.weight", "qkv_proj.bias"):  # rows [q | k | v]
-            part = leaf.split(".")[1]
+        name, _, part = leaf.rpartition(".")
+        if name in FUSED:  # rows [q | k | v], [gate | up], or one matrix
             if part == "bias" and not cfg.attention_bias:
                 return None
-            if fused:
-                w = get(p + f"attn_qkv.{part}", quant)
+            stems = FUSED[name][0]
+            if fused and name in FUSED_IN_FILE:
+                w = get(p + f"{FUSED_IN_FILE[name]}.{part}", quant)
+            elif name == "qkv_proj":
+                w = fuse([qk(p + stems[0], cfg.num_heads, part, quant), qk(p + stems[1], cfg.num_kv_heads, part, quant),
+                          get(p + f"{stems[2]}.{part}", quant)])
             else:
-                w = fuse([qk(p + "attn_q", cfg.num_heads, part, quant), qk(p + "attn_k", cfg.num_kv_heads, part, quant),
-                          get(p + f"attn_v.{part}", quant)])
-        elif leaf == "gate_up_proj.weight":  # rows [gate | up]
-            w = get(p + "ffn_up.weight", quant) if fused else fuse([get(p + "ffn_gate.weight", quant),
-                                                                       get(p + "ffn_up.weight", quant)])
+                parts = [get(p + f"{stem}.{part}", quant) for stem in stems]
+                w = parts[0] if len(parts) == 1 else fuse(parts)
         elif leaf in ("rope_freqs", "rope_factors_short", "rope_factors_long"):
             return get(f"{leaf}.weight", False)  # stays float32: folded into the RoPE frequencies
+        elif layer:  # a norm
+            w = get(p + f"{NORMS[name][0]}.weight", quant)
         else:
-            w = get((p if layer else "") + RENAMES[leaf], quant)
+            w = get(GLOBALS[leaf], quant)
         if cfg.rotary_dim and leaf in ROTARY_ROWS:  # partial rotary: each head's dims moved (rotary.py)
             order = rotary_rows(cfg, leaf)
             w = w.rows(order) if isinstance(w, QuantWeight) else w[order]
         return w.to(device) if isinstance(w, QuantWeight) else w.to(device=device, dtype=dtype)
 
-    # The unpacking is a stream of small memory-bound ops: one CPU thread does it as fast as two
-    # and never stalls on a busy machine (measured on 2 cores: 2.7 s vs 10 s for SmolLM2-135M).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            model = LlamaForCausalLM(cfg, take, dtype)
-    finally:
-        torch.set_num_threads(threads)
-    return_freed_memory()
-    if dense_types:
-        log.info("%s: %s tensors held dense (Ember's kernels have no repack for them)", f.path,
-                 ", ".join(sorted(dense_types)))
-    return model.eval()
+    return assemble(cfg, take, dtype, f.path, held_dense)

@@ -10,26 +10,18 @@ for GGUF; act-order parts whose permutations differ stay dense rather than unfus
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
 
 from engine.kernels.pack import QuantWeight, cat_rows, same_columns
-from engine.loaders.gguf_loader import return_freed_memory
+from engine.loaders.assemble import assemble
 from engine.loaders.hf_checkpoint import HFCheckpoint
+from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.formats import tensor_names, unpack_linear
 from engine.quant.int_weight import IntWeight
 from engine.quant.rtn import rtn
-
-log = logging.getLogger(__name__)
-
-# Our per-layer names (engine/models/llama.py) -> the Hugging Face modules they are made of.
-FUSED = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-         "o_proj": ("self_attn.o_proj",), "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-         "down_proj": ("mlp.down_proj",)}
-NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
 def is_quantized(ckpt: HFCheckpoint, module: str) -> bool:
@@ -101,23 +93,15 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, device: 
         prefix = f"model.layers.{i}."
         name, _, kind = leaf.rpartition(".")
         if name in NORMS:
-            return ckpt.dense(prefix + f"{name}.weight", (d,)).to(device=device, dtype=dtype)
-        modules = FUSED[name]
+            return ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (d,)).to(device=device, dtype=dtype)
+        modules = FUSED[name][1]
         if kind == "bias":
             if not cfg.attention_bias:
                 return None
             return torch.cat([ckpt.dense(prefix + f"{m}.bias", (out_in[m][0],)) for m in modules]).to(device)
         return as_layer([read_linear(ckpt, prefix + m, out_in[m]) for m in modules], f"layer {i} {name}")
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as for GGUF: the unpacking is small memory-bound ops
     try:
-        with torch.no_grad():
-            model = LlamaForCausalLM(cfg, take, dtype)
+        return assemble(cfg, take, dtype, ckpt.path, dense_reasons)
     finally:
-        torch.set_num_threads(threads)
         ckpt.close()
-    return_freed_memory()
-    if dense_reasons:
-        log.info("%s: held dense: %s", ckpt.path, "; ".join(sorted(dense_reasons)[:4]))
-    return model.eval()

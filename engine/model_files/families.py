@@ -3,7 +3,7 @@
 Every family is the Llama block (pre-norm, GQA attention, gated MLP) plus a few switches; the
 loader (engine/loaders/gguf_loader.py), the Python forward (engine/models/llama.py) and the C++
 stack (engine/kernels/csrc/decoder.cpp) read these switches, so adding a family is one entry
-here (and its tensor names, if new, in the loader's table). Standard library only: the fit
+here (and its tensor names, if new, in engine/loaders/weight_names.py). Standard library only: the fit
 check asks "does Ember's engine run this file?" without torch.
 
 What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp):

@@ -13,14 +13,11 @@ from typing import Protocol
 
 import torch
 
+from engine.loaders.weight_names import HF_LINEARS, HF_TO_GGUF
 from engine.models.config import ModelConfig
 
-# Hugging Face module (per layer) -> GGUF tensor stem
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Hugging Face module (per layer) -> GGUF tensor stem, and the linears: engine/loaders/weight_names.py
+GGUF_NAMES, LINEARS = HF_TO_GGUF, HF_LINEARS
 
 
 class Source(Protocol):

@@ -1,0 +1,34 @@
+"""One table of weight names: ours (engine/models/llama.py), GGUF's and Hugging Face's.
+
+Our model fuses q|k|v and gate|up into one matrix each; a file holds them apart, so a fused
+weight names the GGUF tensor stems and the Hugging Face modules it is made of, rows in that
+order (Phi's GGUF files already fuse them: engine/model_files/families.py fused_projections).
+Per-layer names only; the embedding, the final norm and the head are the three globals.
+"""
+from __future__ import annotations
+
+# our fused per-layer weight -> (GGUF stems, Hugging Face modules), rows in this order
+FUSED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "qkv_proj": (("attn_q", "attn_k", "attn_v"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    "o_proj": (("attn_output",), ("self_attn.o_proj",)),
+    "gate_up_proj": (("ffn_gate", "ffn_up"), ("mlp.gate_proj", "mlp.up_proj")),
+    "down_proj": (("ffn_down",), ("mlp.down_proj",)),
+}
+# the same as the files of fused_projections families store them
+FUSED_IN_FILE = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
+# our per-layer norm -> (GGUF stem, Hugging Face module)
+NORMS: dict[str, tuple[str, str]] = {
+    "input_layernorm": ("attn_norm", "input_layernorm"),
+    "post_attention_layernorm": ("ffn_norm", "post_attention_layernorm"),
+    "q_norm": ("attn_q_norm", "self_attn.q_norm"),
+    "k_norm": ("attn_k_norm", "self_attn.k_norm"),
+    "attn_output_norm": ("post_attention_norm", "post_attention_layernorm"),  # gemma's HF names
+    "mlp_output_norm": ("post_ffw_norm", "post_feedforward_layernorm"),
+}
+# our global weights -> GGUF tensors
+GLOBALS = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+# Hugging Face linear module (per layer) -> GGUF tensor stem, and the same for the two base norms
+HF_TO_GGUF: dict[str, str] = {hf: g for gguf, hfs in FUSED.values() for g, hf in zip(gguf, hfs)} | {
+    NORMS[n][1]: NORMS[n][0] for n in ("input_layernorm", "post_attention_layernorm")}
+HF_LINEARS: tuple[str, ...] = tuple(m for _, hfs in FUSED.values() for m in hfs)
