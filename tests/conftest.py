@@ -42,3 +42,14 @@ def tiny_model_factory(tmp_path_factory):
 def _isolated_home(tmp_path, monkeypatch):
     """Settings, data and model store of every test live in its own tmp dir, never the user's."""
     monkeypatch.setenv("EMBER_HOME", str(tmp_path / "ember-home"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls gain nothing from threads, and on a busy 2-core box thread hand-offs stall."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -13,13 +13,7 @@ from gguf import GGMLQuantizationType as QT
 from engine.loaders.gguf_loader import load_model
 from model_oracles import llama_cpp_logits, llama_cpp_model, our_logits, reference_logits
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and on a busy 2-core box thread hand-offs stall."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SHAPES = {  # GQA ratio -> (hidden, n_heads, n_kv_heads); head_dim 16 everywhere
