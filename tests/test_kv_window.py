@@ -88,3 +88,22 @@ def test_bench_window_reports_both(gemma):
                         "--reply", "8", "--threads", "1"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "5 with a 32-token window" in r.stdout and "with window-freeing (measured)" in r.stdout
+
+
+def test_the_fit_counts_the_window_on_embers_engine_and_all_of_it_on_llama_cpp(gemma):
+    """The estimate of one 4,096-token chat: on Ember's engine the 5 window layers count
+    32 + 32 edge tokens, the global one every token; llama.cpp's runner keeps them all."""
+    from engine.backends import model_footprint
+    from engine.model_files.fit import (RUNTIME_OVERHEAD_BYTES, WINDOW_EDGE_TOKENS, MachineInfo, choose_backend,
+                                        kv_bytes_per_token)
+
+    fp = model_footprint(gemma)
+    assert (fp.sliding_window, fp.sliding_layers, fp.num_layers) == (32, 5, 6)
+    machine = MachineInfo(ram_free_bytes=8 << 30, ram_total_bytes=16 << 30, cpu_count=2, ember_kernels=True)
+    per_layer = kv_bytes_per_token(1, fp.num_kv_heads, fp.head_dim, 4)  # float32 KV on this CPU path
+    ours = choose_backend(machine, fp, context_length=4096, dtype="float32")
+    assert ours.backend == "torch"
+    assert ours.est_bytes == fp.weights_bytes + RUNTIME_OVERHEAD_BYTES + per_layer * (
+        1 * 4096 + 5 * (32 + WINDOW_EDGE_TOKENS))
+    theirs = choose_backend(machine, fp, backend="llama.cpp", context_length=4096)
+    assert theirs.est_bytes == fp.weights_bytes + RUNTIME_OVERHEAD_BYTES + 6 * 4096 * per_layer // 2  # f16 KV

@@ -92,9 +92,9 @@ class ModelFootprint:
     kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (GPTQ/AWQ: 4 and 8 bits)
     architecture: str = ""  # general.architecture / model_type ("": not known, not checked)
     value_head_dim: int = 0  # 0: the keys' head_dim
-    # Windowed layers and their window, from the header. The KV estimate still counts them at
-    # full length: the llama.cpp runner keeps the full cache (swa_full), since its prompt cache
-    # and rollbacks need positions that fell out of the window.
+    # Windowed layers and their window, from the header. On Ember's engine the KV estimate
+    # counts them at their window (kv_bytes); the llama.cpp runner keeps the full cache
+    # (swa_full), since its prompt cache and rollbacks need positions that fell out of it.
     sliding_window: int = 0
     sliding_layers: int = 0
     # Ember's own (torch) engine runs it: the Llama/Qwen2 family as its loader accepts them, and
@@ -209,25 +209,44 @@ def kv_room(fp: ModelFootprint, available: int) -> int:
     return int(available * USABLE_FRACTION) - fp.weights_bytes - RUNTIME_OVERHEAD_BYTES
 
 
+# Tokens a sliding-window layer of Ember's engine holds beyond its window: the blocks of 16 at
+# its edge (engine/kv_window.py keeps the window of the last block boundary, plus the block
+# being written).
+WINDOW_EDGE_TOKENS = 32
+
+
+def kv_bytes(fp: ModelFootprint, backend: str, tokens: int, dtype: str) -> int:
+    """KV one sequence of `tokens` holds: K and V of every layer per token, except that on
+    Ember's engine a sliding-window layer gives back what falls behind its window, so it holds
+    at most window + WINDOW_EDGE_TOKENS; llama.cpp's runner keeps the full cache (swa_full)."""
+    per_token = fp.kv_bytes_per_token(kv_itemsize(backend, dtype))
+    if backend != "torch" or not (fp.sliding_window and fp.sliding_layers and fp.num_layers):
+        return per_token * tokens
+    per_layer = per_token / fp.num_layers
+    held = min(tokens, fp.sliding_window + WINDOW_EDGE_TOKENS)
+    return math.ceil(per_layer * ((fp.num_layers - fp.sliding_layers) * tokens + fp.sliding_layers * held))
+
+
 def estimate_bytes(fp: ModelFootprint, backend: str, context_length: int, dtype: str) -> int:
     """Weights + KV for one sequence at `context_length` + overhead: the least that must fit."""
-    kv = fp.kv_bytes_per_token(kv_itemsize(backend, dtype)) * context_length
-    return fp.weights_bytes + kv + RUNTIME_OVERHEAD_BYTES
+    return fp.weights_bytes + kv_bytes(fp, backend, context_length, dtype) + RUNTIME_OVERHEAD_BYTES
 
 
 def max_context_that_fits(fp: ModelFootprint, backend: str, dtype: str, available: int,
                           multiple: int = CONTEXT_STEP) -> int:
     """Longest context (rounded down to `multiple`) whose estimate fits in `available` bytes."""
     room = kv_room(fp, available)
-    per_token = fp.kv_bytes_per_token(kv_itemsize(backend, dtype))
     if room < 0:
         return 0
-    longest = fp.context_length if per_token == 0 else min(fp.context_length, room // per_token)
-    return longest // multiple * multiple
+    lo, hi = 0, fp.context_length  # kv_bytes grows with the tokens: the last that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if kv_bytes(fp, backend, mid, dtype) <= room else (lo, mid - 1)
+    return lo // multiple * multiple
 
 
 def fits(fp: ModelFootprint, backend: str, ctx: int, dtype: str, available: int) -> bool:
-    return fp.kv_bytes_per_token(kv_itemsize(backend, dtype)) * ctx <= kv_room(fp, available)
+    return kv_bytes(fp, backend, ctx, dtype) <= kv_room(fp, available)
 
 
 def available_bytes(m: MachineInfo, device: str) -> int:
@@ -334,7 +353,7 @@ def _refusal(m: MachineInfo, fp: ModelFootprint, backend: str, devices: list[str
     if short >= MIN_USEFUL_CONTEXT:
         msg += f" A shorter context would fit on {best_dev}: --max-model-len {short}."
     # Weights budget at a minimal useful context; quant size scales ~linearly with bits/weight.
-    kv_min = fp.kv_bytes_per_token(kv_itemsize(be, dtype)) * min(ctx, MIN_USEFUL_CONTEXT)
+    kv_min = kv_bytes(fp, be, min(ctx, MIN_USEFUL_CONTEXT), dtype)
     budget = int(avail * USABLE_FRACTION) - RUNTIME_OVERHEAD_BYTES - kv_min
     if budget > 0:
         floor_gib = math.floor(budget / GiB * 100) / 100  # rounded down: the claim must hold
