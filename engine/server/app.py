@@ -164,7 +164,7 @@ def _health(t: EngineThread) -> dict:
 class RequestMetricsMiddleware:
     """Counts requests by endpoint and status (ASGI, so streams are not buffered)."""
 
-    KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health",
+    KNOWN = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/models", "/health",
              "/metrics", "/v1/engine/status", "/v1/engine/load", "/v1/engine/unload")
 
     def __init__(self, app, metrics) -> None:

@@ -1,5 +1,11 @@
-"""POST /v1/embeddings (OpenAI's shape), and the replies of Ollama's /api/embed and /api/embeddings
-(routed in ollama_routes.py, where its error shape is). The vectors come from embeddings.py.
+"""POST /v1/embeddings (OpenAI's shape), POST /v1/rerank (the Jina/Cohere shape llama.cpp's server
+answers), and the replies of Ollama's /api/embed and /api/embeddings (routed in ollama_routes.py,
+where its error shape is). The vectors come from embeddings.py.
+
+Rerank scores each document by the cosine similarity of its embedding to the query's (a
+bi-encoder: what an embedding model such as all-MiniLM is trained for), highest first. A
+cross-encoder reranker file (rank pooling: bge-reranker, jina-reranker) is refused in words: its
+pair scoring is llama.cpp's rank pooling, which Ember does not run yet.
 
 OpenAI's and Ollama's /api/embed vectors are L2-normalized; Ollama's legacy /api/embeddings
 returns the pooled vector as it is, as Ollama does (ollama/ollama#8094).
@@ -59,6 +65,24 @@ class OllamaEmbeddingsRequest(BaseModel):
     keep_alive: str | int | float | None = None
 
 
+class RerankRequest(BaseModel):
+    model_config = _config
+    model: str | None = model_field
+    query: str = Field(min_length=1)
+    documents: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS - 1)]
+    top_n: int | None = Field(None, ge=1, le=INT32_MAX)
+    return_documents: bool = False
+
+
+def rerank_results(query: np.ndarray, docs: list[np.ndarray], top_n: int | None) -> list[tuple[int, float]]:
+    """(document index, cosine similarity to the query), highest first (ties: the earlier
+    document), at most top_n."""
+    q = l2_normalize(query).astype(np.float64)
+    scores = [float(l2_normalize(d).astype(np.float64) @ q) for d in docs]
+    ranked = sorted(enumerate(scores), key=lambda r: (-r[1], r[0]))
+    return ranked[:top_n]
+
+
 def check_dimensions(dimensions: int | None, size: int) -> None:
     """No model here is trained to be cut short (Matryoshka): only its own size is accepted."""
     if dimensions is not None and dimensions != size:
@@ -84,6 +108,26 @@ def build_embeddings_router() -> APIRouter:
             data.append({"object": "embedding", "index": i, "embedding": emb})
         n = sum(res.num_tokens)
         return {"object": "list", "data": data, "model": loaded.spec.id,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    @router.post("/v1/rerank")
+    @router.post("/rerank")
+    async def rerank(body: RerankRequest, request: Request):
+        state = request.app.state
+        loaded = require_model(state.engine_thread, state.model_store, body.model)
+        res = await state.embeddings.run(loaded, [body.query, *body.documents])
+        if res.ranker:
+            raise APIError(400, f"{loaded.spec.id!r} is a cross-encoder reranker (rank pooling), which Ember "
+                           "does not run yet; load an embedding or chat model to rerank by similarity",
+                           code="invalid_model", param="model")
+        results = []
+        for i, score in rerank_results(res.vectors[0], res.vectors[1:], body.top_n):
+            item = {"index": i, "relevance_score": score}
+            if body.return_documents:
+                item["document"] = {"text": body.documents[i]}
+            results.append(item)
+        n = sum(res.num_tokens)
+        return {"object": "list", "model": loaded.spec.id, "results": results,
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     return router

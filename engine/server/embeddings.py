@@ -29,6 +29,7 @@ MAX_INPUTS = 256
 MAX_CONTEXT = 8192  # an embeddings context's own KV: no larger than this whatever the chats get
 POOLING = {1: "mean", 2: "cls", 3: "last"}  # llama.cpp's enum llama_pooling_type
 MEAN = 1
+RANK = 4  # a cross-encoder reranker's head: one score per (query, document) pair, not a vector
 
 
 def l2_normalize(v: np.ndarray) -> np.ndarray:
@@ -55,6 +56,7 @@ class Embedder:
         self.n_ctx = n_ctx
         arch = self._meta("general.architecture")
         pooling = self._meta(f"{arch}.pooling_type") if arch else None
+        self.ranker = pooling == str(RANK)
         self.pooling = int(pooling) if pooling and pooling.isdigit() and int(pooling) in POOLING else MEAN
         p = ll.llama_context_default_params()
         p.n_ctx = p.n_batch = p.n_ubatch = n_ctx  # one input, one ubatch: pooled as a whole
@@ -114,6 +116,7 @@ class EmbedResult:
     vectors: list[np.ndarray]  # pooled, not normalized: each route decides
     num_tokens: list[int]
     load_seconds: float  # building the embedder, when this request did
+    ranker: bool = False  # the file is a cross-encoder reranker (rank pooling), not an embedder
 
 
 class Embeddings:
@@ -160,7 +163,7 @@ class Embeddings:
                                        code="context_length_exceeded", param="input")
                     ids = ids[:n_ctx]
                 plans.append(ids)
-            return EmbedResult([e.embed(ids) for ids in plans], [len(ids) for ids in plans], load)
+            return EmbedResult([e.embed(ids) for ids in plans], [len(ids) for ids in plans], load, e.ranker)
 
     def _embedder_for(self, path: str, n_ctx: int, threads: int) -> Embedder:
         key = (path, n_ctx, threads)
