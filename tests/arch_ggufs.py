@@ -94,7 +94,7 @@ def _byte_tokens() -> list[str]:
     return out
 
 
-def _tokenizer(w: GGUFWriter, chat_template: str | None) -> None:
+def _tokenizer(w: GGUFWriter, chat_template: str | None, pre: str) -> None:
     """Bytes, merges, then ChatML specials; `<|endoftext|>` is bos and eos (as in Qwen's files)."""
     tokens = _byte_tokens()
     for merge in _MERGES:
@@ -105,7 +105,7 @@ def _tokenizer(w: GGUFWriter, chat_template: str | None) -> None:
     tokens += _SPECIALS
     types = [TokenType.NORMAL] * (len(tokens) - len(_SPECIALS)) + [TokenType.CONTROL] * len(_SPECIALS)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(list(_MERGES))
@@ -146,7 +146,7 @@ class _Tensors:
 def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0,
                     layers: int | None = None, norm_jitter: float = 0.0,
                     qtype: GGMLQuantizationType | None = None, rope_dim: int | None = None,
-                    longrope: bool = False) -> ArchFacts:
+                    longrope: bool = False, pre: str = "default") -> ArchFacts:
     """Write a tiny random `arch` model (one of ARCHS, or UNKNOWN_ARCH) to `path`; return its facts.
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
@@ -154,7 +154,8 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     1); qtype stores every matrix in that block type, quantized by gguf-py; rope_dim: phi3's
     rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all; longrope: phi3's LongRoPE
     as the converter writes it for the 128k models (rope_factors_long/short, an original context
-    of a quarter of the context, attn_factor sqrt(1 + ln(scale) / ln(original))).
+    of a quarter of the context, attn_factor sqrt(1 + ln(scale) / ln(original))); pre: the
+    tokenizer's pre-tokenizer name (Qwen's files say "qwen2").
     """
     if arch not in ARCHS and arch != UNKNOWN_ARCH:
         raise ValueError(f"not an architecture this helper writes: {arch!r}")
@@ -199,7 +200,7 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
         w.add_rope_scaling_orig_ctx_len(ctx // 32)
     if window:
         w.add_sliding_window(window)
-    _tokenizer(w, chat_template)
+    _tokenizer(w, chat_template, pre)
 
     t.add(T.TOKEN_EMBD, (V, E))
     if longrope:  # per-frequency divisors of the rotated pairs, short ones near 1, long ones larger

@@ -173,3 +173,27 @@ def write_quantized(tmp_path, rope_dim, longrope):
     write_arch_gguf(path, "phi3", seed=4, rope_dim=rope_dim, longrope=longrope, norm_jitter=0.2, qtype=QT.Q8_0)
     return path
 
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
+def test_ember_quantize_takes_a_qwen3_gguf_to_a_checkpoint_ember_loads(tmp_path, method):
+    """`ember quantize` on a Qwen3 GGUF (its q/k norms carried through the calibration forward
+    and written as float16 tensors under Hugging Face's names): the checkpoint loads, dense and
+    on the kernels, as the file's model within 8-bit rounding."""
+    from app.cli import main
+    from engine.loaders.load import load_model as load_any
+
+    src, out = tmp_path / "qwen3.gguf", tmp_path / "out"
+    write_arch_gguf(src, "qwen3", seed=6, norm_jitter=0.2, pre="qwen2")
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("hello there, the one and the other, " * 40)
+    assert main(["quantize", str(src), str(out), "--method", method, "--format", "gptq", "--bits", "8",
+                 "--group-size", "32", "--samples", "2", "--seq-len", "32", "--calibration", str(calibration),
+                 "--no-progress"]) == 0
+    tokens = _tokens(5)
+    want = our_logits(load_model(src), tokens)
+    dense = load_any(out, torch.float32, "cpu")
+    assert dense.config.arch == "qwen3" and dense.config.qk_norm
+    assert _max_rel(our_logits(dense, tokens), want) < 3e-2  # 8-bit weights (float16 norms)
+    if kernels() is not None:
+        assert _max_rel(our_logits(load_any(out, torch.float32, "cpu", quantized=True), tokens), want) < 6e-2

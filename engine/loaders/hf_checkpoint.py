@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.loaders.gguf_loader import MAX_DIM
+from engine.model_files.families import FAMILIES
 from engine.model_files.meta import HF_MODEL_TYPES, quantization_config_of, read_json
 from engine.models.config import ModelConfig, RopeScaling
 from engine.model_files.quant_config import CheckpointError, QuantSpec, parse_quantization_config
@@ -72,7 +73,7 @@ def model_config(config: dict, where: Path) -> ModelConfig:
         rope_scaling=_rope_scaling(config, where),
         context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", arch == "qwen2")))
+        attention_bias=bool(config.get("attention_bias", arch == "qwen2")), qk_norm=FAMILIES[arch].qk_norm)
 
 
 class HFCheckpoint:

@@ -92,8 +92,9 @@ def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, device: 
         _, i, leaf = key.split(".", 2)
         prefix = f"model.layers.{i}."
         name, _, kind = leaf.rpartition(".")
-        if name in NORMS:
-            return ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (d,)).to(device=device, dtype=dtype)
+        if name in NORMS:  # q/k norms are one head wide
+            width = cfg.head_dim if name in ("q_norm", "k_norm") else d
+            return ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (width,)).to(device=device, dtype=dtype)
         modules = FUSED[name][1]
         if kind == "bias":
             if not cfg.attention_bias:

@@ -16,19 +16,20 @@ FUSED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # the same as the files of fused_projections families store them
 FUSED_IN_FILE = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
-# our per-layer norm -> (GGUF stem, Hugging Face module)
-NORMS: dict[str, tuple[str, str]] = {
+# our per-layer norm -> (GGUF stem, Hugging Face module: None where no checkpoint Ember reads has
+# it; Gemma's differ, its post_attention_layernorm being our attn_output_norm)
+NORMS: dict[str, tuple[str, str | None]] = {
     "input_layernorm": ("attn_norm", "input_layernorm"),
     "post_attention_layernorm": ("ffn_norm", "post_attention_layernorm"),
     "q_norm": ("attn_q_norm", "self_attn.q_norm"),
     "k_norm": ("attn_k_norm", "self_attn.k_norm"),
-    "attn_output_norm": ("post_attention_norm", "post_attention_layernorm"),  # gemma's HF names
-    "mlp_output_norm": ("post_ffw_norm", "post_feedforward_layernorm"),
+    "attn_output_norm": ("post_attention_norm", None),
+    "mlp_output_norm": ("post_ffw_norm", None),
 }
 # our global weights -> GGUF tensors
 GLOBALS = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
-# Hugging Face linear module (per layer) -> GGUF tensor stem, and the same for the two base norms
+# Hugging Face module (per layer) -> GGUF tensor stem, linears and norms
 HF_TO_GGUF: dict[str, str] = {hf: g for gguf, hfs in FUSED.values() for g, hf in zip(gguf, hfs)} | {
-    NORMS[n][1]: NORMS[n][0] for n in ("input_layernorm", "post_attention_layernorm")}
+    hf: g for g, hf in NORMS.values() if hf is not None}
 HF_LINEARS: tuple[str, ...] = tuple(m for _, hfs in FUSED.values() for m in hfs)

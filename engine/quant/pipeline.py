@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from engine.models.config import ModelConfig
+from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
 from engine.quant.formats import CheckpointFormat, QuantSpec
@@ -34,9 +35,7 @@ from engine.quant.int_weight import IntWeight
 from engine.quant.source import Source, layer_weights
 
 # (our fused linear, the Hugging Face modules it is made of), in true-sequential order
-GROUPS = (("qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-          ("o_proj", ("self_attn.o_proj",)), ("gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
-          ("down_proj", ("mlp.down_proj",)))
+GROUPS = tuple((name, hf) for name, (_, hf) in FUSED.items())
 
 
 # AutoAWQ does not clip q and k: their error reaches the output through softmax(q k^T), which the
@@ -115,8 +114,8 @@ def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
     def take(key: str):
         leaf = key.split(".", 2)[2]
         name, _, kind = leaf.rpartition(".")
-        if name in ("input_layernorm", "post_attention_layernorm"):
-            return W[f"{name}.weight"]
+        if name in NORMS:
+            return W[f"{NORMS[name][1]}.weight"]
         modules = dict(GROUPS)[name]
         if kind == "bias":
             return torch.cat([W[f"{m}.bias"] for m in modules]) if config.attention_bias else None

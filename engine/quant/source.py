@@ -124,6 +124,8 @@ def layer_weights(src: Source, i: int) -> dict[str, torch.Tensor]:
     """Layer i's float32 tensors by Hugging Face module name ("mlp.up_proj.weight", ...)."""
     p = f"model.layers.{i}."
     names = [f"{m}.weight" for m in LINEARS] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    if src.config.qk_norm:
+        names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     if src.config.attention_bias:
         names += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
     return {n: src.tensor(p + n) for n in names}

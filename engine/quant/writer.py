@@ -20,7 +20,8 @@ from engine.quant.formats import QuantSpec, pack_linear, quantization_config
 from engine.quant.pipeline import LayerResult
 from engine.quant.source import GGUFSource, Source
 
-HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM")}
+HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+                    "qwen3": ("qwen3", "Qwen3ForCausalLM")}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
 
@@ -34,7 +35,7 @@ def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
            "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
            "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
            "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
-    if config.arch == "llama":
+    if config.arch in ("llama", "qwen3"):
         out["attention_bias"] = config.attention_bias
     if config.rope_scaling is not None:
         out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
