@@ -1,6 +1,8 @@
 """Embeddings (/v1/embeddings, Ollama's /api/embed and /api/embeddings) through the official
 `openai` and `ollama` clients against a real engine process on the tiny model (torch runner: the
-vectors come from llama.cpp whatever serves the chats).
+vectors come from llama.cpp whatever serves the chats), and /v1/rerank over plain HTTP (no official
+client speaks it): documents by the cosine of their embeddings to the query's; the answer known in
+advance is that a document equal to the query scores 1 and comes first.
 
 Oracle we did not write: llama-cpp-python's own `Llama(embedding=True).embed(text)` on the same
 file, mean-pooled (the file names no pooling), L2-normalized here.
@@ -167,3 +169,52 @@ def test_a_model_that_is_not_a_gguf_is_refused(tmp_path):
     with pytest.raises(APIError) as e:
         asyncio.run(Embeddings().run(loaded, ["hi"]))
     assert e.value.status == 400 and "GGUF" in e.value.message
+
+
+# ---- rerank -----------------------------------------------------------------------------------
+
+QUERY = "The quick brown fox jumps over the lazy dog."
+DOCS = ["Ember embeds text.", "Hello world", QUERY, "A lazy dog sleeps in the sun."]
+
+
+def _rerank(server, body: dict, path: str = "/v1/rerank") -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {server.api_key}"})
+
+
+@pytest.mark.slow
+def test_rerank_orders_by_similarity_with_the_query_itself_first(server, oracle):
+    model = server.health()["model"]
+    expected = [float(_unit(oracle, d) @ _unit(oracle, QUERY)) for d in DOCS]
+    r = _rerank(server, {"model": model, "query": QUERY, "documents": DOCS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == model and body["usage"]["prompt_tokens"] > 0
+    results = body["results"]
+    assert results[0]["index"] == 2 and results[0]["relevance_score"] == pytest.approx(1.0, abs=1e-5)
+    assert [x["index"] for x in results] == sorted(range(len(DOCS)), key=lambda i: -expected[i])
+    for x in results:
+        assert x["relevance_score"] == pytest.approx(expected[x["index"]], abs=1e-5)
+        assert "document" not in x
+
+
+@pytest.mark.slow
+def test_rerank_top_n_return_documents_and_the_short_path(server):
+    r = _rerank(server, {"query": QUERY, "documents": DOCS, "top_n": 2, "return_documents": True}, "/rerank")
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 2 and results[0]["document"] == {"text": QUERY}
+
+
+@pytest.mark.slow
+def test_rerank_refusals_in_openais_shape_and_the_server_keeps_serving(server):
+    for bad in ({"documents": DOCS}, {"query": QUERY}, {"query": QUERY, "documents": []},
+                {"query": "", "documents": DOCS}, {"query": QUERY, "documents": DOCS, "top_n": 0},
+                {"query": QUERY, "documents": "one document"}, {"query": QUERY, "documents": ["x"] * 300}):
+        r = _rerank(server, bad)
+        assert r.status_code == 400 and r.json()["error"]["message"], (bad, r.text)
+    r = _rerank(server, {"model": "no-such-model", "query": QUERY, "documents": DOCS})
+    assert r.status_code == 404 and "no-such-model" in r.json()["error"]["message"]
+    r = httpx.post(server.base_url + "/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=30)
+    assert r.status_code == 401  # the API key, as on every route
+    assert _rerank(server, {"query": QUERY, "documents": DOCS}).status_code == 200
