@@ -35,7 +35,7 @@ from ui.tray import TrayIcon
 
 log = logging.getLogger("ember")
 
-ENGINE_FIELDS = ("server_port", "api_key", "backend", "device", "dtype", "kv_memory_fraction", "threads",
+ENGINE_FIELDS = ("server_port", "ollama_port", "api_key", "backend", "device", "dtype", "kv_memory_fraction", "threads",
                  "models_dir", "server_host", "speculative")
 
 

@@ -72,6 +72,8 @@ class Settings(BaseModel):
     server_host: str = Field("127.0.0.1", min_length=1, max_length=253,
                              description="Address the local server binds; anything but loopback needs an API key")
     server_port: int = Field(8765, ge=0, le=65535, description="Port of the local server (0 picks a free one)")
+    ollama_port: int = Field(0, ge=0, le=65535, description="Also serve on this port, for programs that expect "
+                                                           "Ollama at 11434 (0: off)")
     api_key: str = Field(default_factory=_new_api_key, min_length=8, max_length=512,
                          description="Bearer key that clients of the local server must send")
     backend: Literal["auto", "torch", "llama.cpp"] = Field("auto", description="Inference backend")

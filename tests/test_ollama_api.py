@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 
 import httpx
 import jsonschema
@@ -36,8 +37,13 @@ def server(tiny_model_factory, tmp_path_factory):
     for mid in ("model", "other"):
         write_manifest(store, ModelManifest.from_meta(mid, path, meta, sha256=hashlib.sha256(data).hexdigest(),
                                                       size_bytes=len(data), source="import"))
-    proc = start_engine(path, tmp_path_factory.mktemp("srv"), "--models-dir", str(store))
+    with socket.socket() as s:  # a free port for the second listener (Ollama's 11434 may be taken here)
+        s.bind(("127.0.0.1", 0))
+        ollama_port = s.getsockname()[1]
+    proc = start_engine(path, tmp_path_factory.mktemp("srv"), "--models-dir", str(store),
+                        "--ollama-port", str(ollama_port))
     proc.sha256 = hashlib.sha256(data).hexdigest()
+    proc.ollama_url = f"http://127.0.0.1:{ollama_port}"
     yield proc
     proc.stop()
 
@@ -68,6 +74,18 @@ def test_version_tags_show_ps(client, server):
     ps = client.ps().models
     assert [p.model for p in ps] == ["model:latest"] and ps[0].context_length == 512
     assert ps[0].digest == server.sha256
+
+
+def test_the_ollama_port_serves_the_same_api_under_the_same_rules(server):
+    """`--ollama-port` (the setting "Ollama's port too"): programs that expect Ollama at 11434."""
+    auth = {"Authorization": f"Bearer {server.api_key}"}
+    there = ollama.Client(host=server.ollama_url, headers=auth, timeout=120)
+    assert {m.model for m in there.list().models} == {"model:latest", "other:latest"}
+    r = there.chat(model="model", messages=MSGS, options=GREEDY)
+    assert r.message.content == ollama.Client(host=server.base_url, headers=auth, timeout=120).chat(
+        model="model", messages=MSGS, options=GREEDY).message.content
+    assert httpx.get(server.ollama_url + "/api/tags").status_code == 401
+    assert httpx.get(server.ollama_url + "/api/tags", headers=auth | {"Host": "evil.example"}).status_code == 403
 
 
 def test_chat_stream_equals_non_stream_equals_openai(client, server):

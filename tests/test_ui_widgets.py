@@ -126,6 +126,8 @@ def test_settings_dialog_validates_and_saves(qtbot, ui_settings, url, ok):  # no
     dialog = SettingsDialog(ui_settings)
     qtbot.addWidget(dialog)
     dialog.server_port.setValue(9123)
+    assert dialog.ollama_port.text() == "off"  # 0, in the user's words
+    dialog.ollama_port.setValue(11434)
     assert dialog.kv_fraction.text() == "25% of free memory"  # the user's words, not 0.25
     dialog.kv_fraction.setValue(40)
     dialog.theme.setCurrentText("dark")
@@ -136,6 +138,7 @@ def test_settings_dialog_validates_and_saves(qtbot, ui_settings, url, ok):  # no
     if ok:
         assert dialog.result() == QDialog.DialogCode.Accepted and dialog.error.text() == ""
         assert saved["server_port"] == 9123 and saved["theme"] == "dark" and saved["kv_memory_fraction"] == 0.4
+        assert saved["ollama_port"] == 11434
         assert saved["connection_url"] == "http://127.0.0.1:9/v1"
     else:
         assert dialog.result() != QDialog.DialogCode.Accepted and "connection_url" in dialog.error.text()

@@ -58,6 +58,10 @@ class SettingsDialog(QDialog):
         self.models_dir = PathEdit(s.models_dir, self)
         self.server_port = QSpinBox(self, minimum=0, maximum=65535, value=s.server_port)
         self.server_port.setSpecialValueText("any free port")
+        self.ollama_port = QSpinBox(self, minimum=0, maximum=65535, value=s.ollama_port)
+        self.ollama_port.setSpecialValueText("off")
+        self.ollama_port.setToolTip("Also listen here for programs that expect Ollama (its port is 11434); "
+                                    "they send the key too")
         self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
         self.show_key = QCheckBox("Show", self)
         self.show_key.toggled.connect(self._on_show_key)
@@ -87,7 +91,8 @@ class SettingsDialog(QDialog):
         key_row.addWidget(copy_key)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
-        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("Key for other programs", key_row),
+        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("Ollama's port too", self.ollama_port),
+                                                      ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
         self.memory = MemoryEstimateRow(s, self)  # the engine's memory for N chats of C tokens
         for signal in (self.backend.currentTextChanged, self.device.currentTextChanged,
@@ -116,7 +121,8 @@ class SettingsDialog(QDialog):
         """The edited fields as Settings field values."""
         return {
             "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
-            "server_port": self.server_port.value(), "api_key": self.api_key.text().strip(),
+            "server_port": self.server_port.value(), "ollama_port": self.ollama_port.value(),
+            "api_key": self.api_key.text().strip(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),
             "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,

@@ -73,6 +73,8 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
     p.add_argument("--host", default=d["host"])
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
+    p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",
+                   help="also serve on this port, for programs that expect Ollama at 11434 (0: off)")
     p.add_argument("--api-key", default=d.get("api_key"),
                    help="required Bearer key (also EMBER_API_KEY; --api-key-file keeps it out of `ps`)")
     p.add_argument("--api-key-file", default=d.get("api_key_file"), help="read the API key from this file")
@@ -157,12 +159,14 @@ def serve(args) -> int:
     app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
                                             allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
                                             max_reasoning_tokens=args.max_reasoning_tokens))
-    try:
-        sock = bind_socket(args.host, args.port)
-    except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 2
-    port = sock.getsockname()[1]
+    socks = []
+    for p in (args.port, *([args.ollama_port] if args.ollama_port else [])):
+        try:
+            socks.append(bind_socket(args.host, p))
+        except OSError as e:
+            print(f"error: cannot listen on {args.host}:{p}: {e}", file=sys.stderr)
+            return 2
+    port = socks[0].getsockname()[1]
     thread.start()
     thread.load(spec)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
@@ -173,10 +177,12 @@ def serve(args) -> int:
             time.sleep(0.02)
         if server.started:
             log.info("Ember engine listening on http://%s:%d (pid %d)", args.host, port, os.getpid())
+            if args.ollama_port:
+                log.info("and on http://%s:%d for Ollama's clients", args.host, args.ollama_port)
             if args.ready_file:
                 write_ready_file(args.ready_file, {"port": port, "pid": os.getpid(), "host": args.host})
     threading.Thread(target=announce, name="announce", daemon=True).start()
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     return 0
 
 
