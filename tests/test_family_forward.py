@@ -175,16 +175,18 @@ def write_quantized(tmp_path, rope_dim, longrope):
 
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
-def test_ember_quantize_takes_a_qwen3_gguf_to_a_checkpoint_ember_loads(tmp_path, method):
+@pytest.mark.parametrize("arch,method", [("qwen3", "rtn"), ("qwen3", "gptq"), ("qwen3", "awq"), ("smollm3", "gptq"),
+                                         ("smollm3", "awq")])
+def test_ember_quantize_takes_a_family_gguf_to_a_checkpoint_ember_loads(tmp_path, arch, method):
     """`ember quantize` on a Qwen3 GGUF (its q/k norms carried through the calibration forward
-    and written as float16 tensors under Hugging Face's names): the checkpoint loads, dense and
-    on the kernels, as the file's model within 8-bit rounding."""
+    and written as float16 tensors under Hugging Face's names) and a SmolLM3 one (its NoPE layer
+    run without RoPE in calibration, listed in config.json's no_rope_layers): the checkpoint
+    loads, dense and on the kernels, as the file's model within 8-bit rounding."""
     from app.cli import main
     from engine.loaders.load import load_model as load_any
 
-    src, out = tmp_path / "qwen3.gguf", tmp_path / "out"
-    write_arch_gguf(src, "qwen3", seed=6, norm_jitter=0.2, pre="qwen2")
+    src, out = tmp_path / f"{arch}.gguf", tmp_path / "out"
+    write_arch_gguf(src, arch, seed=6, norm_jitter=0.2, pre="qwen2", layers=LAYERS.get(arch))
     calibration = tmp_path / "calibration.txt"
     calibration.write_text("hello there, the one and the other, " * 40)
     assert main(["quantize", str(src), str(out), "--method", method, "--format", "gptq", "--bits", "8",
@@ -193,7 +195,8 @@ def test_ember_quantize_takes_a_qwen3_gguf_to_a_checkpoint_ember_loads(tmp_path,
     tokens = _tokens(5)
     want = our_logits(load_model(src), tokens)
     dense = load_any(out, torch.float32, "cpu")
-    assert dense.config.arch == "qwen3" and dense.config.qk_norm
+    assert dense.config.arch == arch and dense.config.qk_norm == (arch == "qwen3")
+    assert dense.config.layer_rope == ((0, 0, 0, -1) if arch == "smollm3" else ())
     assert _max_rel(our_logits(dense, tokens), want) < 3e-2  # 8-bit weights (float16 norms)
     if kernels() is not None:
         assert _max_rel(our_logits(load_any(out, torch.float32, "cpu", quantized=True), tokens), want) < 6e-2

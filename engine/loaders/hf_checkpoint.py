@@ -49,6 +49,21 @@ def _rope_scaling(config: dict, where: Path) -> RopeScaling | None:
     raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear)")
 
 
+def _layer_rope(config: dict, arch: str, where: Path) -> tuple[int, ...]:
+    """SmolLM3's RoPE-less layers: config.json's no_rope_layers (1: RoPE, 0: none), else every
+    no_rope_layer_interval-th (the family's period by default); () when every layer turns."""
+    n = config.get("num_hidden_layers")
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        period = config.get("no_rope_layer_interval", FAMILIES[arch].no_rope_period)
+        if not period:
+            return ()
+        flags = [int((i + 1) % period != 0) for i in range(n)]
+    if not isinstance(flags, list) or len(flags) != n or any(f not in (0, 1) for f in flags):
+        raise CheckpointError(f"{where}: no_rope_layers must be {n} values of 0 or 1")
+    return tuple(0 if f else -1 for f in flags) if 0 in flags else ()
+
+
 def model_config(config: dict, where: Path) -> ModelConfig:
     """ModelConfig from config.json (the tensors are checked against it by the loader)."""
     mtype = config.get("model_type")
@@ -73,7 +88,8 @@ def model_config(config: dict, where: Path) -> ModelConfig:
         rope_scaling=_rope_scaling(config, where),
         context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", arch == "qwen2")), qk_norm=FAMILIES[arch].qk_norm)
+        attention_bias=bool(config.get("attention_bias", arch == "qwen2")), qk_norm=FAMILIES[arch].qk_norm,
+        layer_rope=_layer_rope(config, arch, where))
 
 
 class HFCheckpoint:

@@ -100,6 +100,7 @@ class LlamaDecoderLayer(torch.nn.Module):
     def __init__(self, config: ModelConfig, i: int, take: Take) -> None:
         super().__init__()
         p = f"layers.{i}."
+        self.rope = config.rope(i)  # which of the step's rotations it takes (-1: none)
         self.input_layernorm = _norm(config, take(p + "input_layernorm.weight"))
         self.self_attn = LlamaAttention(config, p, take, config.window(i))
         self.post_attention_layernorm = _norm(config, take(p + "post_attention_layernorm.weight"))

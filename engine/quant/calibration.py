@@ -86,20 +86,22 @@ class LayerRun:
         for s in range(0, n, self.batch):
             h = hidden[s:s + self.batch]
             S = h.shape[0]
-            mlp, residual = layer(h.reshape(S * T, d), None, (cos[: S * T], sin[: S * T]), self.kv, self._meta(S))
+            rotation = (cos[: S * T], sin[: S * T]) if layer.rope >= 0 else None  # SmolLM3's NoPE layers: none
+            mlp, residual = layer(h.reshape(S * T, d), None, rotation, self.kv, self._meta(S))
             out[s:s + S] = (residual + mlp).view(S, T, d)
         return out
 
     @torch.no_grad()
-    def attention(self, attn: LlamaAttention, x: torch.Tensor) -> torch.Tensor:
-        """x [n, T, d] (the normed stream q/k/v read) -> the attention block's output [n, T, d]."""
+    def attention(self, attn: LlamaAttention, x: torch.Tensor, rope: int = 0) -> torch.Tensor:
+        """x [n, T, d] (the normed stream q/k/v read) -> the attention block's output [n, T, d];
+        rope -1: the layer turns no q and k (SmolLM3's NoPE layers)."""
         n, T, d = x.shape
         out = torch.empty_like(x)  # o_proj maps back to the hidden size
         for s in range(0, n, self.batch):
             h = x[s:s + self.batch]
             S = h.shape[0]
-            out[s:s + S] = attn(h.reshape(S * T, d), (self.cos[: S * T], self.sin[: S * T]), self.kv,
-                                self._meta(S)).view(S, T, d)
+            rotation = (self.cos[: S * T], self.sin[: S * T]) if rope >= 0 else None
+            out[s:s + S] = attn(h.reshape(S * T, d), rotation, self.kv, self._meta(S)).view(S, T, d)
         return out
 
 

@@ -233,7 +233,8 @@ class LayerQuantizer:
 
         def block(effective: list[torch.Tensor]) -> torch.Tensor:
             weights = attn_w | {f"{m}.weight": e for m, e in zip(modules, effective)}
-            return self.run.attention(LlamaAttention(self.config, f"layers.{i}.", fused_take(self.config, weights)), xa)
+            return self.run.attention(LlamaAttention(self.config, f"layers.{i}.", fused_take(self.config, weights)), xa,
+                                      self.config.rope(i))
 
         ref = block([attn_w[f"{m}.weight"] for m in modules])
         return lambda effective: float(((block(effective) - ref) ** 2).sum())

@@ -21,7 +21,7 @@ from engine.quant.pipeline import LayerResult
 from engine.quant.source import GGUFSource, Source
 
 HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                    "qwen3": ("qwen3", "Qwen3ForCausalLM")}
+                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM")}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
 
@@ -35,8 +35,10 @@ def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
            "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
            "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
            "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
-    if config.arch in ("llama", "qwen3"):
+    if config.arch in ("llama", "qwen3", "smollm3"):
         out["attention_bias"] = config.attention_bias
+    if config.layer_rope:  # SmolLM3: 1 where a layer turns its q and k, 0 where it does not
+        out["no_rope_layers"] = [int(config.rope(i) >= 0) for i in range(config.num_layers)]
     if config.rope_scaling is not None:
         out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
                                "factor": config.rope_scaling.factor}
