@@ -91,7 +91,8 @@ class SettingsDialog(QDialog):
         key_row.addWidget(copy_key)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
-        layout.addWidget(self._group("Local server", [("Port", self.server_port), ("Ollama's port too", self.ollama_port),
+        layout.addWidget(self._group("Local server", [("Port", self.server_port),
+                                                      ("Ollama's port too", self.ollama_port),
                                                       ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
         self.memory = MemoryEstimateRow(s, self)  # the engine's memory for N chats of C tokens

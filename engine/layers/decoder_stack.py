@@ -1,7 +1,8 @@
 """The whole decoder stack as one C++ op (engine/kernels/csrc/decoder.cpp) when every matrix is
-quantized: the same forward as LlamaForCausalLM's layers, for every family's switches, minus ~40 torch dispatches per layer,
-which at one token per step cost more than the layer's arithmetic (profile in the CPU-kernels
-issue: 14 ms of a 18 ms SmolLM2 step was Python and small ops).
+quantized: the same forward as LlamaForCausalLM's layers, with every family's switches, minus
+~40 torch dispatches per layer, which at one token per step cost more than the layer's
+arithmetic (profile in the CPU-kernels issue: 14 ms of a 18 ms SmolLM2 step was Python and
+small ops).
 
 The op holds references to the model's own tensors (no copies, except float32 norm weights).
 """

@@ -82,7 +82,8 @@ class RotaryEmbedding(torch.nn.Module):
         self.original_context = original_context
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, base, freq_factors, rotary_dim), persistent=False)
         self.inv_freq_short = self.inv_freq
-        self.inv_freq_long = rope_inv_freq(head_dim, base, long_factors, rotary_dim) if long_factors is not None else None
+        self.inv_freq_long = (rope_inv_freq(head_dim, base, long_factors, rotary_dim)
+                              if long_factors is not None else None)
         n = (rotary_dim or head_dim) // 2
         self.mscale = (torch.cat((torch.full((n,), attn_factor), torch.ones(head_dim // 2 - n)))
                        if attn_factor != 1.0 else None)
