@@ -38,6 +38,7 @@ def serve_args(args: argparse.Namespace, settings) -> argparse.Namespace:
 
 
 def _run(args) -> int:
+    from app.api_pull import SettingsPuller
     from app.cli import TERMINAL_HANDLER
     from app.settings import Settings
     from engine.server.cli import serve
@@ -50,4 +51,4 @@ def _run(args) -> int:
     settings = Settings.load()
     if args.api_key is None and args.api_key_file is None:
         log.info("API key: the one in %s (clients send 'Authorization: Bearer <key>')", settings.path)
-    return serve(serve_args(args, settings))
+    return serve(serve_args(args, settings), make_puller=SettingsPuller)

@@ -5,7 +5,7 @@ never outlives the process that started it: if the app (or a test run, or a benc
 with no chance to call stop(), the engine would keep its port and its memory forever. A watchdog
 thread checks once a second that the parent is still there and otherwise asks the server to shut
 down (SIGTERM: uvicorn's graceful exit), then exits hard if that takes too long. Everything else
-is `python -m engine serve` unchanged.
+is `python -m engine serve`, plus the app's downloads behind Ollama's /api/pull (app/api_pull.py).
 """
 from __future__ import annotations
 
@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ppid = int(argv[1])
     threading.Thread(target=watch_parent, args=(ppid,), name="parent-watchdog", daemon=True).start()
+    from app.api_pull import SettingsPuller
     from engine.server.cli import main as engine_main  # after the watchdog: the import takes seconds
 
-    return engine_main(argv[2:])
+    return engine_main(argv[2:], make_puller=SettingsPuller)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Tests run engine processes next to the test process on 2 cores; OpenMP threads that spin while
 # waiting starve the other process (a decode step measured 1.5 s spinning, 0.27 s passive).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# never the user's settings or models, also for engines a module-scoped fixture starts before the
+# per-test home below exists (their engine reads the app's settings on a pull, app/api_pull.py)
+os.environ["EMBER_HOME"] = tempfile.mkdtemp(prefix="ember-test-home-")
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers such as gguf_factory
 
 

@@ -24,6 +24,7 @@ from engine.server.embedding_routes import build_embeddings_router
 from engine.server.embeddings import Embeddings
 from engine.server.openai_routes import build_router
 from engine.server.responses_api import build_responses_router
+from engine.server.ollama_pull import Puller
 from engine.server.ollama_routes import build_ollama_router
 from engine.server.anthropic_routes import build_anthropic_router
 from engine.server.protocol import LoadModelRequest
@@ -41,7 +42,9 @@ class ServerSettings:
     extra: dict = field(default_factory=dict)
 
 
-def create_app(engine_thread: EngineThread, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(engine_thread: EngineThread, settings: ServerSettings | None = None,
+               puller: Puller | None = None) -> FastAPI:
+    """`puller`: the app's downloads behind Ollama's /api/pull (None: that route answers 501)."""
     settings = settings or ServerSettings()
 
     @contextlib.asynccontextmanager
@@ -55,6 +58,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.state.engine_thread = engine_thread
     app.state.model_store = ModelStore(settings.models_dir)
     app.state.settings = settings
+    app.state.puller = puller
     app.state.embeddings = Embeddings()  # llama.cpp's embeddings context, built on first use
     metrics = engine_thread.metrics
     install_error_handlers(app)

@@ -26,6 +26,9 @@ from engine.backends.cli_args import add_backend_args
 from engine.config import EngineConfig
 from engine.server.auth import check_bind, is_loopback
 
+if typing.TYPE_CHECKING:
+    from engine.server.ollama_pull import Puller
+
 log = logging.getLogger("engine.server")
 
 # EngineConfig field -> its `serve` flag (the argparse dest is the flag's name)
@@ -127,7 +130,8 @@ def write_ready_file(path: str, data: dict) -> None:
     os.replace(tmp, p)
 
 
-def serve(args) -> int:
+def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:
+    """`make_puller(models_dir)`: the app's downloads behind Ollama's /api/pull (see ollama_pull.py)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # refuse a dangerous bind before importing torch and friends
         api_key = resolve_api_key(args)
@@ -158,7 +162,8 @@ def serve(args) -> int:
         raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
     app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
                                             allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
-                                            max_reasoning_tokens=args.max_reasoning_tokens))
+                                            max_reasoning_tokens=args.max_reasoning_tokens),
+                     puller=make_puller(args.models_dir) if make_puller else None)
     socks = []
     for p in (args.port, *([args.ollama_port] if args.ollama_port else [])):
         try:
@@ -186,6 +191,6 @@ def serve(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, make_puller=None) -> int:
     args = build_parser().parse_args(argv)
-    return serve(args)
+    return serve(args, make_puller)

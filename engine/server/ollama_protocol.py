@@ -122,3 +122,11 @@ class ShowRequest(BaseModel):
     model_config = _config
     model: ModelName | None = None
     name: ModelName | None = None  # the old spelling
+
+
+class PullRequest(BaseModel):
+    model_config = _config
+    model: ModelName | None = None
+    name: ModelName | None = None  # the old spelling
+    insecure: bool = False  # Ember's downloads always verify TLS; accepted and ignored
+    stream: bool = True

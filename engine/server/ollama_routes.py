@@ -1,5 +1,5 @@
 """Ollama's native API (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
-/api/ps, /api/version), so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
+/api/ps, /api/version, /api/pull), so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
 client) work against Ember. Embeddings are embeddings.py's, as on /v1/embeddings.
 
 No second engine path: a chat (and a templated generate) becomes a ChatCompletionRequest and goes
@@ -32,7 +32,8 @@ from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbed
 from engine.server.engine_thread import LoadedModel
 from engine.server.errors import APIError, _validation_message, shaped_route
 from engine.server.ollama_models import facts as model_facts, listing as model_listing, show as model_show, tag
-from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, ShowRequest
+from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, PullRequest, ShowRequest
+from engine.server.ollama_pull import pull_reply
 from engine.server.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.structured import response_format_grammar
@@ -268,6 +269,13 @@ def build_ollama_router() -> APIRouter:
             return await run_in_threadpool(model_show, state.model_store, spec, loaded)
         except (OSError, ValueError) as e:
             raise APIError(400, f"cannot read {name!r}: {e}") from None
+
+    @router.post("/api/pull")
+    async def pull(body: PullRequest, request: Request):
+        name = body.model or body.name
+        if not name:
+            raise APIError(400, "model is required")
+        return await pull_reply(request.app.state.puller, name, body.stream, _error)
 
     @router.get("/api/ps")
     async def ps(request: Request):
