@@ -46,6 +46,7 @@ class RequestOutput:
     first_token_time: float | None = None
     num_spec_proposed: int = 0  # draft tokens verified for this request
     num_spec_accepted: int = 0  # of those, accepted
+    embedding: list[float] | None = None  # an embedding request's mean-pooled vector (not normalized)
 
 
 @dataclass(slots=True)
@@ -72,6 +73,7 @@ class _Request:
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     thinking: bool = False  # inside a <think> block (with a thinking budget)
     thought: int = 0  # tokens written inside it
+    pooled: list[float] | None = None  # an embedding's sum of hidden rows so far (its chunks)
 
 
 class LLMEngine:
@@ -111,10 +113,12 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in ids):
             raise ValueError("the prompt holds token ids outside the vocabulary")
-        if len(ids) >= self.max_model_len:
+        if len(ids) >= self.max_model_len + params.embed:  # an embedding needs no room for a reply
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
                 f"has {len(ids)} tokens and leaves no room for a reply")
+        if params.embed and not getattr(self.runner, "pools_embeddings", False):
+            raise ValueError("this runner computes no embeddings")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
@@ -152,6 +156,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq in out.preempted:
             self._release(seq)
+            self._requests[seq.request_id].pooled = None  # recomputed from its first token
         for seq in out.finished:  # could not fit the pool even alone: end it, say why
             self._release(seq)
             req = self._requests[seq.request_id]
@@ -171,6 +176,8 @@ class LLMEngine:
             if seq.params.thinking_budget is not None:
                 result.token_ids[i] = self._within_budget(self._requests[seq.request_id], result.token_ids[i])
         self.scheduler.postprocess(out, result.token_ids)
+        for seq, _, _ in out.embedding_rows():
+            outputs += self._pool(self._requests[seq.request_id], result.pooled[seq.seq_id])
         now = time.monotonic()
         for seq, tokens, lps in zip(sampled, result.token_ids, result.logprobs):
             req = self._requests[seq.request_id]
@@ -196,6 +203,18 @@ class LLMEngine:
             else:
                 req.thinking, req.thought = t != budget.close_id, req.thought + 1
         return tokens
+
+    def _pool(self, req: _Request, rows_sum: list[float]) -> list[RequestOutput]:
+        """Add one chunk's hidden rows to an embedding; once the whole prompt is in, its mean
+        (llama.cpp's mean pooling) ends the request."""
+        req.pooled = rows_sum if req.pooled is None else [a + b for a, b in zip(req.pooled, rows_sum)]
+        seq = req.seq
+        if seq.num_computed_tokens < seq.num_prompt_tokens:
+            return []
+        req.first_token_time = time.monotonic()
+        out = self._finish(seq.request_id, "stop")
+        out.embedding = [v / seq.num_prompt_tokens for v in req.pooled]
+        return [out]
 
     def _add_prompt_logprobs(self, seq: Sequence, scored: list[TokenLogprobs]) -> None:
         """scored[j] is position c+j+1; keep each prompt position once (a recompute scores again)."""

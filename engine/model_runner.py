@@ -181,16 +181,30 @@ class ModelRunner:
                 torch.tensor(positions, dtype=torch.long, device=dev), meta)
 
     @torch.inference_mode()
-    def run_model(self, out: SchedulerOutput) -> torch.Tensor:
-        """One forward over the batch; float32 logits (on the CPU) of out.logit_rows()."""
+    def forward(self, out: SchedulerOutput) -> torch.Tensor:
+        """One forward over the batch: the final (normed) hidden state of every new token."""
         self.copy_blocks(out.block_copies)
         input_ids, positions, meta = self.prepare(out)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
+
+    @torch.inference_mode()
+    def logits(self, out: SchedulerOutput, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits (on the CPU) of out.logit_rows()."""
         rows = out.logit_rows()
         if not rows:
             return torch.empty(0, self.vocab_size)
         rows_t = torch.tensor(rows, dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[rows_t]).float().cpu()
 
+    def run_model(self, out: SchedulerOutput) -> torch.Tensor:
+        return self.logits(out, self.forward(out))
+
+    pools_embeddings = True  # fills RunnerOutput.pooled (engine/runner.py)
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        return self.sampler(out, self.run_model(out))
+        hidden = self.forward(out)
+        result = self.sampler(out, self.logits(out, hidden))
+        # float64 sums, so a prompt's chunks add up as one sum would
+        result.pooled = {seq.seq_id: hidden[start:start + n].double().sum(0).cpu().tolist()
+                         for seq, start, n in out.embedding_rows()}
+        return result

@@ -35,6 +35,9 @@ class RunnerOutput:
     # seq_id -> logprobs of prompt positions c+1, c+2, ... scored this step (c: the sequence's
     # num_computed_tokens before it), for every scheduled sequence that scores its prompt
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    # seq_id -> the sum of the final hidden rows computed this step, for every scheduled embedding
+    # sequence (out.embedding_rows()); the engine sums a prompt's chunks and divides by its length
+    pooled: dict[int, list[float]] = field(default_factory=dict)
 
 
 class Runner(Protocol):
@@ -62,6 +65,9 @@ class Runner(Protocol):
         sample each sampled sequence (the rows out.num_logits says; with drafts, verify them)
         and score the prompt rows of sequences that ask for prompt logprobs."""
         ...
+
+    # Optional: `pools_embeddings = True` for a runner that fills RunnerOutput.pooled (embeddings
+    # through the scheduler, batched with the chats); the engine refuses embeddings otherwise.
 
     # Optional: `give_back(block_ids, is_clean)`, the block manager's on_clean, for a runner whose
     # pool can return clean blocks' memory to the system (the torch runner's CPU pool).

@@ -40,6 +40,9 @@ class SamplingParams:
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
     speculative: bool = True  # False: never draft for this request (the API's "speculative": "off")
     thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking, capped (no drafts then)
+    # an embedding, not a reply: no token is sampled; the result is the mean of the prompt's final
+    # (normed) hidden states, llama.cpp's mean pooling of its embeddings output (t_embd)
+    embed: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

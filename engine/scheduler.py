@@ -68,7 +68,7 @@ class Scheduler:
         # The last sampled token needs no K/V: prompt + max_tokens - 1 slots at most.
         room = pool_tokens - seq.num_prompt_tokens + 1
         if self.max_model_len is not None:
-            if seq.num_prompt_tokens >= self.max_model_len:
+            if seq.num_prompt_tokens >= self.max_model_len + seq.params.embed:  # an embedding needs no reply
                 raise ValueError(f"the prompt has {seq.num_prompt_tokens} tokens; the context "
                                  f"is {self.max_model_len} and leaves no room for a reply")
             room = min(room, self.max_model_len - seq.num_prompt_tokens)
@@ -185,8 +185,10 @@ class Scheduler:
             seq = self.waiting[0]
             if seq in preempted:
                 break  # preempted in this very step: it resumes in a later one
-            cached = bm.match_prefix(seq)
-            reused = self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached else 0
+            # an embedding pools every prompt row: none may come from a cache
+            cached = bm.match_prefix(seq) if not seq.params.embed else []
+            reused = (self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached
+                      and not seq.params.embed else 0)
             n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, budget)
             if seq.is_scoring_prompt:
                 break  # in a step of its own (no overtaking)

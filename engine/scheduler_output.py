@@ -32,11 +32,21 @@ class SchedulerOutput:
         # A sequence yields a token once every known token has K/V: the logits of its last new
         # token, and with d drafts the d before it too (row j verifies draft j). One that scores
         # its prompt needs every new token's logits (row j predicts c+j+1).
-        self.is_sampled = [s.num_computed_tokens + n - d == len(s.token_ids)
+        # An embedding's rows are pooled, never sampled (embedding_rows).
+        self.is_sampled = [s.num_computed_tokens + n - d == len(s.token_ids) and not s.params.embed
                            for s, n, d in zip(self.seqs, self.num_new_tokens, self.num_spec_tokens)]
         self.num_logits = [n if s.scores_prompt else (1 + d if sampled else 0)
                            for s, n, d, sampled in zip(self.seqs, self.num_new_tokens, self.num_spec_tokens,
                                                        self.is_sampled)]
+
+    def embedding_rows(self) -> list[tuple[Sequence, int, int]]:
+        """(seq, first row, rows) in the step's flattened new tokens, per embedding sequence."""
+        spans, start = [], 0
+        for s, n in zip(self.seqs, self.num_new_tokens):
+            if s.params.embed:
+                spans.append((s, start, n))
+            start += n
+        return spans
 
     @property
     def num_batched_tokens(self) -> int:

@@ -1,11 +1,15 @@
 """Embeddings (/v1/embeddings, Ollama's /api/embed and /api/embeddings) through the official
-`openai` and `ollama` clients against a real engine process on the tiny model (torch runner: the
-vectors come from llama.cpp whatever serves the chats), and /v1/rerank over plain HTTP (no official
-client speaks it): documents by the cosine of their embeddings to the query's; the answer known in
-advance is that a document equal to the query scores 1 and comes first.
+`openai` and `ollama` clients against a real engine process on the tiny model, on each runner:
+Ember's engine (the inputs are sequences of the chats' scheduler, pooled by the runner) and
+llama.cpp's (an embeddings context of its own); and /v1/rerank over plain HTTP (no official client
+speaks it): documents by the cosine of their embeddings to the query's; the answer known in advance
+is that a document equal to the query scores 1 and comes first.
 
 Oracle we did not write: llama-cpp-python's own `Llama(embedding=True).embed(text)` on the same
-file, mean-pooled (the file names no pooling), L2-normalized here.
+file, mean-pooled (the file names no pooling), L2-normalized here. llama.cpp's runner must match it
+to 1e-5; Ember's engine computes in its own precision (int8 activations, bf16 KV), so its bar is a
+cosine of at least 0.9999 with each of the oracle's vectors (issue 40 asks 0.999), and a rerank
+score within 5e-3 of the oracle's cosine.
 """
 from __future__ import annotations
 
@@ -32,9 +36,10 @@ def tiny_path(tiny_model_factory):
     return tiny_model(tiny_model_factory)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_path, tmp_path_factory):
-    proc = start_engine(tiny_path, tmp_path_factory.mktemp("srv"))
+@pytest.fixture(scope="module", params=["torch", "llama.cpp"])
+def server(request, tiny_path, tmp_path_factory):
+    proc = start_engine(tiny_path, tmp_path_factory.mktemp("srv"), backend=request.param)
+    proc.exact = request.param == "llama.cpp"  # the oracle's own code computes the vectors
     yield proc
     proc.stop()
 
@@ -67,11 +72,14 @@ def _ntok(oracle, text: str) -> int:
     return len(oracle.tokenize(text.encode()))
 
 
-def _close(got, want) -> None:
+def _close(got, want, exact: bool) -> None:
     got = np.asarray(got, dtype=np.float64)
     assert got.shape == want.shape
     assert abs(np.linalg.norm(got) - 1.0) < 1e-5
-    assert np.abs(got - want).max() < 1e-5
+    if exact:
+        assert np.abs(got - want).max() < 1e-5
+    else:
+        assert got @ want >= 0.9999
 
 
 @pytest.mark.slow
@@ -79,23 +87,23 @@ def test_openai_string_list_ids_and_base64(client, server, oracle):
     model = server.health()["model"]
     r = client.embeddings.create(model=model, input=TEXTS[0], encoding_format="float")
     assert r.object == "list" and len(r.data) == 1 and r.data[0].index == 0 and r.model == model
-    _close(r.data[0].embedding, _unit(oracle, TEXTS[0]))
+    _close(r.data[0].embedding, _unit(oracle, TEXTS[0]), server.exact)
     n = _ntok(oracle, TEXTS[0])
     assert r.usage.prompt_tokens == r.usage.total_tokens == n
 
     r = client.embeddings.create(model=model, input=TEXTS, encoding_format="float")
     assert [d.index for d in r.data] == [0, 1, 2]
     for d, text in zip(r.data, TEXTS):
-        _close(d.embedding, _unit(oracle, text))
+        _close(d.embedding, _unit(oracle, text), server.exact)
     assert r.usage.prompt_tokens == r.usage.total_tokens == sum(_ntok(oracle, t) for t in TEXTS)
 
     ids = oracle.tokenize(TEXTS[1].encode())
     r = client.embeddings.create(model=model, input=ids, encoding_format="float")
-    _close(r.data[0].embedding, _unit(oracle, TEXTS[1]))
+    _close(r.data[0].embedding, _unit(oracle, TEXTS[1]), server.exact)
     assert r.usage.prompt_tokens == len(ids)
     r = client.embeddings.create(model=model, input=[ids, oracle.tokenize(TEXTS[2].encode())],
                                  encoding_format="float")
-    _close(r.data[1].embedding, _unit(oracle, TEXTS[2]))
+    _close(r.data[1].embedding, _unit(oracle, TEXTS[2]), server.exact)
 
     # base64 (the client's default: it decodes the little-endian float32 bytes itself)
     b = client.embeddings.create(model=model, input=TEXTS)
@@ -138,16 +146,20 @@ def test_ollama_embed_and_legacy_embeddings(oclient, server, oracle):
     r = oclient.embed(model=model, input=TEXTS[:2])
     assert len(r.embeddings) == 2 and r.model == model
     for got, text in zip(r.embeddings, TEXTS):
-        _close(got, _unit(oracle, text))
+        _close(got, _unit(oracle, text), server.exact)
     assert r.prompt_eval_count == _ntok(oracle, TEXTS[0]) + _ntok(oracle, TEXTS[1])
     assert r.total_duration > 0 and r.load_duration >= 0
     one = oclient.embed(model=model, input=TEXTS[2])
-    _close(one.embeddings[0], _unit(oracle, TEXTS[2]))
+    _close(one.embeddings[0], _unit(oracle, TEXTS[2]), server.exact)
 
     # legacy: the pooled vector as it is (Ollama does not normalize it), same direction
     legacy = np.asarray(oclient.embeddings(model=model, prompt=TEXTS[0]).embedding)
     raw = np.asarray(oracle.embed(TEXTS[0]))
-    assert np.abs(legacy - raw).max() < 1e-5 * max(1.0, np.abs(raw).max())
+    if server.exact:
+        assert np.abs(legacy - raw).max() < 1e-5 * max(1.0, np.abs(raw).max())
+    else:
+        assert legacy @ raw / np.linalg.norm(legacy) / np.linalg.norm(raw) >= 0.9999
+        assert abs(np.linalg.norm(legacy) / np.linalg.norm(raw) - 1) < 1e-2
 
     long_text = "word " * (TINY_CTX + 50)
     with pytest.raises(ollama.ResponseError) as e:
@@ -163,11 +175,12 @@ def test_ollama_embed_and_legacy_embeddings(oclient, server, oracle):
     assert e.value.status_code == 404
 
 
-def test_a_model_that_is_not_a_gguf_is_refused(tmp_path):
+def test_a_checkpoint_on_a_runner_that_cannot_pool_is_refused(tmp_path):
+    """No llama.cpp embeddings context opens a GPTQ checkpoint: only Ember's engine pools one."""
     spec = ModelSpec(id="q4", path=str(tmp_path), format="gptq")
     loaded = LoadedModel(spec=spec, engine=None, backend="torch", device="cpu")
     with pytest.raises(APIError) as e:
-        asyncio.run(Embeddings().run(loaded, ["hi"]))
+        asyncio.run(Embeddings().run(None, loaded, ["hi"]))
     assert e.value.status == 400 and "GGUF" in e.value.message
 
 
@@ -193,8 +206,9 @@ def test_rerank_orders_by_similarity_with_the_query_itself_first(server, oracle)
     results = body["results"]
     assert results[0]["index"] == 2 and results[0]["relevance_score"] == pytest.approx(1.0, abs=1e-5)
     assert [x["index"] for x in results] == sorted(range(len(DOCS)), key=lambda i: -expected[i])
+    tol = 1e-5 if server.exact else 5e-3
     for x in results:
-        assert x["relevance_score"] == pytest.approx(expected[x["index"]], abs=1e-5)
+        assert x["relevance_score"] == pytest.approx(expected[x["index"]], abs=tol)
         assert "document" not in x
 
 

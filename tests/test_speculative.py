@@ -125,14 +125,14 @@ def test_logits_after_a_rejection_equal_a_fresh_prefill(bundled_model_path, plai
     engine = LLMEngine(EngineConfig(model_path=str(bundled_model_path), num_kv_blocks=64),
                        speculator=Speculator(_WrongDrafter(), max_k=4, fixed_k=4))
     runner, seen = engine.runner, []
-    run_model = runner.run_model
+    step_logits = runner.logits
 
-    def recording(out):
-        logits = run_model(out)
+    def recording(out, hidden):
+        logits = step_logits(out, hidden)
         seen.append(([list(s.token_ids) for s in out.seqs], list(out.num_spec_tokens), logits.clone()))
         return logits
 
-    runner.run_model = recording
+    runner.logits = recording
     assert _greedy(engine, PROMPTS[:1]) == plain[:1]
     assert engine.stats().spec.num_proposed > engine.stats().spec.num_accepted
     fresh = _engine(bundled_model_path, num_kv_blocks=64)

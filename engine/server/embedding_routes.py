@@ -97,7 +97,7 @@ def build_embeddings_router() -> APIRouter:
     async def embeddings(body: EmbeddingRequest, request: Request):
         state = request.app.state
         loaded = require_model(state.engine_thread, state.model_store, body.model)
-        res = await state.embeddings.run(loaded, body.inputs)
+        res = await state.embeddings.run(request, loaded, body.inputs)
         size = len(res.vectors[0])
         check_dimensions(body.dimensions, size)
         data = []
@@ -115,7 +115,7 @@ def build_embeddings_router() -> APIRouter:
     async def rerank(body: RerankRequest, request: Request):
         state = request.app.state
         loaded = require_model(state.engine_thread, state.model_store, body.model)
-        res = await state.embeddings.run(loaded, [body.query, *body.documents])
+        res = await state.embeddings.run(request, loaded, [body.query, *body.documents])
         if res.ranker:
             raise APIError(400, f"{loaded.spec.id!r} is a cross-encoder reranker (rank pooling), which Ember "
                            "does not run yet; load an embedding or chat model to rerank by similarity",

@@ -1,15 +1,20 @@
 """Embeddings of the loaded model (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embeddings).
 
-Whatever runner serves the chats (torch or llama.cpp), the vectors come from llama.cpp: one
-embeddings-only context on the loaded model's GGUF file, built on the first request and rebuilt
-when another model is loaded (`Embeddings.run`). It does not share the chats' engine thread or KV
-pool: a request holds `Embeddings.lock` and runs in the thread pool, one input per decode, its
-cells cleared before each, so a vector depends on its text alone.
+On Ember's engine (a runner that pools, engine/runner.py) each input is a sequence of the same
+scheduler as the chats: its prompt runs in the same forward passes, batched with them, and the
+mean of its final hidden states is the vector (llama.cpp's mean pooling of t_embd). No prefix
+cache serves it: every row is pooled.
 
-Pooling is the file's `{arch}.pooling_type` when it names one (mean, CLS, last token), else mean
-over the input's tokens (a chat model's file names none). The context is the served
-max_model_len, at most MAX_CONTEXT tokens; an input longer than it is a 400 naming the input
-(Ollama's `truncate`, its default, keeps the first tokens instead). At most MAX_INPUTS inputs.
+Otherwise (the llama.cpp runner, or a file that names its own pooling: CLS, last token, a
+reranker's rank head), the vectors come from llama.cpp: one embeddings-only context on the loaded
+model's GGUF file, built on the first request and rebuilt when another model is loaded. It does
+not share the chats' engine thread or KV pool: a request holds `Embeddings.lock` and runs in the
+thread pool, one input per decode, its cells cleared before each.
+
+Pooling is the file's `{arch}.pooling_type` when it names one, else mean over the input's tokens
+(a chat model's file names none). The context is the served max_model_len, at most MAX_CONTEXT
+tokens on llama.cpp; an input longer than it is a 400 naming the input (Ollama's `truncate`, its
+default, keeps the first tokens instead). At most MAX_INPUTS inputs.
 """
 from __future__ import annotations
 
@@ -21,9 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
+from engine.model_files.gguf_file import GGUFFile
+from engine.sampling_params import SamplingParams
 from engine.server.engine_thread import LoadedModel
 from engine.server.errors import APIError
+from engine.server.serving import Job
 
 MAX_INPUTS = 256
 MAX_CONTEXT = 8192  # an embeddings context's own KV: no larger than this whatever the chats get
@@ -119,6 +128,61 @@ class EmbedResult:
     ranker: bool = False  # the file is a cross-encoder reranker (rank pooling), not an embedder
 
 
+def plan_inputs(inputs, tokenize, n_vocab: int, n_ctx: int, truncate: bool) -> list[list[int]]:
+    """Each input's token ids (a string tokenized, ids checked), or a 400 naming the input."""
+    plans = []
+    for i, x in enumerate(inputs):
+        ids = tokenize(x) if isinstance(x, str) else list(x)
+        where = "input" if len(inputs) == 1 else f"input[{i}]"
+        if not ids:
+            raise APIError(400, f"{where} is empty (no tokens)", code="invalid_value", param="input")
+        bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{where}: token id {bad} is outside the vocabulary (size {n_vocab})",
+                           code="invalid_value", param="input")
+        if len(ids) > n_ctx:
+            if not truncate:
+                raise APIError(400, f"{where} is {len(ids)} tokens, more than the {n_ctx} tokens of "
+                               "this model's embeddings context; shorten it or split it",
+                               code="context_length_exceeded", param="input")
+            ids = ids[:n_ctx]
+        plans.append(ids)
+    return plans
+
+
+_pooling: dict[str, int | None] = {}  # GGUF path -> its {arch}.pooling_type (None: names none)
+
+
+def file_pooling(path: str) -> int | None:
+    if path not in _pooling:
+        f = GGUFFile(path)
+        value = f.get(f"{f.get('general.architecture')}.pooling_type")
+        _pooling[path] = int(value) if value is not None else None
+    return _pooling[path]
+
+
+async def pool_on_engine(request: Request, loaded: LoadedModel, inputs, truncate: bool) -> EmbedResult:
+    """Each input a sequence of the chats' scheduler, mean-pooled by the runner (see the docstring)."""
+    engine, thread = loaded.engine, request.app.state.engine_thread
+    tok = engine.tokenizer
+    plans = await run_in_threadpool(plan_inputs, inputs, lambda s: tok.encode(s, parse_special=False),
+                                    tok.vocab_size, engine.max_model_len, truncate)
+    job, vectors = Job(thread, request), [None] * len(plans)
+    try:
+        for i, ids in enumerate(plans):  # background work: a chat's next token goes first
+            job.submit(ids, SamplingParams(max_tokens=1, embed=True, priority=1), f"embd-{id(job)}-{i}", engine)
+        while job.unfinished:
+            rid, out = await job.next()
+            if out.finished:
+                if out.embedding is None:
+                    raise APIError(400, f"input[{rid.rsplit('-', 1)[1]}] does not fit the KV pool",
+                                   code="context_length_exceeded", param="input")
+                vectors[int(rid.rsplit("-", 1)[1])] = np.asarray(out.embedding, dtype=np.float32)
+    finally:
+        job.close()
+    return EmbedResult(vectors, [len(ids) for ids in plans], 0.0)
+
+
 class Embeddings:
     """The app's one Embedder (app.state.embeddings), for whichever model is loaded."""
 
@@ -127,16 +191,22 @@ class Embeddings:
         self._embedder: Embedder | None = None
         self._key: tuple | None = None
 
-    async def run(self, loaded: LoadedModel, inputs: list[str | list[int]], truncate: bool = False) -> EmbedResult:
+    async def run(self, request: Request, loaded: LoadedModel, inputs: list[str | list[int]],
+                  truncate: bool = False) -> EmbedResult:
         spec = loaded.spec
-        if spec.format != "gguf" or os.path.isdir(spec.path):
-            raise APIError(400, f"embeddings need a GGUF model; the loaded model {spec.id!r} is "
-                           f"{spec.format} (load a GGUF file to embed)", code="invalid_model", param="model")
+        gguf = spec.format == "gguf" and not os.path.isdir(spec.path)
         if not inputs:
             raise APIError(400, "input is empty: give a string or a list of them", code="invalid_value", param="input")
         if len(inputs) > MAX_INPUTS:
             raise APIError(400, f"at most {MAX_INPUTS} inputs per request (got {len(inputs)})",
                            code="invalid_value", param="input")
+        if (getattr(getattr(loaded.engine, "runner", None), "pools_embeddings", False)
+                and (not gguf or await run_in_threadpool(file_pooling, spec.path) in (None, MEAN))):
+            return await pool_on_engine(request, loaded, inputs, truncate)
+        if not gguf:
+            raise APIError(400, f"embeddings of a {spec.format} model need Ember's engine; the loaded model "
+                           f"{spec.id!r} runs on {loaded.backend} (load it with the torch backend, or load a "
+                           "GGUF file)", code="invalid_model", param="model")
         n_ctx = min(loaded.engine.max_model_len, MAX_CONTEXT)
         threads = loaded.engine.config.num_threads or os.cpu_count() or 1
         return await run_in_threadpool(self._run, spec.path, n_ctx, threads, inputs, truncate)
@@ -146,23 +216,7 @@ class Embeddings:
             t0 = time.monotonic()
             e = self._embedder_for(path, n_ctx, threads)
             load = time.monotonic() - t0
-            plans = []
-            for i, x in enumerate(inputs):
-                ids = e.tokenize(x) if isinstance(x, str) else list(x)
-                where = "input" if len(inputs) == 1 else f"input[{i}]"
-                if not ids:
-                    raise APIError(400, f"{where} is empty (no tokens)", code="invalid_value", param="input")
-                bad = next((t for t in ids if not 0 <= t < e.n_vocab), None)
-                if bad is not None:
-                    raise APIError(400, f"{where}: token id {bad} is outside the vocabulary (size {e.n_vocab})",
-                                   code="invalid_value", param="input")
-                if len(ids) > n_ctx:
-                    if not truncate:
-                        raise APIError(400, f"{where} is {len(ids)} tokens, more than the {n_ctx} tokens of "
-                                       "this model's embeddings context; shorten it or split it",
-                                       code="context_length_exceeded", param="input")
-                    ids = ids[:n_ctx]
-                plans.append(ids)
+            plans = plan_inputs(inputs, e.tokenize, e.n_vocab, n_ctx, truncate)
             return EmbedResult([e.embed(ids) for ids in plans], [len(ids) for ids in plans], load, e.ranker)
 
     def _embedder_for(self, path: str, n_ctx: int, threads: int) -> Embedder:

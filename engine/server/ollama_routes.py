@@ -330,7 +330,7 @@ def build_ollama_router() -> APIRouter:
         t0 = time.monotonic()
         loaded = _loaded(request, body.model)
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        res = await request.app.state.embeddings.run(loaded, inputs, truncate=body.truncate)
+        res = await request.app.state.embeddings.run(request, loaded, inputs, truncate=body.truncate)
         return ollama_embed_reply(body.model, res, body.dimensions, t0)
 
     @router.post("/api/embeddings")
@@ -338,6 +338,6 @@ def build_ollama_router() -> APIRouter:
         loaded = _loaded(request, body.model)
         if not body.prompt:  # as Ollama: no text, no vector
             return {"embedding": []}
-        return ollama_embeddings_reply(await request.app.state.embeddings.run(loaded, [body.prompt]))
+        return ollama_embeddings_reply(await request.app.state.embeddings.run(request, loaded, [body.prompt]))
 
     return router
