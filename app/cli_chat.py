@@ -66,7 +66,13 @@ def build_engine(args):
                           num_threads=args.threads, speculative=args.speculative,
                           max_model_len=args.ctx, chat_template=args.chat_template)
     try:
-        return load_engine(config, args.backend, args.device)[0]
+        engine = load_engine(config, args.backend, args.device)[0]
+        if not getattr(engine.runner, "generates", True):
+            engine.close()
+            print(f"error: {path} is an embedding model ({engine.runner.architecture}): it makes embeddings, "
+                  "not text; serve it (`ember serve --model FILE`) and ask /v1/embeddings", file=sys.stderr)
+            raise SystemExit(2)
+        return engine
     except UnsupportedArchitecture as e:  # a file no runner runs: exit 2, as for a bad argument
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -117,6 +117,9 @@ class LLMEngine:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
                 f"has {len(ids)} tokens and leaves no room for a reply")
+        if not getattr(self.runner, "generates", True):
+            raise ValueError("this is an embedding model: it makes embeddings (/v1/embeddings), not text; "
+                             "load a chat model to chat")
         if params.embed and not getattr(self.runner, "pools_embeddings", False):
             raise ValueError("this runner computes no embeddings")
         request_id = request_id or f"req-{next(self._ids)}"

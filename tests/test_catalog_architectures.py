@@ -8,7 +8,8 @@ import json
 import pytest
 
 from app.catalog import Catalog, CatalogEntry, CatalogFile
-from engine.model_files.architectures import EMBER_ARCHITECTURES, LLAMA_CPP_ARCHITECTURES, llama_cpp_runs
+from engine.model_files.architectures import (EMBEDDING_ARCHITECTURES, EMBER_ARCHITECTURES, LLAMA_CPP_ARCHITECTURES,
+                                              embeds_only, llama_cpp_runs)
 from engine.model_files.fit import FORMATS
 from engine.model_files.meta import HF_MODEL_TYPES
 
@@ -31,9 +32,14 @@ def test_the_list_is_llama_cpps_table_less_what_does_not_generate_text():
     assert EMBER_ARCHITECTURES <= LLAMA_CPP_ARCHITECTURES  # llama.cpp runs the torch engine's too
     for arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "phi3", "smollm3", "mistral3"):
         assert llama_cpp_runs(arch), arch
-    for arch in ("(unknown)", "clip", "gptj", "bert", "t5encoder", "eagle3", "mistral", ""):
+    for arch in ("(unknown)", "clip", "gptj", "t5encoder", "llama-embed", "eagle3", "mistral", ""):
         assert not llama_cpp_runs(arch), arch
     assert all(a == a.strip() and a for a in LLAMA_CPP_ARCHITECTURES)
+    # encoders load as embedding models (embeddings only), never as text generators
+    assert not EMBEDDING_ARCHITECTURES & LLAMA_CPP_ARCHITECTURES
+    for arch in ("bert", "nomic-bert", "jina-bert-v2", "gemma-embedding"):
+        assert llama_cpp_runs(arch) and embeds_only(arch), arch
+    assert not embeds_only("llama") and not embeds_only("qwen3")
 
 
 def test_every_entry_runs_on_a_runner_of_ember(catalog):

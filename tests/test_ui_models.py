@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt
 from app.catalog import Catalog, CatalogEntry
 from app.downloads import DownloadManager
 from app.store import ModelStore
+from ui.installed_table import COLUMNS
 from ui.model_manager import ModelManagerDialog
 from ui_support import tiny_gguf, ui_settings  # noqa: F401 - fixtures
 
@@ -148,11 +149,13 @@ def test_installed_verify_import_default_delete(qtbot, manager, tiny_gguf, ui_se
     with qtbot.waitSignal(table.changed, timeout=30_000):
         assert table.import_file(tiny_gguf) is not None
     (model_id,) = table.model_ids()
+    status = COLUMNS.index("Status")
+    assert table.table.item(0, COLUMNS.index("Uses")).text() == "chat, embeddings"  # a chat model embeds too
     table.verify(model_id)
-    qtbot.waitUntil(lambda: "checksum OK" in table.table.item(0, 6).text(), timeout=30_000)
+    qtbot.waitUntil(lambda: "checksum OK" in table.table.item(0, status).text(), timeout=30_000)
     Path(dialog.store.get(model_id).path).write_bytes(b"GGUF corrupted")
     table.verify(model_id)
-    qtbot.waitUntil(lambda: "mismatch" in table.table.item(0, 6).text(), timeout=30_000)
+    qtbot.waitUntil(lambda: "mismatch" in table.table.item(0, status).text(), timeout=30_000)
     table.set_default(model_id)
     assert ui_settings.default_model == model_id and "default" in table.table.item(0, 0).text()
     table.delete(model_id)

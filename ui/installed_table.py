@@ -9,10 +9,19 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QM
 
 from app.settings import Settings
 from app.store import ModelManifest, ModelStore
+from engine.model_files.architectures import embeds_only
 from ui.catalog_table import human_size
 from ui.workers import FunctionWorker
 
-COLUMNS = ("Model", "Architecture", "Quantization", "Size", "Context", "Source", "Status")
+COLUMNS = ("Model", "Architecture", "Quantization", "Size", "Context", "Uses", "Source", "Status")
+
+
+def uses(architecture: str) -> tuple[str, str]:
+    """What a model serves, and why: an embedding model only embeds; every chat model embeds too
+    (its mean-pooled hidden states, on either runner)."""
+    if embeds_only(architecture):
+        return "embeddings", "An embedding model: /v1/embeddings, /v1/rerank and /api/embed; it cannot chat"
+    return "chat, embeddings", "Chats, and /v1/embeddings from its mean-pooled hidden states"
 
 
 class InstalledTable(QWidget):
@@ -76,8 +85,12 @@ class InstalledTable(QWidget):
                                                         else f"{m.quantization} ({m.format})"))
             self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
             self.table.setItem(row, 4, QTableWidgetItem(str(m.context_length or "?")))
-            self.table.setItem(row, 5, QTableWidgetItem(m.source))
-            self.table.setItem(row, 6, QTableWidgetItem(self._status.get(m.id, "")))
+            use, why = uses(m.architecture)
+            use_item = QTableWidgetItem(use)
+            use_item.setToolTip(why)
+            self.table.setItem(row, 5, use_item)
+            self.table.setItem(row, 6, QTableWidgetItem(m.source))
+            self.table.setItem(row, 7, QTableWidgetItem(self._status.get(m.id, "")))
             if m.id == selected:
                 self.table.selectRow(row)
         self._update_buttons()

@@ -85,8 +85,9 @@ class EngineStatusBar(QStatusBar):
             self.state_label.setText("No model loaded")
             self.state_label.setToolTip(status.get("message") or "")
         model = status.get("model")
-        self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}" if model else "")
-        self.model_label.setToolTip(self.model_label.text().removeprefix("Model: ") +
+        only = " (embeddings only)" if status.get("embeds_only") else ""
+        self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}{only}" if model else "")
+        self.model_label.setToolTip(self.model_label.text().removeprefix("Model: ").removesuffix(only) +
                                     (f" ({model})" if model and model != self.engine.model_names.get(model, model)
                                      else "") if model else "")
         parts = [p for p in (status.get("backend"), status.get("device")) if p]

@@ -53,7 +53,14 @@ def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:
 
 
 def create_runner(config: EngineConfig, decision: BackendDecision) -> Runner:
-    """Build the runner for `decision`: a LlamaCppRunner or the torch ModelRunner."""
+    """Build the runner for `decision`: a LlamaCppRunner or the torch ModelRunner (an
+    EmbeddingRunner for an embedding model, which makes no text)."""
+    from engine.model_files.architectures import embeds_only
+    from engine.model_files.meta import read_meta
+
+    if decision.backend == "llama.cpp" and embeds_only(read_meta(config.model_path).architecture):
+        from engine.backends.embedding_runner import EmbeddingRunner
+        return EmbeddingRunner(config)
     if decision.backend == "llama.cpp":
         from engine.backends.llamacpp_runner import LlamaCppRunner
         # On a GPU (a CUDA/Metal build of llama.cpp) offload every layer; on the CPU none.

@@ -23,9 +23,8 @@ EMBER_ARCHITECTURES: frozenset[str] = frozenset(FAMILIES)
 # - "(unknown)": the sentinel for a name the table lacks; "clip": a stub that lets llama-quantize
 #   open mmproj files (its hparams, tensors and graph abort); "gptj": named in the table but
 #   llama_model_mapping has no model for it ("unsupported model architecture").
-# - encoders that make embeddings, not text: "bert", "modern-bert", "nomic-bert",
-#   "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "eurobert",
-#   "gemma-embedding", "llama-embed"; and "t5encoder" (no decoder).
+# - encoders that make embeddings, not text: EMBEDDING_ARCHITECTURES below (they load as
+#   embedding models), and "llama-embed" and "t5encoder" (no decoder), which do not.
 # - "t5": encoder-decoder; neither llama-cpp-python's Llama nor llama-server calls llama_encode.
 # - audio: "wavtokenizer-dec" (a codec's decoder), "qwen3tts", "pockettts" (speech).
 # - speculative-decoding heads that read a target model's hidden states, not models on their
@@ -52,6 +51,21 @@ LLAMA_CPP_ARCHITECTURES: frozenset[str] = frozenset({
 })
 
 
+# Encoders llama.cpp embeds with (llama_decode on a non-causal graph, then the file's pooling):
+# embedding models (sentence-transformers' BERTs, nomic-embed-text, jina, EmbeddingGemma). They
+# load as embedding-only models: /v1/embeddings, /v1/rerank and Ollama's /api/embed answer; a
+# chat or completion on one is a 400 saying it makes embeddings, not text.
+EMBEDDING_ARCHITECTURES: frozenset[str] = frozenset({
+    "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3",
+    "eurobert", "gemma-embedding",
+})
+
+
+def embeds_only(arch: str) -> bool:
+    return arch in EMBEDDING_ARCHITECTURES
+
+
 def llama_cpp_runs(arch: str) -> bool:
-    """Whether the pinned llama.cpp runs a GGUF whose general.architecture is `arch`."""
-    return arch in LLAMA_CPP_ARCHITECTURES
+    """Whether the pinned llama.cpp runs a GGUF whose general.architecture is `arch` (an
+    embedding model's: for embeddings)."""
+    return arch in LLAMA_CPP_ARCHITECTURES or arch in EMBEDDING_ARCHITECTURES

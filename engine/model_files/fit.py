@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from engine.kernel_library import cpu_flags, kernels_installed
-from engine.model_files.architectures import EMBER_ARCHITECTURES, llama_cpp_runs
+from engine.model_files.architectures import EMBER_ARCHITECTURES, embeds_only, llama_cpp_runs
 from engine.model_files.families import NOT_YET
 from engine.model_files.errors import ModelFileError
 
@@ -107,6 +107,11 @@ class ModelFootprint:
                                   self.value_head_dim)
 
     @property
+    def embeds_only(self) -> bool:
+        """An embedding model (an encoder): it makes embeddings, not text (architectures.py)."""
+        return embeds_only(self.architecture)
+
+    @property
     def llama_cpp_runs(self) -> bool:
         return self.format == "gguf" and (not self.architecture or llama_cpp_runs(self.architecture))
 
@@ -124,7 +129,8 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
                           architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
                           value_head_dim=get("value_head_dim") or 0,
                           sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0,
-                          ember_engine_why_not=NOT_YET.get(arch, ""))
+                          ember_engine_why_not=NOT_YET.get(arch, "") or (
+                              "an embedding model: llama.cpp embeds it" if embeds_only(arch) else ""))
 
 
 def check_runnable(meta, where: object) -> None:

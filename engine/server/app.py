@@ -107,6 +107,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
         loaded = engine_thread.model
         if loaded is not None:  # what the GUI's per-chat Think switch may ask of this model
             d["thinking"] = thinking_switches(loaded.engine.chat_template)
+            d["embeds_only"] = not loaded.generates  # an embedding model: no chats on it
         spec = s.spec if s is not None else None
         if spec is not None:
             d["speculative"] = {

@@ -96,7 +96,7 @@ def build_embeddings_router() -> APIRouter:
     @router.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request):
         state = request.app.state
-        loaded = require_model(state.engine_thread, state.model_store, body.model)
+        loaded = require_model(state.engine_thread, state.model_store, body.model, text=False)
         res = await state.embeddings.run(request, loaded, body.inputs)
         size = len(res.vectors[0])
         check_dimensions(body.dimensions, size)
@@ -114,7 +114,7 @@ def build_embeddings_router() -> APIRouter:
     @router.post("/rerank")
     async def rerank(body: RerankRequest, request: Request):
         state = request.app.state
-        loaded = require_model(state.engine_thread, state.model_store, body.model)
+        loaded = require_model(state.engine_thread, state.model_store, body.model, text=False)
         res = await state.embeddings.run(request, loaded, [body.query, *body.documents])
         if res.ranker:
             raise APIError(400, f"{loaded.spec.id!r} is a cross-encoder reranker (rank pooling), which Ember "

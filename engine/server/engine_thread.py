@@ -57,6 +57,11 @@ class LoadedModel:
     device: str
     decision: dict = field(default_factory=dict)
 
+    @property
+    def generates(self) -> bool:
+        """False for an embedding model: it makes embeddings, not text (EmbeddingRunner)."""
+        return getattr(getattr(self.engine, "runner", None), "generates", True)
+
 
 EngineFactory = Callable[[ModelSpec], LoadedModel]
 

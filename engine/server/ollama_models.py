@@ -7,6 +7,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.model_files.architectures import embeds_only
 from engine.model_files.gguf_file import GGUFFile
 from engine.model_files.manifest import is_model_id, manifest_path, read_manifest
 from engine.model_files.meta import read_meta
@@ -109,8 +110,11 @@ def show(store, spec: ModelSpec, loaded: LoadedModel | None) -> dict:
         parameters = f"num_ctx {loaded.engine.max_model_len}"
         stops = loaded.engine.chat_template.turn_stops
         parameters += "".join(f"\nstop {json.dumps(s)}" for s in stops)
-    caps = ["completion"] + (["tools"] if tool_format(template) is not None else [])
-    if detect_format(template, ())[0] is not ReasoningFormat.NONE:
-        caps.append("thinking")
+    if embeds_only(arch):  # as Ollama says of nomic-embed-text and friends
+        caps = ["embedding"]
+    else:
+        caps = ["completion"] + (["tools"] if tool_format(template) is not None else [])
+        if detect_format(template, ())[0] is not ReasoningFormat.NONE:
+            caps.append("thinking")
     return {"modelfile": "", "parameters": parameters, "template": template, "details": details(f),
             "model_info": info, "capabilities": caps, "modified_at": f.get("added_at")}

@@ -70,10 +70,10 @@ def _not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
 
 
-def _loaded(request: Request, name: str) -> LoadedModel:
+def _loaded(request: Request, name: str, text: bool = True) -> LoadedModel:
     state = request.app.state
     try:
-        return require_model(state.engine_thread, state.model_store, _model_id(name))
+        return require_model(state.engine_thread, state.model_store, _model_id(name), text)
     except APIError as e:
         raise (_not_found(name) if e.status == 404 else e) from None
 
@@ -310,7 +310,7 @@ def build_ollama_router() -> APIRouter:
             if getattr(body, field):
                 raise APIError(400, f"{field} is not supported by Ember's /api/generate"
                                + ("; send the conversation to /api/chat" if field == "context" else ""))
-        loaded = _loaded(request, body.model)
+        loaded = _loaded(request, body.model, text=False)
         if not body.prompt:
             return _loaded_reply(loaded, chat=False)
         sampler = body.options.sampler_fields()
@@ -328,14 +328,14 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/embed")
     async def embed(body: OllamaEmbedRequest, request: Request):
         t0 = time.monotonic()
-        loaded = _loaded(request, body.model)
+        loaded = _loaded(request, body.model, text=False)
         inputs = [body.input] if isinstance(body.input, str) else body.input
         res = await request.app.state.embeddings.run(request, loaded, inputs, truncate=body.truncate)
         return ollama_embed_reply(body.model, res, body.dimensions, t0)
 
     @router.post("/api/embeddings")
     async def embeddings(body: OllamaEmbeddingsRequest, request: Request):
-        loaded = _loaded(request, body.model)
+        loaded = _loaded(request, body.model, text=False)
         if not body.prompt:  # as Ollama: no text, no vector
             return {"embedding": []}
         return ollama_embeddings_reply(await request.app.state.embeddings.run(request, loaded, [body.prompt]))

@@ -21,8 +21,10 @@ from engine.server.model_store import ModelStore
 from engine.server.protocol import SamplingRequest
 
 
-def require_model(thread: EngineThread, store: ModelStore, requested: str | None) -> LoadedModel:
-    """The loaded model, if the request names it (or names nothing)."""
+def require_model(thread: EngineThread, store: ModelStore, requested: str | None,
+                  text: bool = True) -> LoadedModel:
+    """The loaded model, if the request names it (or names nothing); with `text`, one that
+    generates (an embedding model answers only the embedding routes)."""
     loaded = thread.model
     if loaded is None:
         if thread.state == "loading":
@@ -37,6 +39,10 @@ def require_model(thread: EngineThread, store: ModelStore, requested: str | None
                            param="model")
         raise APIError(404, f"the model {requested!r} does not exist", code="model_not_found",
                        param="model")
+    if text and not loaded.generates:
+        raise APIError(400, f"{spec.id!r} is an embedding model: it makes embeddings (/v1/embeddings, "
+                       "/v1/rerank, /api/embed), not text; load a chat model to chat",
+                       code="invalid_model", param="model")
     return loaded
 
 
