@@ -9,6 +9,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class ThinkTags:
+    """A reasoning model's single-token `<think>` and `</think>`, and whether the prompt left the
+    block open (the reply starts inside it)."""
+    open_id: int
+    close_id: int
+    starts_inside: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ThinkingBudget:
     """At most `max_tokens` inside a `<think>` block: at the limit the engine writes the closing
     tag itself in place of the next sampled token (llama.cpp's --reasoning-budget), and the
@@ -40,6 +49,10 @@ class SamplingParams:
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
     speculative: bool = True  # False: never draft for this request (the API's "speculative": "off")
     thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking, capped (no drafts then)
+    # With a grammar: the model thinks first, and the grammar holds from after `</think>`
+    # (llama.cpp's lazy grammar); a reply whose first token does not open the block is held from
+    # its start (layers/constrained.py)
+    grammar_after_think: ThinkTags | None = None
     # an embedding, not a reply: no token is sampled; the result is the mean of the prompt's final
     # (normed) hidden states, llama.cpp's mean pooling of its embeddings output (t_embd)
     embed: bool = False

@@ -68,3 +68,37 @@ def test_sampling_under_a_grammar_meets_the_schema():
                                    {"temperature": 1.0, "top_p": 0.9, "min_p": 0.05}]):
         value = json.loads(_decode(schema, params, seed=seed))
         assert set(value) == {"n", "tag"} and 0 <= value["n"] <= 99 and value["tag"] in ("a", "bc")
+
+
+def test_a_grammar_after_the_think_block_leaves_the_thoughts_free():
+    """params.grammar_after_think: the first token may open the block (\\x01 here); inside it any
+    token goes (even ones the grammar forbids, like "z"); from the close (\\x02) the grammar holds.
+    A reply whose first token is not the opener is held from the start, opener banned after it."""
+    from engine.sampling_params import ThinkTags
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    OPEN, CLOSE, Z = 1, 2, ord("z")
+    for opens in (True, False):
+        torch.manual_seed(0)
+        sampler = StepSampler()
+        seq = Sequence([0], SamplingParams(max_tokens=60, temperature=0.0, grammar=byte_grammar(schema),
+                                           grammar_after_think=ThinkTags(OPEN, CLOSE)))
+        out = []
+        for step in range(60):
+            logits = torch.randn(1, BYTES.vocab_size)
+            favoured = (OPEN if opens else ord("{")) if step == 0 else Z if step < 4 else CLOSE if step == 4 else OPEN
+            logits[0, favoured] += 100  # what a thinking model would write, if allowed
+            seq.num_computed_tokens = seq.num_tokens - 1
+            t = sampler(SchedulerOutput(seqs=[seq], num_new_tokens=[1], num_decodes=1), logits).token_ids[0][0]
+            if t in BYTES.eos_tokens:
+                break
+            out.append(t)
+            seq.append_token(t)
+        if opens:
+            assert out[:5] == [OPEN, Z, Z, Z, CLOSE]  # thoughts unmasked
+            answer = out[5:]
+        else:
+            assert out[0] == ord("{") and OPEN not in out and Z not in out  # held from the first token
+            answer = out
+        assert json.loads(bytes(answer).decode()).keys() == {"ok"}

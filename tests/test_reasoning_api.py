@@ -215,25 +215,36 @@ def test_anthropic_clients_get_a_thinking_block_and_its_budget(server):
     assert [b.type for b in capped.content] == ["text"] and capped.content[0].text == "ok"
 
 
-def test_a_json_schema_request_returns_valid_json_in_content(server, tmp_path):
-    """The grammar holds the reply from its first token (no thinking first, yet): the content is
-    the schema's JSON, even for a template that opens the block in the prompt."""
+def test_a_json_schema_request_thinks_first_then_the_grammar_holds(server, tmp_path):
+    """llama.cpp's lazy grammar: the first token may open the think block; inside it nothing is
+    masked; from </think> on the grammar holds, so the content is the schema's JSON. Streamed, the
+    thinking comes first; with a budget, the engine's own </think> starts the grammar."""
     import json
 
     import jsonschema
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
-    r = openai_client(server).chat.completions.create(
-        model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
-        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    client = openai_client(server)
+    r = client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
+                                       response_format=fmt)
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
-    assert not (r.choices[0].message.model_extra or {}).get("reasoning_content")
+    assert r.choices[0].message.model_extra["reasoning_content"] == "hm"
+    chunks = list(client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
+                                                 response_format=fmt, stream=True))
+    thought = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices)
+    answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert (thought, answer) == ("hm", r.choices[0].message.content)
+    capped = client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
+                                            response_format=fmt, extra_body={"max_reasoning_tokens": 2})
+    assert capped.choices[0].message.model_extra["reasoning_content"] == "h"  # "\th", then the budget's </think>
+    jsonschema.validate(json.loads(capped.choices[0].message.content), schema)
 
 
 def test_a_template_that_opens_the_block_in_the_prompt(tmp_path):
     """DeepSeek-R1 distills' templates end the prompt inside <think>: the reply is thoughts up to
-    </think>, then the answer; with a grammar, all of it is the answer."""
+    </think>, then the answer; with a grammar, the thoughts are free and the answer is held."""
     import json
 
     r1 = CHATML_TEMPLATE.replace("{{ '<|im_start|>assistant\\n' }}", "{{ '<|im_start|>assistant\\n<think>\\n' }}")
@@ -250,5 +261,6 @@ def test_a_template_that_opens_the_block_in_the_prompt(tmp_path):
             model=_model(proc), messages=MSGS, temperature=0, max_tokens=40,
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
         assert isinstance(json.loads(j.choices[0].message.content)["ok"], bool)
+        assert j.choices[0].message.model_extra["reasoning_content"] == "hm"
     finally:
         proc.stop()

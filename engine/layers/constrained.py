@@ -7,6 +7,11 @@ matcher on its first sampled step; the matcher says which tokens may come next a
 (one bit per token id), and every other token's logit becomes -inf, so greedy and random
 sampling, top-k/top-p and logprobs all see only what the grammar allows.
 
+A reasoning model's request may think before the grammar holds (params.grammar_after_think):
+its first token may be the grammar's or `<think>`; inside the block nothing is masked, and the
+matcher starts after `</think>`, whether the model sampled it or the thinking budget wrote it.
+The state is read from the sequence's own tokens each step, so nothing else needs telling.
+
 A preempted request keeps its matcher (its recompute resamples nothing it already emitted);
 a finished one drops it.
 """
@@ -20,6 +25,21 @@ import torch
 from engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+
+def thinking(seq: Sequence) -> bool | None:
+    """For a grammar that waits for the think block: True while the reply is inside it, None
+    before the reply's first token (the block may still open), False once the grammar holds."""
+    tags = seq.params.grammar_after_think
+    if tags is None:
+        return False
+    out = seq.output_token_ids
+    if not tags.starts_inside:
+        if not out:
+            return None
+        if out[0] != tags.open_id:
+            return False
+    return tags.close_id not in out
 
 
 def apply_logit_bias(rows: torch.Tensor, biases: list[dict[int, float]]) -> None:
@@ -51,6 +71,11 @@ def apply_bitmask(rows: torch.Tensor, bitmask: torch.Tensor) -> None:
         x[:, width:] = -np.inf
 
 
+def _bit(i: int) -> int:
+    """Bit i of an int32 mask word, as the signed value torch stores (bit 31 is negative)."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
+
+
 class Constraints:
     def __init__(self) -> None:
         self._matchers: dict[int, object] = {}  # seq_id -> its llguidance.LLMatcher
@@ -61,7 +86,8 @@ class Constraints:
         biases = [s.params.logit_bias for s in seqs]
         if any(biases):
             apply_logit_bias(rows, biases)
-        masked = [(r, self._matcher(s)) for r, s in enumerate(seqs) if s.params.grammar is not None]
+        masked = [(r, self._matcher(s)) for r, s in enumerate(seqs)
+                  if s.params.grammar is not None and thinking(s) is not True]
         if not masked:
             return
         words = (seqs[masked[0][0]].params.grammar.vocab_size + 31) // 32
@@ -73,10 +99,14 @@ class Constraints:
                 log.warning("grammar matcher failed: %s", m.get_error())
                 mask[k].zero_()
                 for t in seqs[masked[k][0]].params.grammar.eos_ids:
-                    mask[k, t // 32] |= 1 << (t % 32)
+                    mask[k, t // 32] |= _bit(t % 32)
                 continue
             row = mask[k]
             m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+            seq = seqs[masked[k][0]]
+            if thinking(seq) is None:  # the first token: the grammar's, or <think>
+                t = seq.params.grammar_after_think.open_id
+                row[t // 32] |= _bit(t % 32)
         if len(masked) == rows.shape[0]:
             apply_bitmask(rows, mask)
             return
@@ -87,6 +117,9 @@ class Constraints:
         """Advance each constrained sequence's matcher past the token it drew."""
         for s, t in zip(seqs, tokens):
             m = self._matchers.get(s.seq_id)
+            state = thinking(s)  # before t: the sequence's tokens do not hold it yet
+            if state or (state is None and t == s.params.grammar_after_think.open_id):
+                continue  # a thought, or the block's opening: not the grammar's
             if m is not None and not m.is_error() and not m.is_stopped():
                 m.consume_token(t)
 

@@ -20,7 +20,7 @@ from engine.loaders.chat_template import TemplateError
 from engine.server import responses as R
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
-from engine.sampling_params import ThinkingBudget
+from engine.sampling_params import ThinkingBudget, ThinkTags
 from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
@@ -169,12 +169,15 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]
     fmt, inside = reasoning_format(engine.chat_template, prompt)
-    if shape.grammar is not None:  # a grammar holds the reply from its first token: all of it is the answer
+    tags = think_tags(engine, fmt, inside)
+    if shape.grammar is not None and tags is None:  # the grammar holds the reply from its first token
         fmt, inside = ReasoningFormat.NONE, False
-    budget = thinking_budget(engine, fmt, inside, body.max_reasoning_tokens, state)
+    budget = thinking_budget(fmt, tags, body.max_reasoning_tokens, state)
     for p in params:  # the plain fallback layout's next-turn labels (ChatTemplate.turn_stops)
         p.stop = [*p.stop, *(t for t in engine.chat_template.turn_stops if t not in p.stop)]
         p.thinking_budget = budget
+        if shape.grammar is not None:  # it thinks first; the grammar holds from after </think>
+            p.grammar_after_think = tags
     rid = R.new_id(prefix)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]
@@ -196,7 +199,16 @@ def _render(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
         raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
 
 
-def thinking_budget(engine, fmt: ReasoningFormat, inside: bool, requested: int | None,
+def think_tags(engine, fmt: ReasoningFormat, inside: bool) -> ThinkTags | None:
+    """The model's <think> tags as single tokens (what the engine needs to budget thinking and to
+    start a grammar after it), or None: no <think> format, or tags that are several tokens."""
+    if fmt is not ReasoningFormat.THINK_TAGS:
+        return None
+    ids = [engine.tokenizer.encode(tag, add_bos=False, parse_special=True) for tag in (THINK_OPEN, THINK_CLOSE)]
+    return ThinkTags(ids[0][0], ids[1][0], inside) if all(len(i) == 1 for i in ids) else None
+
+
+def thinking_budget(fmt: ReasoningFormat, tags: ThinkTags | None, requested: int | None,
                     state) -> ThinkingBudget | None:
     """The request's cap on thinking, else the server's (--max-reasoning-tokens); none without a
     <think> format. The tags must be single tokens for the engine to write the closing one."""
@@ -204,11 +216,10 @@ def thinking_budget(engine, fmt: ReasoningFormat, inside: bool, requested: int |
     limit = requested if requested is not None else getattr(settings, "max_reasoning_tokens", None)
     if limit is None or fmt is not ReasoningFormat.THINK_TAGS:
         return None
-    ids = [engine.tokenizer.encode(tag, add_bos=False, parse_special=True) for tag in (THINK_OPEN, THINK_CLOSE)]
-    if any(len(i) != 1 for i in ids):
+    if tags is None:
         raise APIError(400, "this model's <think> tags are not single tokens: its thinking cannot be budgeted",
                        param="max_reasoning_tokens", code="invalid_value")
-    return ThinkingBudget(limit, ids[0][0], ids[1][0], inside)
+    return ThinkingBudget(limit, tags.open_id, tags.close_id, tags.starts_inside)
 
 
 
