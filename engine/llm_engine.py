@@ -129,7 +129,7 @@ class LLMEngine:
         if params.thinking_budget is not None:
             params.speculative = False  # one token a step: the budget replaces at most that one
         self._requests[request_id] = _Request(
-            seq, IncrementalDetokenizer(self.tokenizer),
+            seq, IncrementalDetokenizer(self.tokenizer, skip_special=not params.render_special),
             StopStringMatcher(params.stop) if params.stop else None,
             thinking=params.thinking_budget is not None and params.thinking_budget.starts_inside)
         self.scheduler.add(seq)

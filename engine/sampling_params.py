@@ -53,6 +53,9 @@ class SamplingParams:
     # (llama.cpp's lazy grammar); a reply whose first token does not open the block is held from
     # its start (layers/constrained.py)
     grammar_after_think: ThinkTags | None = None
+    # control tokens as their text in the reply: a harmony model's channel markup, which the
+    # server's reasoning parser reads and takes out (engine/server/reasoning.py)
+    render_special: bool = False
     # an embedding, not a reply: no token is sampled; the result is the mean of the prompt's final
     # (normed) hidden states, llama.cpp's mean pooling of its embeddings output (t_embd)
     embed: bool = False

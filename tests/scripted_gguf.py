@@ -25,10 +25,28 @@ THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
     "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}")
 
 
-def write_scripted_model(path: str | Path, script: list[str], template: str = THINKING_TEMPLATE) -> Path:
-    """Write the model; `script` names the reply's tokens (vocabulary entries), ending the turn after them."""
+# gpt-oss's harmony markup (control tokens, as in its o200k_harmony vocabulary) and the header words
+# its replies use (added here as single user-defined tokens, so a script can name them)
+HARMONY_CONTROL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>")
+HARMONY_WORDS = ("assistant", "analysis", "final")
+# The generation prompt of gpt-oss's template, opened into the analysis channel: the reply starts
+# inside its reasoning (a script cannot repeat a token, and a whole reply names <|channel|> twice);
+# the newline after it keeps the prompt's last token out of the script.
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}{{ '<|start|>' + message['role'] + '<|message|>' + message['content'] + "
+    "'<|end|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start|>assistant<|channel|>analysis<|message|>\n' }}{% endif %}")
+
+
+def write_scripted_model(path: str | Path, script: list[str], template: str = THINKING_TEMPLATE,
+                         harmony: bool = False) -> Path:
+    """Write the model; `script` names the reply's tokens (vocabulary entries), ending the turn after
+    them. `harmony`: the vocabulary also holds gpt-oss's markup tokens and header words."""
     tokens, merges = bpe_vocab(200)
     tokens = tokens + list(THINK_TOKENS)
+    n_base = len(tokens)
+    if harmony:
+        tokens += list(HARMONY_CONTROL) + list(HARMONY_WORDS)
     index = {t: i for i, t in enumerate(tokens)}
     chain = [index[t] for t in script]
     K, V = len(chain), len(tokens)
@@ -55,8 +73,10 @@ def write_scripted_model(path: str | Path, script: list[str], template: str = TH
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    types = ([TokenType.CONTROL] * len(SPECIAL_TOKENS) + [TokenType.NORMAL] * (V - len(SPECIAL_TOKENS) - 2)
+    types = ([TokenType.CONTROL] * len(SPECIAL_TOKENS) + [TokenType.NORMAL] * (n_base - len(SPECIAL_TOKENS) - 2)
              + [TokenType.USER_DEFINED] * 2)
+    if harmony:
+        types += [TokenType.CONTROL] * len(HARMONY_CONTROL) + [TokenType.USER_DEFINED] * len(HARMONY_WORDS)
     w.add_token_types([int(t) for t in types])
     w.add_token_merges(merges)
     w.add_bos_token_id(EOS_ID)

@@ -264,3 +264,31 @@ def test_a_template_that_opens_the_block_in_the_prompt(tmp_path):
         assert j.choices[0].message.model_extra["reasoning_content"] == "hm"
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_harmony_channels_split_into_reasoning_and_answer(tmp_path, backend):
+    """gpt-oss's harmony format: the analysis channel is the reasoning, the final channel the
+    answer. Its markup is control tokens, which the detokenizer writes for such a model so the
+    parser can read them; none of it reaches either field, streamed or not."""
+    from scripted_gguf import HARMONY_TEMPLATE
+
+    script = ["h", "m", "<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "o", "k",
+              "<|return|>"]
+    path = write_scripted_model(tmp_path / "harmony.gguf", script, template=HARMONY_TEMPLATE, harmony=True)
+    proc = start_engine(path, tmp_path, backend=backend)
+    try:
+        client = openai_client(proc)
+        r = client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0, max_tokens=20)
+        message = r.choices[0].message
+        assert (message.model_extra["reasoning_content"], message.content) == ("hm", "ok")
+        chunks = list(client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
+                                                     max_tokens=20, stream=True))
+        thought = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                          for c in chunks if c.choices)
+        assert (thought, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)) == ("hm", "ok")
+        raw = client.completions.create(model=_model(proc), prompt="x", temperature=0, max_tokens=20)
+        # a plain completion is the raw reply: llama.cpp itself renders harmony's markup tokens
+        assert raw.choices[0].text == "hm<|end|><|start|>assistant<|channel|>final<|message|>ok"
+    finally:
+        proc.stop()

@@ -68,10 +68,11 @@ class Tokenizer(TokenIds):
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(v))
         self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(v))
         # End-of-generation: llama.cpp's EOG set = EOS, EOT, EOM and end-of-turn tokens it finds
-        # by text (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, ...).
+        # by text (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>, ...), less what it takes out on
+        # purpose: gpt-oss's <|end|> (its EOT) ends a harmony message, not the reply, which goes on
+        # to the final channel and ends at <|return|> or <|call|>.
         eog = {t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(v, t)}
-        self.stop_ids: frozenset[int] = frozenset(eog | {t for t in (self.eos_id, self.eot_id)
-                                                         if t is not None})
+        self.stop_ids: frozenset[int] = frozenset(eog | ({self.eos_id} if self.eos_id is not None else set()))
         self._pieces: list[bytes | None] = [None] * self.vocab_size  # special tokens as text
         self._plain: list[bytes | None] = [None] * self.vocab_size  # special tokens as b""
 

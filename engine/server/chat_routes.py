@@ -178,6 +178,7 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
         p.thinking_budget = budget
         if shape.grammar is not None:  # it thinks first; the grammar holds from after </think>
             p.grammar_after_think = tags
+        p.render_special = fmt is ReasoningFormat.HARMONY  # the parser reads the channel markup
     rid = R.new_id(prefix)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]

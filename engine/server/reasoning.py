@@ -211,12 +211,11 @@ def split(text: str, fmt: ReasoningFormat, starts_in_reasoning: bool = False) ->
 
 def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
     """The thinking format of a model's own chat template (a ChatTemplate; a fallback layout has
-    none) and whether the rendered prompt leaves the block open. `<think>` blocks only: harmony's
-    channel tokens are control tokens, which the detokenizer leaves out of the text."""
+    none) and whether the rendered prompt leaves the block open. Harmony's channel markup is
+    control tokens: its requests ask the detokenizer to write them (SamplingParams.render_special)."""
     if template.is_fallback:
         return ReasoningFormat.NONE, False
-    fmt, inside = detect_format(template.source, (), prompt[-256:])
-    return (fmt, inside) if fmt is ReasoningFormat.THINK_TAGS else (ReasoningFormat.NONE, False)
+    return detect_format(template.source, (), prompt[-256:])
 
 
 def thinking_switches(template) -> dict:
