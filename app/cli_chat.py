@@ -54,6 +54,21 @@ def resolve_model(model: str | None) -> str:
     return manifest.path
 
 
+def installed_template(model: str | None) -> str | None:
+    """The chat template the user set for an installed model named by id (the model manager's
+    "Chat template…"), which replaces the file's own; --chat-template still wins."""
+    from pathlib import Path
+
+    from engine.model_files.manifest import chat_template_path, is_model_id
+
+    if not model or not is_model_id(model) or Path(model).expanduser().exists():
+        return None
+    from app.settings import Settings
+
+    p = chat_template_path(Settings.load().models_dir, model)
+    return str(p) if p else None
+
+
 def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
@@ -64,7 +79,7 @@ def build_engine(args):
     path = resolve_model(args.model)
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                           num_threads=args.threads, speculative=args.speculative,
-                          max_model_len=args.ctx, chat_template=args.chat_template)
+                          max_model_len=args.ctx, chat_template=args.chat_template or installed_template(args.model))
     try:
         engine = load_engine(config, args.backend, args.device)[0]
         if not getattr(engine.runner, "generates", True):

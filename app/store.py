@@ -15,8 +15,9 @@ import threading
 from pathlib import Path
 
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
-from engine.model_files.manifest import (MANIFEST, ModelManifest, fsync_dir, is_model_id, read_manifest,
-                                         slugify, validate_model_id, write_json_atomic, write_manifest)
+from engine.model_files.manifest import (CHAT_TEMPLATE, MANIFEST, ModelManifest, chat_template_path, fsync_dir,
+                                         is_model_id, read_manifest, slugify, validate_model_id, write_json_atomic,
+                                         write_manifest, write_text_atomic)
 from engine.model_files.meta import ModelFileError, ModelMeta, read_meta
 from engine.model_files.fit import check_runnable
 
@@ -168,6 +169,32 @@ class ModelStore:
             if current is None and (self.root / _DEFAULT_REMOVED).exists():
                 return None
             return self.register(path, model_id=DEFAULT_MODEL_ID, source="bundled", name=DEFAULT_MODEL_NAME)
+
+    # --- a model's chat template -------------------------------------------------------------
+    def chat_template(self, model_id: str) -> str | None:
+        """The template the user set for this model (None: the file's own is used)."""
+        p = chat_template_path(self.root, model_id)
+        return p.read_text(encoding="utf-8") if p else None
+
+    def set_chat_template(self, model_id: str, source: str | None) -> None:
+        """Replace the model's chat template wherever it loads (None: back to the file's own).
+        A template that does not compile is refused (ValueError naming the line), nothing written."""
+        with self._lock:
+            if self.get(model_id) is None:
+                raise KeyError(f"no installed model {model_id!r}")
+            target = self.model_dir(model_id) / CHAT_TEMPLATE
+            if source is None:
+                target.unlink(missing_ok=True)
+                return
+            if not source.strip():
+                raise ValueError("the chat template is empty")
+            from jinja2 import TemplateSyntaxError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            try:
+                ImmutableSandboxedEnvironment().parse(source)
+            except TemplateSyntaxError as e:
+                raise ValueError(f"the chat template does not compile: line {e.lineno}: {e.message}") from None
+            write_text_atomic(target, source)
 
     # --- removing / checking ---------------------------------------------------------------
     def delete(self, model_id: str) -> None:

@@ -52,9 +52,15 @@ class InstalledTable(QWidget):
         self.delete_button = QPushButton("Delete", self)
         self.default_button = QPushButton("Set as default", self)
         self.import_button = QPushButton("Import file…", self)
+        self.template_button = QPushButton("Chat template…", self)
+        self.template_button.setToolTip("Use a Jinja chat template file in place of the one in the model's file "
+                                        "(templates in GGUF files are often wrong or missing)")
+        self.reset_template_button = QPushButton("Model's own template", self)
+        self.reset_template_button.setToolTip("Go back to the chat template in the model's file")
         self.message = QLabel(self, wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.verify_button, self.delete_button, self.default_button):
+        for b in (self.load_button, self.verify_button, self.delete_button, self.default_button,
+                  self.template_button, self.reset_template_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.import_button)
@@ -67,6 +73,9 @@ class InstalledTable(QWidget):
         self.delete_button.clicked.connect(self._on_delete_clicked)
         self.default_button.clicked.connect(self._on_default_clicked)
         self.import_button.clicked.connect(self._on_import_clicked)
+        self.template_button.clicked.connect(self._on_template_clicked)
+        self.reset_template_button.clicked.connect(
+            lambda: (model_id := self.selected_id()) is not None and self.set_chat_template(model_id, None))
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.refresh()
 
@@ -76,6 +85,7 @@ class InstalledTable(QWidget):
         self.table.setRowCount(len(models))
         for row, m in enumerate(models):
             name = m.name + ("  ★ default" if m.id == self.settings.default_model else "")
+            name += "  · own chat template" if self.store.chat_template(m.id) is not None else ""
             item = QTableWidgetItem(name)
             item.setData(Qt.UserRole, m.id)
             item.setToolTip(f"{m.id}\n{m.path}\nsha256 {m.sha256}")
@@ -122,6 +132,21 @@ class InstalledTable(QWidget):
         self._status.pop(model_id, None)
         self.refresh()
         self.changed.emit()
+
+    def set_chat_template(self, model_id: str, path: str | Path | None) -> bool:
+        """Use the template in `path` for this model (None: the file's own again); the message
+        says what happened, or why not (an unreadable file, a template that does not compile)."""
+        try:
+            source = None if path is None else Path(path).read_text(encoding="utf-8")
+            self.store.set_chat_template(model_id, source)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError) as e:
+            self.message.setText(f"Chat template not changed: {e}")
+            return False
+        what = "its own chat template" if path is None else f"the chat template in {Path(path).name}"
+        self.message.setText(f"{model_id} uses {what} from its next load; Load to use it now.")
+        self.refresh()
+        self.changed.emit()
+        return True
 
     def set_default(self, model_id: str) -> None:
         self.settings.default_model = model_id
@@ -186,6 +211,15 @@ class InstalledTable(QWidget):
         if (model_id := self.selected_id()) is not None:
             self.set_default(model_id)
 
+    def _on_template_clicked(self) -> None:
+        model_id = self.selected_id()
+        if model_id is None:
+            return
+        path, _ = QFileDialog.getOpenFileName(self, "Chat template", str(Path.home()),
+                                              "Jinja templates (*.jinja *.j2 *.jinja2 *.txt);;All files (*)")
+        if path:
+            self.set_chat_template(model_id, path)
+
     def _on_import_clicked(self) -> None:
         # A GPTQ/AWQ checkpoint is a folder: picking its config.json imports the folder.
         path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()),
@@ -197,6 +231,8 @@ class InstalledTable(QWidget):
         has = self.selected_id() is not None
         busy = self._worker is not None and not self._worker.is_finished
         self.load_button.setEnabled(has)
+        self.template_button.setEnabled(has)
+        self.reset_template_button.setEnabled(has and self.store.chat_template(self.selected_id()) is not None)
         self.verify_button.setEnabled(has and not busy)
         self.delete_button.setEnabled(has)
         self.default_button.setEnabled(has)

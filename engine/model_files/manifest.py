@@ -77,8 +77,19 @@ def slugify(text: str) -> str:
     return slug[:128] or "model"
 
 
+# A chat template the user chose for an installed model, next to its manifest: it replaces the
+# template in the model's file wherever the model loads (GGUF templates are often wrong or missing)
+CHAT_TEMPLATE = "chat_template.jinja"
+
+
 def manifest_path(root: Path, model_id: str) -> Path:
     return Path(root) / validate_model_id(model_id) / MANIFEST
+
+
+def chat_template_path(root: Path, model_id: str) -> Path | None:
+    """The installed model's own chat template file, if the user set one."""
+    p = Path(root) / validate_model_id(model_id) / CHAT_TEMPLATE
+    return p if p.is_file() else None
 
 
 def read_manifest(path: Path) -> dict:
@@ -105,9 +116,14 @@ def write_manifest(root: Path, manifest: ModelManifest) -> Path:
 
 
 def write_json_atomic(path: Path, data) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`path` holds the old text or the new, never a part of either (write, fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

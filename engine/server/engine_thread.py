@@ -46,6 +46,7 @@ class ModelSpec:
     format: str = "gguf"
     name: str | None = None
     context_length: int | None = None
+    chat_template: str | None = None  # a template file the user set for this installed model
 
 
 @dataclass(slots=True)

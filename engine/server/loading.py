@@ -21,7 +21,10 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
     def factory(spec: ModelSpec) -> LoadedModel:
         from engine.backends import load_engine
 
-        config = EngineConfig(model_path=spec.path, **{k: v for k, v in config_kw.items() if v is not None})
+        kw = {k: v for k, v in config_kw.items() if v is not None}
+        if spec.chat_template and "chat_template" not in kw:  # --chat-template, when given, wins
+            kw["chat_template"] = spec.chat_template
+        config = EngineConfig(model_path=spec.path, **kw)
         engine, decision = load_engine(config, backend, device)
         return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
 

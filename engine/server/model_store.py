@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
-from engine.model_files.manifest import MANIFEST, is_model_id, read_manifest, slugify
+from engine.model_files.manifest import MANIFEST, chat_template_path, is_model_id, read_manifest, slugify
 from engine.model_files.meta import read_meta
 from engine.server.engine_thread import ModelSpec
 
@@ -41,7 +41,8 @@ class ModelStore:
         """The spec of an installed model; the bundled default also works without a store."""
         p = self._manifest_path(model_id)
         if p is not None and p.is_file():
-            return spec_from_manifest(read_manifest(p), model_id)
+            template = chat_template_path(self.root, model_id)
+            return spec_from_manifest(read_manifest(p), model_id, str(template) if template else None)
         if model_id == DEFAULT_MODEL_ID:
             return ModelSpec(id=DEFAULT_MODEL_ID, path=str(default_model_path()), format="gguf",
                              name=DEFAULT_MODEL_NAME)
@@ -60,11 +61,11 @@ class ModelStore:
         return specs
 
 
-def spec_from_manifest(m: dict, model_id: str) -> ModelSpec:
+def spec_from_manifest(m: dict, model_id: str, chat_template: str | None = None) -> ModelSpec:
     ctx = m.get("context_length")
     return ModelSpec(id=model_id, path=m["path"], format=str(m.get("format", "gguf")),
                      name=str(m.get("name") or model_id),
-                     context_length=ctx if isinstance(ctx, int) else None)
+                     context_length=ctx if isinstance(ctx, int) else None, chat_template=chat_template)
 
 
 def spec_from_path(path: str | Path) -> ModelSpec:

@@ -81,6 +81,8 @@ def listing(spec: ModelSpec, f: dict) -> dict:
 def _template_of(spec: ModelSpec, loaded: LoadedModel | None) -> str:
     if loaded is not None and loaded.spec.id == spec.id:
         return loaded.engine.chat_template.source
+    if spec.chat_template:  # the user's template for this installed model
+        return Path(spec.chat_template).read_text(encoding="utf-8", errors="replace")
     path = Path(spec.path)
     if path.is_file():
         with GGUFFile(path) as header:
