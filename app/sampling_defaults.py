@@ -49,6 +49,9 @@ def model_sampling_defaults(path: Path | str | None) -> dict:
     return out
 
 
+EFFORTS = ("low", "medium", "high")  # a reasoning model's effort, where its template takes one
+
+
 def effective_settings(chat_settings: dict | None, model_defaults: dict | None = None) -> dict:
     """Ember's defaults < the model's recommendation < what the user set for this chat (None = unset)."""
     chosen = {k: v for k, v in (chat_settings or {}).items() if v is not None}
@@ -62,6 +65,8 @@ def request_fields(settings: dict) -> tuple[str | None, dict]:
     fields = {k: settings[k] for k in SAMPLING_KEYS}
     if settings.get("think") is False:
         fields["chat_template_kwargs"] = {"enable_thinking": False}
+    if settings.get("effort") in EFFORTS:  # None: the template's own default
+        fields["reasoning_effort"] = settings["effort"]
     return system, fields
 
 

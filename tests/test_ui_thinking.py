@@ -101,7 +101,8 @@ def test_a_history_file_from_before_gains_the_reasoning_fields(tmp_path):
 def test_the_think_switch_shows_for_a_model_that_has_one_and_reaches_the_template(qtbot, app, monkeypatch):
     panel = app.window.settings_panel
     qtbot.waitUntil(lambda: panel.think.isVisibleTo(app.window), timeout=30_000)
-    assert app.controller.last_status["thinking"] == {"format": "think_tags", "switch": True}
+    assert app.controller.last_status["thinking"] == {"format": "think_tags", "switch": True, "effort": False}
+    assert not panel.effort.isVisibleTo(app.window)  # its template takes no reasoning_effort
     view = app.window.new_chat()
     app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
     recorded = record_requests(app, monkeypatch)
@@ -110,3 +111,46 @@ def test_the_think_switch_shows_for_a_model_that_has_one_and_reaches_the_templat
     with qtbot.waitSignal(view.reply_finished, timeout=120_000):
         view.send("Say ok.")
     assert recorded[-1][1]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_the_effort_choice_shows_for_a_template_that_takes_one_and_reaches_it(qtbot, tmp_path, monkeypatch):
+    """gpt-oss's template takes reasoning_effort: the panel offers it (and no think switch), the
+    chat keeps the choice, and its requests carry it to the template."""
+    from scripted_gguf import HARMONY_TEMPLATE
+
+    template = HARMONY_TEMPLATE.replace("{% if add_generation_prompt %}",
+                                        "{% if add_generation_prompt %}{{ 'Reasoning: ' + (reasoning_effort or "
+                                        "'medium') }}")
+    script = ["h", "m", "<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "o", "k",
+              "<|return|>"]
+    settings = make_settings(tmp_path / "app")
+    sup = start_engine(settings, write_scripted_model(tmp_path / "oss.gguf", script, template=template, harmony=True))
+    ember = build_app(settings, supervisor=sup, poll_interval_ms=200)
+    try:
+        qtbot.addWidget(ember.window)
+        ember.window.show()
+        ember.controller.start()
+        panel = ember.window.settings_panel
+        qtbot.waitUntil(lambda: panel.effort.isVisibleTo(ember.window), timeout=60_000)
+        assert ember.controller.last_status["thinking"] == {"format": "harmony", "switch": False, "effort": True}
+        assert not panel.think.isVisibleTo(ember.window)
+        view = ember.window.new_chat()
+        recorded = record_requests(ember, monkeypatch)
+        panel.effort.setCurrentIndex(panel.effort.findData("high"))  # as a pick does: the chat's setting
+        chosen = ember.chat_store.get_chat(view.chat_id).settings
+        assert chosen["effort"] == "high"
+        ember.chat_store.update_chat_settings(view.chat_id, chosen | {"temperature": 0.0, "max_tokens": 32})
+        errors = []
+        view._on_error = (lambda orig: lambda e: (errors.append(e), orig(e)))(view._on_error)
+        with qtbot.waitSignal(view.reply_finished, timeout=120_000):
+            view.send("Say ok.")
+        assert not errors, errors
+        assert recorded[-1][1]["reasoning_effort"] == "high"
+        last = ember.chat_store.messages(view.chat_id)[-1]
+        assert (last.reasoning, last.content) == ("hm", "ok"), last
+    finally:
+        for v in list(ember.window._views.values()):
+            v.stop()
+        ember.controller.close()
+        ember.chat_store.close()
+        sup.stop()

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QPlainTextEdit,
                                QSpinBox, QVBoxLayout, QWidget)
 
-from app.sampling_defaults import effective_settings
+from app.sampling_defaults import EFFORTS, effective_settings
 
 
 class ChatSettingsPanel(QWidget):
@@ -46,7 +46,16 @@ class ChatSettingsPanel(QWidget):
         self.set_speculation_available(False)
         # stored as the chat's "think" (True/False); off sends chat_template_kwargs enable_thinking: false
         self.think = QCheckBox("Think before answering", self, checked=True)
+        # stored as the chat's "effort" (None: the template's default); sent as reasoning_effort
+        self.effort = QComboBox(self)
+        self.effort.addItem("Model's default", None)
+        for level in EFFORTS:
+            self.effort.addItem(level.capitalize(), level)
+        self.effort.setToolTip("How long a reasoning model thinks before it answers (its template's "
+                               "reasoning_effort): more effort, better answers to hard questions, slower")
+        self.effort_label = QLabel("Reasoning effort", self)
         self.set_thinking_switch(False)
+        self.set_effort_choice(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
 
         box = QGroupBox("Chat settings", self)
@@ -59,6 +68,7 @@ class ChatSettingsPanel(QWidget):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow(self.speculative)  # the whole width: its words would widen the label column
         form.addRow(self.think)
+        form.addRow(self.effort_label, self.effort)
         form.addRow(self.source)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
@@ -71,6 +81,7 @@ class ChatSettingsPanel(QWidget):
         self.max_tokens.valueChanged.connect(self._on_edited)
         self.speculative.toggled.connect(self._on_edited)
         self.think.toggled.connect(self._on_edited)
+        self.effort.currentIndexChanged.connect(self._on_edited)
         self.model.currentIndexChanged.connect(self._on_model_edited)
         self.load({}, None)
 
@@ -89,13 +100,15 @@ class ChatSettingsPanel(QWidget):
         self.max_tokens.setValue(int(s["max_tokens"]))
         self.speculative.setChecked(s.get("speculative") is not False)
         self.think.setChecked(s.get("think") is not False)
+        self.effort.setCurrentIndex(max(0, self.effort.findData(s.get("effort"))))
         self._select_model(model)
         self._loading = False
 
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
                 "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value(),
-                "speculative": self.speculative.isChecked(), "think": self.think.isChecked()}
+                "speculative": self.speculative.isChecked(), "think": self.think.isChecked(),
+                "effort": self.effort.currentData()}
 
     def set_speculation_available(self, available: bool) -> None:
         """Whether the engine speculates at all (Settings → Engine); the chat's choice is kept either way."""
@@ -105,6 +118,11 @@ class ChatSettingsPanel(QWidget):
             "text and code, and the same reply. Off: this chat's replies are written one token at a time"
             if available else "Speculative decoding is off for the engine (Settings → Engine → Speculative "
                               "decoding); this chat's choice applies once it is on")
+
+    def set_effort_choice(self, available: bool) -> None:
+        """Whether the loaded model's template takes a reasoning effort; shown only where it does."""
+        self.effort.setVisible(available)
+        self.effort_label.setVisible(available)
 
     def set_thinking_switch(self, available: bool) -> None:
         """Whether the loaded model's template can turn its thinking off; shown only where it can."""

@@ -142,6 +142,7 @@ class MainWindow(QMainWindow):
         if status.get("status") == "ready" or not status:
             self.settings_panel.set_speculation_available(status.get("speculative") is not None)
             self.settings_panel.set_thinking_switch(bool((status.get("thinking") or {}).get("switch")))
+            self.settings_panel.set_effort_choice(bool((status.get("thinking") or {}).get("effort")))
         view = self.current_view()  # the loaded model changed: its recommended settings may differ
         if view is not None and self.engine.current_model != self._shown_model \
                 and not self.chat_store.get_chat(view.chat_id).model:

@@ -219,8 +219,10 @@ def reasoning_format(template, prompt: str) -> tuple[ReasoningFormat, bool]:
 
 
 def thinking_switches(template) -> dict:
-    """What a model's template lets a client ask of its thinking, for the engine's status: whether
-    it thinks in <think> blocks, and whether `enable_thinking` turns that off (Qwen3, SmolLM3)."""
+    """What a model's template lets a client ask of its thinking, for the engine's status: its
+    format, whether `enable_thinking` turns it off (Qwen3, SmolLM3), and whether it takes a
+    `reasoning_effort` (gpt-oss: low, medium, high)."""
     fmt, _ = reasoning_format(template, "")
     source = "" if template.is_fallback else template.source
-    return {"format": fmt.value, "switch": fmt is ReasoningFormat.THINK_TAGS and "enable_thinking" in source}
+    return {"format": fmt.value, "switch": fmt is ReasoningFormat.THINK_TAGS and "enable_thinking" in source,
+            "effort": fmt is not ReasoningFormat.NONE and "reasoning_effort" in source}
