@@ -25,6 +25,12 @@ THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
     "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}")
 
 
+# Qwen3-style with tools: the <tools> block and the Hermes <tool_call> syntax its template describes
+THINKING_TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n"
+    "Call a function as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+) + THINKING_TEMPLATE
+
 # gpt-oss's harmony markup (control tokens, as in its o200k_harmony vocabulary) and the header words
 # its replies use (added here as single user-defined tokens, so a script can name them)
 HARMONY_CONTROL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>")

@@ -292,3 +292,27 @@ def test_harmony_channels_split_into_reasoning_and_answer(tmp_path, backend):
         assert raw.choices[0].text == "hm<|end|><|start|>assistant<|channel|>final<|message|>ok"
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_a_required_tool_call_after_thinking_parses(tmp_path, backend):
+    """tool_choice "required": the model thinks first, then the call's grammar holds, and the call
+    parses from the answer (the reasoning is not searched for calls)."""
+    import json
+
+    from scripted_gguf import THINKING_TOOLS_TEMPLATE
+
+    proc = start_engine(write_scripted_model(tmp_path / "tools.gguf", SCRIPT, template=THINKING_TOOLS_TEMPLATE),
+                        tmp_path, backend=backend)
+    try:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"], "additionalProperties": False}}}]
+        r = openai_client(proc).chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
+                                                        max_tokens=200, tools=tools, tool_choice="required")
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning_content"] == "hm"
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    finally:
+        proc.stop()
