@@ -34,7 +34,7 @@ THINKING_TOOLS_TEMPLATE = (
 # gpt-oss's harmony markup (control tokens, as in its o200k_harmony vocabulary) and the header words
 # its replies use (added here as single user-defined tokens, so a script can name them)
 HARMONY_CONTROL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>")
-HARMONY_WORDS = ("assistant", "analysis", "final")
+HARMONY_WORDS = ("assistant", "analysis", "final", "commentary", " to=functions.get_weather")
 # The generation prompt of gpt-oss's template, opened into the analysis channel: the reply starts
 # inside its reasoning (a script cannot repeat a token, and a whole reply names <|channel|> twice);
 # the newline after it keeps the prompt's last token out of the script.

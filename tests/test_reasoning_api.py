@@ -7,6 +7,7 @@ The model is scripted (tests/scripted_gguf.py): whatever the prompt, its greedy 
 """
 from __future__ import annotations
 
+import openai
 import pytest
 
 from gguf_factory import CHATML_TEMPLATE
@@ -314,5 +315,38 @@ def test_a_required_tool_call_after_thinking_parses(tmp_path, backend):
         assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning_content"] == "hm"
         (call,) = choice.message.tool_calls
         assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_a_harmony_tool_call_parses_from_its_message_to_the_function(tmp_path, backend):
+    """gpt-oss calls a tool with a commentary message addressed `to=functions.NAME`, ending in
+    <|call|>: the call parses, its arguments are the message, and neither field holds it."""
+    from scripted_gguf import HARMONY_TEMPLATE
+
+    template = ("{% if tools %}<|start|>developer<|message|>Tools: {% for t in tools %}{{ t.function.name }} "
+                "{% endfor %}(call one as to=functions.NAME, then <|call|>)<|end|>{% endif %}") + HARMONY_TEMPLATE
+    script = ["h", "m", "<|end|>", "<|start|>", "assistant", "<|channel|>", "commentary",
+              " to=functions.get_weather", "<|message|>", "{", "}", "<|call|>"]
+    path = write_scripted_model(tmp_path / "oss-tools.gguf", script, template=template, harmony=True)
+    proc = start_engine(path, tmp_path, backend=backend)
+    try:
+        client = openai_client(proc)
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                                                                                        "properties": {}}}}]
+        r = client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0, max_tokens=30,
+                                           tools=tools)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning_content"] == "hm"
+        (call,) = choice.message.tool_calls
+        assert (call.function.name, call.function.arguments, choice.message.content) == ("get_weather", "{}", None)
+        chunks = list(client.chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
+                                                     max_tokens=30, tools=tools, stream=True))
+        streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [tc.function.name for tc in streamed] == ["get_weather"]
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=_model(proc), messages=MSGS, tools=tools, tool_choice="required")
     finally:
         proc.stop()

@@ -74,3 +74,15 @@ def test_forced_grammar_accepts_only_valid_calls(fmt, good, bad):
         m = llguidance.LLMatcher(tok, source, log_level=0)
         ids = tok.tokenize_str(text)
         assert (m.try_consume_tokens(ids) == len(ids) and m.is_accepting()) is ok, text
+
+
+def test_harmony_calls_are_read_from_the_raw_reply():
+    from engine.model_files.tool_call_syntax import ToolFormat, parse_tool_calls, tool_format
+
+    assert tool_format("{% if tools %}...to=functions.{{ name }}...<|call|>{% endif %}") is ToolFormat.HARMONY
+    raw = ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+           'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}')
+    _, (call,) = parse_tool_calls(ToolFormat.HARMONY, raw)
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
+    assert parse_tool_calls(ToolFormat.HARMONY, raw[:-3]) == (raw[:-3], [])  # arguments cut short: no call
+    assert parse_tool_calls(ToolFormat.HARMONY, "<|channel|>final<|message|>hi")[1] == []

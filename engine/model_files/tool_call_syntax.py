@@ -7,7 +7,11 @@ template and renames the file):
 - Hermes / Qwen2.5: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one per call;
 - Llama 3.x: the reply is `{"name": ..., "parameters": {...}}` (after an optional <|python_tag|>),
   several separated by `;`;
-- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`;
+- Harmony (gpt-oss): a message addressed to the function,
+  `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`,
+  read from the raw reply with its markup (the reasoning parser keeps such messages out of both
+  reasoning and content).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ class ToolFormat(StrEnum):
     HERMES = "hermes"
     LLAMA3 = "llama3"
     MISTRAL = "mistral"
+    HARMONY = "harmony"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,8 @@ def tool_format(template_source: str) -> ToolFormat | None:
         return None
     if "<tool_call>" in src:
         return ToolFormat.HERMES
+    if "to=functions" in src or "<|call|>" in src:
+        return ToolFormat.HARMONY
     if "[TOOL_CALLS]" in src:
         return ToolFormat.MISTRAL
     if "<|start_header_id|>" in src and ("parameters" in src or "<|python_tag|>" in src):
@@ -58,6 +65,9 @@ def call_id() -> str:
 
 # ---- parsing ----------------------------------------------------------------------------------
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+# a harmony message to a function: its recipient in the header, its JSON arguments as the body
+_HARMONY = re.compile(r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)"
+                      r"(?=<\|call\|>|<\|end\|>|<\|start\|>|$)", re.DOTALL)
 
 
 def _call(obj, args_key: str) -> ParsedCall | None:
@@ -82,6 +92,11 @@ def parse_tool_calls(fmt: ToolFormat, text: str) -> tuple[str, list[ParsedCall]]
         if not calls or any(c is None for c in calls):
             return text, []
         return _HERMES.sub("", text).strip(), calls
+    if fmt is ToolFormat.HARMONY:  # `text` is the raw reply; the content comes from the reasoning parser
+        calls = [ParsedCall(m.group(1), m.group(2).strip(), call_id()) for m in _HARMONY.finditer(text)]
+        if any(_loads(c.arguments) is None for c in calls):
+            return text, []
+        return "", calls
     if fmt is ToolFormat.MISTRAL:
         head, sep, tail = text.partition("[TOOL_CALLS]")
         items = _loads(tail.strip()) if sep else None
@@ -104,6 +119,8 @@ def parse_tool_calls(fmt: ToolFormat, text: str) -> tuple[str, list[ParsedCall]]
 def may_start_call(fmt: ToolFormat, text: str) -> int:
     """Where in streamed `text` a tool call may begin (len(text) if nowhere): text before that
     is content for sure; from there on it is held back until the reply ends."""
+    if fmt is ToolFormat.HARMONY:  # the call never reaches the content (the reasoning parser skips it)
+        return len(text)
     marker = {ToolFormat.HERMES: "<tool_call>", ToolFormat.MISTRAL: "[TOOL_CALLS]"}.get(fmt)
     if marker is None:  # Llama 3: a call is the whole reply
         stripped = text.lstrip()

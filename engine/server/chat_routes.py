@@ -35,6 +35,7 @@ class ChatChoice:
     def __init__(self, index: int, tools: ToolFormat | None, reasoning: ReasoningParser | None = None) -> None:
         self.index, self.tools, self.parser = index, tools, reasoning
         self.text, self.sent = "", 0  # all answer text; how much of it went out as content
+        self.raw = ""  # the reply as written (harmony's tool calls are read from its markup)
         self.reasoning, self.reasoning_sent = "", 0  # the thinking, and how much of it went out
         self.reasoning_tokens = 0  # tokens of the thinking block, its tags included
         self.lps: list = []
@@ -47,6 +48,7 @@ class ChatChoice:
 
     def add(self, out) -> None:
         text = out.new_text
+        self.raw += text
         if self.parser is not None:
             was_open = self.parser.reasoning_open
             thought, text = self.parser.feed(text)
@@ -63,7 +65,11 @@ class ChatChoice:
         if out.finished:
             self.reason, self.cached = R.finish_reason(out.finish_reason), out.num_cached_tokens
             self.content = self.text
-            if self.tools is not None:
+            if self.tools is ToolFormat.HARMONY:
+                _, calls = parse_tool_calls(self.tools, self.raw)
+                if calls:
+                    self.content, self.calls, self.reason = self.text or None, calls, "tool_calls"
+            elif self.tools is not None:
                 content, calls = parse_tool_calls(self.tools, self.text)
                 if calls:
                     self.content, self.calls, self.reason = content or None, calls, "tool_calls"

@@ -64,7 +64,11 @@ async def reply_shape(engine, body) -> ReplyShape:
     shape = ReplyShape(tools=fmt, template_tools=[{"type": "function", "function": t.function.template_dict()}
                                                   for t in tools])
     choice = body.tool_choice
-    if choice == "required" or (choice is not None and not isinstance(choice, str)):
+    forcing = choice == "required" or (choice is not None and not isinstance(choice, str))
+    if forcing and fmt is ToolFormat.HARMONY:
+        raise APIError(400, "tool_choice that forces a call is not supported for harmony (gpt-oss) models yet; "
+                       "use \"auto\"", param="tool_choice", code="invalid_value")
+    if forcing:
         forced = tools if choice == "required" else [t for t in tools if t.function.name == choice.function.name]
         compiler = grammar_compiler(engine)
         special = lambda text: engine.tokenizer.encode(text, add_bos=False)[0]  # noqa: E731
