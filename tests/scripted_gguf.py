@@ -45,7 +45,7 @@ HARMONY_TEMPLATE = (
 
 
 def write_scripted_model(path: str | Path, script: list[str], template: str = THINKING_TEMPLATE,
-                         harmony: bool = False) -> Path:
+                         harmony: bool = False, ctx: int = 512) -> Path:
     """Write the model; `script` names the reply's tokens (vocabulary entries), ending the turn after
     them. `harmony`: the vocabulary also holds gpt-oss's markup tokens and header words."""
     tokens, merges = bpe_vocab(200)
@@ -70,7 +70,7 @@ def write_scripted_model(path: str | Path, script: list[str], template: str = TH
     hd = HIDDEN // HEADS
     w = GGUFWriter(str(path), "llama")
     w.add_name("scripted-llama")
-    for key, value in {"context_length": 512, "embedding_length": HIDDEN, "block_count": 1,
+    for key, value in {"context_length": ctx, "embedding_length": HIDDEN, "block_count": 1,
                        "feed_forward_length": FFN, "attention.head_count": HEADS,
                        "attention.head_count_kv": KV_HEADS, "rope.dimension_count": hd}.items():
         w.add_uint32(f"llama.{key}", value)
