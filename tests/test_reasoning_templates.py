@@ -1,5 +1,5 @@
 """Reasoning under the real chat templates (tests/data/chat_templates: Qwen3, a DeepSeek-R1 distill,
-gpt-oss), over real HTTP with the openai client, on scripted models (tests/scripted_gguf.py) whose
+SmolLM3, gpt-oss), over real HTTP with the openai client, on scripted models (tests/scripted_gguf.py) whose
 greedy reply is a fixed thinking block and answer: the split is exact, `enable_thinking: false`
 and `reasoning_effort` reach the rendered prompt, a JSON schema and a required tool call hold after
 the thinking, and the second turn's prompt is exactly what the template renders.
@@ -90,6 +90,25 @@ def test_a_deepseek_r1_distill_reply_starts_inside_the_block(tmp_path):
         thought = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
                           for c in chunks if c.choices)
         assert (thought, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)) == ("hm", "ok")
+    finally:
+        proc.stop()
+
+
+def test_smollm3_splits_and_no_think_in_the_system_prompt_is_its_switch(tmp_path):
+    path = write_scripted_model(tmp_path / "smollm3.gguf", ["<think>", "ĉ", "h", "m", "</think>", "Ġ", "o", "k"],
+                                template=_template("smollm3"), ctx=2048)
+    proc = start_engine(path, tmp_path)
+    try:
+        r = _chat(proc)
+        assert (r.choices[0].message.model_extra["reasoning_content"], r.choices[0].message.content) == ("hm", "ok")
+        template, tok = ChatTemplate(_template("smollm3"), "", ""), Tokenizer(path)
+        off = _chat(proc, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        rendered = template.render(MSGS, add_generation_prompt=True, enable_thinking=False)
+        assert rendered.endswith("<think>\n\n</think>\n") and off.usage.prompt_tokens == len(tok.encode(rendered))
+        flagged = [{"role": "system", "content": "/no_think"}] + MSGS
+        assert template.render(flagged, add_generation_prompt=True).endswith("<think>\n\n</think>\n")
+        status = openai_client(proc).get("/engine/status", cast_to=object)
+        assert status["thinking"]["switch"] is True
     finally:
         proc.stop()
 
