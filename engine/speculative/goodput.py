@@ -103,12 +103,22 @@ class StepCostModel:
 
     @property
     def coef(self) -> list[float]:
-        """(a, b, c, e) in seconds: a step, a token, 1024 attended keys, several rows."""
+        """(a, b, c, e) in seconds: a step, a token, 1024 attended keys, several rows. No CPU
+        makes a token, a key or a second row cost less than nothing, so b, c and e are held at
+        0 or above: a term the free fit makes negative is dropped and the rest refitted (the
+        active-set least squares of a few terms). A negative e had priced a step of several rows
+        below one of a single row, so drafts at 4 chats looked cheaper than they were."""
         if self._coef is None:
-            m = [row[:] + [y] for row, y in zip(self._xx, self._xy)]
-            for i in range(self.FEATURES):
-                m[i][i] += self.ridge
-            self._coef = _solve(m)
+            active = list(range(self.FEATURES))
+            while True:
+                m = [[self._xx[i][j] + (self.ridge if i == j else 0.0) for j in active] + [self._xy[i]]
+                     for i in active]
+                sol = dict(zip(active, _solve(m)))
+                negative = [i for i in active if i > 0 and sol[i] < 0]
+                if not negative:
+                    break
+                active.remove(min(negative, key=lambda i: sol[i]))  # the most negative first
+            self._coef = [sol.get(i, 0.0) for i in range(self.FEATURES)]
         return self._coef
 
     def __call__(self, n: int, attended: int) -> float:

@@ -6,7 +6,9 @@ puts the drafts on seq.spec_token_ids for the scheduler. A sequence drafts only 
 allows it (`speculative`), has no grammar (its matcher would have to follow unverified tokens) and
 has room for more than one token. With a drafter whose proposals are free to compute (prompt
 lookup) acceptance is also measured in shadow: the proposal for a sequence given k = 0 is compared
-with the token the target then chose. No torch: the drafter may hold a model.
+with the token the target then chose. Over the cost model, a guard (guard.py) keeps score of the
+realised rate of steps with and without drafts and holds drafting back where it does not pay.
+No torch: the drafter may hold a model.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 from engine.speculative.drafter import Drafter
 from engine.speculative.goodput import Acceptance, StepCostModel, choose_ks
+from engine.speculative.guard import DraftGuard
 
 DEFAULT_MAX_K = 8
 PROBE_EVERY = 32  # steps between forced k = 1 probes of a sequence whose acceptance is not measured in shadow
@@ -35,6 +38,7 @@ class SpecStats:
     num_emitted: int = 0  # tokens those emitted
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # steps that verified drafts
+    num_held_back: int = 0  # steps the guard kept plain because drafting did not pay
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -62,6 +66,10 @@ class Speculator:
         self.stats = SpecStats(drafter.name)
         self._shadow: dict[int, int] = {}  # seq_id -> the first token it would have drafted
         self._since_probe: dict[int, int] = {}
+        # what drafting really delivers (None with a fixed k: an experiment decides)
+        self.guard = DraftGuard() if fixed_k is None else None
+        self._step: tuple[int, bool, float] | None = None  # a decode-only step: (batch, drafted, seconds)
+        self._draft_seconds = 0.0  # drafting for the step now being verified
 
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
@@ -77,6 +85,9 @@ class Speculator:
         self.costs.observe(out.num_batched_tokens, keys, seconds)
         if any(out.num_spec_tokens):
             self.stats.verify_seconds += seconds
+        decode_only = all(n == 1 + d for n, d in zip(out.num_new_tokens, out.num_spec_tokens))
+        self._step = (len(out.seqs), any(out.num_spec_tokens), seconds + self._draft_seconds) if decode_only else None
+        self._draft_seconds = 0.0
 
     def after_step(self, out: SchedulerOutput, tokens: list[list[int]], running: list[Sequence]) -> None:
         """Acceptance of what the step verified (or would have, in shadow), then the next drafts."""
@@ -93,6 +104,9 @@ class Speculator:
                 st.num_emitted += len(new)
             elif shadow is not None and new:
                 self.acceptance.observe(seq.seq_id, 1, int(new[0] == shadow))
+        if self.guard is not None and self._step is not None:
+            batch, drafted, seconds = self._step
+            self.guard.observe(batch, drafted, sum(len(new) for new in tokens), seconds)
         self.draft(running)
 
     def draft(self, running: list[Sequence]) -> None:
@@ -112,6 +126,9 @@ class Speculator:
                            lambda n, keys: self.costs(base_n + n, base_keys + keys), self.drafter.cost)
             if not self.drafter.shadow:
                 ks = [self._probe(s, k) if m > 0 else 0 for s, k, m in zip(seqs, ks, avail)]
+            if any(ks) and not self.guard.allow(len(seqs)):  # measured: drafting does not pay here now
+                ks = [0] * len(ks)
+                self.stats.num_held_back = self.guard.num_blocked
         chosen = [(s, k) for s, k in zip(seqs, ks) if k > 0]
         if self.drafter.shadow:  # the unused proposals: compared with the target's next token
             for s, k, m in zip(seqs, ks, avail):
@@ -121,7 +138,8 @@ class Speculator:
             return
         t0 = time.perf_counter()
         drafts = self.drafter.propose([s for s, _ in chosen], [k for _, k in chosen])
-        self.stats.draft_seconds += time.perf_counter() - t0
+        self._draft_seconds = time.perf_counter() - t0
+        self.stats.draft_seconds += self._draft_seconds
         for (seq, k), draft in zip(chosen, drafts):
             seq.spec_token_ids = draft.token_ids[:k]
             seq.spec_probs = draft.probs
