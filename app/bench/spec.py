@@ -58,7 +58,8 @@ def register(bench_sub) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    p.add_argument("--runs", type=int, default=1, help="rounds of every (kind, chats) cell; the median is shown")
+    p.add_argument("--runs", type=int, default=3, help="rounds of every (kind, chats) cell, each drafter run "
+                   "right after `off` on the same prompts; the median speedup and its spread over the rounds")
     p.add_argument("--llama-server", default=None, metavar="BIN",
                    help="also llama.cpp's server: plain, --spec-type ngram-simple, and -md DRAFT")
     p.set_defaults(func=run)
@@ -135,15 +136,31 @@ def run(args) -> int:
         e.close()
     rows = []
     for (kind, c, d), rs in cells.items():
-        rows.append((kind, c, "ember " + d.split(":")[0], _median(rs), _median(cells[(kind, c, "off")])))
+        off = cells[(kind, c, "off")]
+        spread = {key: _ratios(rs, off, key) for key in ("tok_s", "agg")}
+        rows.append((kind, c, "ember " + d.split(":")[0], _median(rs), _median(off), spread))
     if args.llama_server:
-        rows += _llama_rows(args, model)
-    print(f"{'kind':8s} {'chats':>5s} {'engine':14s} {'tok/s':>7s} {'agg':>7s} {'speedup':>8s} {'accept':>7s} {'k':>5s}")
-    for kind, c, name, r, base in rows:
+        rows += [(*row, None) for row in _llama_rows(args, model)]
+    print(f"{'kind':8s} {'chats':>5s} {'engine':14s} {'tok/s':>7s} {'agg':>7s} {'speedup (range)':>18s} "
+          f"{'agg speedup (range)':>20s} {'accept':>7s} {'k':>5s}")
+    for kind, c, name, r, base, spread in rows:
         acc = f"{r['accept']:.0%}" if r.get("accept") is not None else "-"
-        print(f"{kind:8s} {c:5d} {name:14s} {r['tok_s']:7.1f} {r.get('agg', float('nan')):7.1f} "
-              f"{r['tok_s'] / base['tok_s']:7.2f}x {acc:>7s} {r.get('k', 0):5.2f}")
+        per = _spread_text(spread["tok_s"]) if spread else f"{r['tok_s'] / base['tok_s']:.2f}x"
+        agg = _spread_text(spread["agg"]) if spread else "-"
+        print(f"{kind:8s} {c:5d} {name:14s} {r['tok_s']:7.1f} {r.get('agg', float('nan')):7.1f} {per:>18s} "
+              f"{agg:>20s} {acc:>7s} {r.get('k', 0):5.2f}")
     return 0
+
+
+def _ratios(rs: list[dict], off: list[dict], key: str) -> list[float]:
+    """This drafter's figure over off's in the same round (the two ran one after the other)."""
+    return [r[key] / o[key] for r, o in zip(rs, off) if o.get(key)]
+
+
+def _spread_text(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _print_costs(engines: dict) -> None:
@@ -154,7 +171,8 @@ def _print_costs(engines: dict) -> None:
             continue
         a, b, c, e = (x * 1e3 for x in spec.costs.coef)
         line = (f"  {name.split(':')[0]}: target step T = {a:.2f} + {b:.3f}/token + {c:.3f}/1k keys + {e:.2f} "
-                f"(several rows) ms over {spec.costs.num_steps} steps; acceptance now {spec.acceptance.rate:.0%}")
+                f"(several rows) ms over {spec.costs.num_steps} steps; acceptance now {spec.acceptance.rate:.0%}; "
+                f"steps held plain by the guard {spec.stats.num_held_back}")
         draft_costs = getattr(spec.drafter, "costs", None)
         if draft_costs is not None:
             line += "; draft forward ms " + ", ".join(f"{n}: {draft_costs(n) * 1e3:.1f}" for n in (1, 2, 4, 8))
