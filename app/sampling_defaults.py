@@ -60,9 +60,10 @@ def effective_settings(chat_settings: dict | None, model_defaults: dict | None =
 
 def request_fields(settings: dict) -> tuple[str | None, dict]:
     """(system prompt or None, the request keywords for `chat_stream`) of an effective settings
-    dict; a chat that turned thinking off asks the template for it (enable_thinking: false)."""
+    dict; a chat that turned thinking off asks the template for it (enable_thinking: false).
+    Max tokens is a cap: a reply near the context's end stops there rather than being refused."""
     system = (settings.get("system_prompt") or "").strip() or None
-    fields = {k: settings[k] for k in SAMPLING_KEYS}
+    fields = {k: settings[k] for k in SAMPLING_KEYS} | {"max_tokens_fit": True}
     if settings.get("think") is False:
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     if settings.get("effort") in EFFORTS:  # None: the template's own default

@@ -27,4 +27,5 @@ def test_the_chats_own_values_win_then_the_models_then_embers():
     assert effective_settings({}, model)["temperature"] == 0.3
     assert effective_settings({"temperature": 1.0, "top_p": None}, model) == {**APP_DEFAULTS, "temperature": 1.0}
     system, sampling = request_fields(effective_settings({"system_prompt": "  "}, model))
-    assert system is None and sampling == {"temperature": 0.3, "top_p": 0.95, "max_tokens": 512}
+    assert system is None and sampling == {"temperature": 0.3, "top_p": 0.95, "max_tokens": 512,
+                                           "max_tokens_fit": True}  # a cap: never refused near the end

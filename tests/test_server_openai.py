@@ -183,6 +183,17 @@ def test_context_length_exceeded_unless_truncated(client, server):
     assert r.usage.prompt_tokens <= TINY_CTX - 4 and r.usage.completion_tokens >= 1
 
 
+def test_max_tokens_fit_caps_the_reply_at_the_context_instead_of_refusing(client, server):
+    """The desktop app's chats: Max tokens is a cap, and a reply near the context's end stops there."""
+    msgs = [{"role": "user", "content": "the dog sleeps in the sun " * 60}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=_model(server), messages=msgs, max_tokens=TINY_CTX)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "max_tokens"
+    r = client.chat.completions.create(model=_model(server), messages=msgs, max_tokens=TINY_CTX, temperature=0,
+                                       extra_body={"max_tokens_fit": True, "ignore_eos": True})
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == TINY_CTX and r.choices[0].finish_reason == "length"
+
+
 def test_models_and_status(client, server):
     ids = [m.id for m in client.models.list().data]
     assert _model(server) in ids

@@ -170,7 +170,8 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     max_tokens = body.requested_max_tokens
     if max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens", code="invalid_value")
-    ids, max_tokens = fit_context(ids, max_tokens, body.truncate_prompt_tokens, engine.max_model_len)
+    ids, max_tokens = fit_context(ids, max_tokens, body.truncate_prompt_tokens, engine.max_model_len,
+                                  fit=body.max_tokens_fit)
     vocab = engine.tokenizer.vocab_size
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]

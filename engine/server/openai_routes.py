@@ -36,7 +36,7 @@ def build_router() -> APIRouter:
             # scoring with max_tokens 0: the engine samples one token, which we drop
             want = requested or (1 if scoring else 0)
             kept, max_tokens = fit_context(ids, want, body.truncate_prompt_tokens,
-                                           engine.max_model_len, what="prompt")
+                                           engine.max_model_len, what="prompt", fit=body.max_tokens_fit)
             echo = (p if isinstance(p, str) and len(kept) == len(ids)
                     else engine.tokenizer.decode(kept)) if body.echo else ""
             plans.append((kept, max_tokens, echo))

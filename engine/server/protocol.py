@@ -80,6 +80,9 @@ class SamplingRequest(BaseModel):
     priority: int = Field(0, ge=0, le=10, description="Lower runs first; the app's chats use 0.")
     speculative: Literal["auto", "off"] = Field(
         "auto", description="off: no speculative decoding for this request (the output is the same either way).")
+    max_tokens_fit: bool = Field(
+        False, description="Cap max_tokens at what the context leaves after the prompt, as llama.cpp's server "
+                           "does, instead of refusing the request (the desktop app's chats ask this).")
 
     @field_validator("stop")
     @classmethod

@@ -52,7 +52,7 @@ async def encode(engine, text: str) -> list[int]:
 
 
 def fit_context(ids: list[int], max_tokens: int | None, truncate: int | None, ctx: int,
-                what: str = "messages") -> tuple[list[int], int]:
+                what: str = "messages", fit: bool = False) -> tuple[list[int], int]:
     """Returns (prompt ids, max_tokens) that fit `ctx`, or raises context_length_exceeded.
 
     max_tokens None means "until the context is full" (OpenAI's chat default). With
@@ -72,7 +72,7 @@ def fit_context(ids: list[int], max_tokens: int | None, truncate: int | None, ct
                        "truncate_prompt_tokens (-1 keeps what fits).",
                        code="context_length_exceeded", param=what)
     room = ctx - n
-    if max_tokens is None:
+    if max_tokens is None or (fit and max_tokens > room):  # fit: the reply stops where the context ends
         return ids, room
     if max_tokens > room:
         raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, you "
