@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
@@ -124,29 +125,27 @@ class Scheduler:
         return SchedulerOutput([seq], [n], int(n == 1))
 
     def _step(self) -> SchedulerOutput:
-        bm = self.block_manager
-        budget = self.max_num_batched_tokens
-        scheduled: dict[Sequence, int] = {}  # new tokens per sequence, in scheduling order
-        drafts: dict[Sequence, int] = {}  # of those, draft tokens to verify
-        preempted: list[Sequence] = []
-        finished: list[Sequence] = []
-        block_copies: list[tuple[int, int]] = []
+        plan = _Plan(self.max_num_batched_tokens)
+        self._schedule_running(plan)
+        self._admit_waiting(plan)
+        return self._output(plan)
 
-        def preempt(victim: Sequence) -> None:
-            nonlocal budget
-            budget += scheduled.pop(victim, 0)  # its slots of this step are freed too
-            drafts.pop(victim, None)
-            victim.clear_spec()
-            self.running.remove(victim)
-            bm.free(victim)  # num_computed_tokens -> 0; token_ids stay and are recomputed
-            victim.status = SequenceStatus.WAITING
-            victim.num_preemptions += 1
-            self.num_preemptions += 1
-            bisect.insort(self.waiting, victim, key=_by_key)
-            preempted.append(victim)
+    def _preempt(self, plan: _Plan, victim: Sequence) -> None:
+        """Recompute `victim` later: its blocks go back now, and so do its slots of this step."""
+        plan.budget += plan.scheduled.pop(victim, 0)
+        plan.drafts.pop(victim, None)
+        victim.clear_spec()
+        self.running.remove(victim)
+        self.block_manager.free(victim)  # num_computed_tokens -> 0; token_ids stay and are recomputed
+        victim.status = SequenceStatus.WAITING
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        bisect.insort(self.waiting, victim, key=_by_key)
+        plan.preempted.append(victim)
 
-        # 1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order.
-        running, chunk = SequenceStatus.RUNNING, self.max_prefill_chunk
+    def _schedule_running(self, plan: _Plan) -> None:
+        """1. Running sequences: decodes, then prefill chunks, each in (priority, arrival) order."""
+        bm, running, chunk = self.block_manager, SequenceStatus.RUNNING, self.max_prefill_chunk
         pool_tokens = bm.num_blocks * bm.block_size
         # Drafts never take a slot of the budget from another decode of this step.
         decodes_left = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in self.running)
@@ -154,42 +153,44 @@ class Scheduler:
             decodes_left -= len(seq.token_ids) - seq.num_computed_tokens == 1
             if seq.status is not running:
                 continue  # preempted earlier in this loop
-            n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, budget)
+            n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, plan.budget)
             if seq.is_scoring_prompt:
                 continue  # in a step of its own
             if n <= 0:
                 continue
             if seq.num_computed_tokens + n > pool_tokens:
                 self.finish(seq, SequenceStatus.FINISHED_LENGTH)  # cannot fit even alone
-                finished.append(seq)
+                plan.finished.append(seq)
                 continue
-            d = self._num_drafts(seq, n, budget - decodes_left)
+            d = self._num_drafts(seq, n, plan.budget - decodes_left)
             if d and not bm.can_append(seq, n + d):
                 d = 0  # drafts never preempt anyone
             while not bm.can_append(seq, n + d):
-                preempt(max(self.running, key=_by_key))  # the least urgent; may be seq itself
+                self._preempt(plan, max(self.running, key=_by_key))  # the least urgent; may be seq itself
                 if seq.status is not running:
                     break
             else:
-                block_copies += bm.append_slots(seq, n + d)
-                scheduled[seq] = n + d
-                budget -= n + d
+                plan.block_copies += bm.append_slots(seq, n + d)
+                plan.scheduled[seq] = n + d
+                plan.budget -= n + d
                 if d:
-                    drafts[seq] = d
+                    plan.drafts[seq] = d
             if seq.spec_token_ids and not d:
                 seq.clear_spec()
 
-        # 2. Waiting sequences in order; a head that does not fit blocks the rest (no
-        #    overtaking) unless running work of strictly lower priority can make room.
-        while self.waiting and budget > 0:
+    def _admit_waiting(self, plan: _Plan) -> None:
+        """2. Waiting sequences in order; a head that does not fit blocks the rest (no
+        overtaking) unless running work of strictly lower priority can make room."""
+        bm = self.block_manager
+        while self.waiting and plan.budget > 0:
             seq = self.waiting[0]
-            if seq in preempted:
+            if seq in plan.preempted:
                 break  # preempted in this very step: it resumes in a later one
             # an embedding pools every prompt row: none may come from a cache
             cached = bm.match_prefix(seq) if not seq.params.embed else []
             reused = (self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached
                       and not seq.params.embed else 0)
-            n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, budget)
+            n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, plan.budget)
             if seq.is_scoring_prompt:
                 break  # in a step of its own (no overtaking)
             has_room = bm.can_allocate(seq, reused + n, cached)
@@ -197,7 +198,7 @@ class Scheduler:
                 lower = [s for s in self.running if s.priority > seq.priority]
                 if not lower or not (has_room or self._room_without(lower, seq, reused + n, cached)):
                     break
-                preempt(max(lower, key=_by_key))  # it waits behind seq: lower priority
+                self._preempt(plan, max(lower, key=_by_key))  # it waits behind seq: lower priority
                 continue
             self.waiting.pop(0)
             if reused:
@@ -205,27 +206,30 @@ class Scheduler:
                 # them (they occupy cells), but only the tail is computed. A smaller claim than
                 # the match only shortens the prefix, so the room checked above still suffices.
                 reused = self.prompt_cache.claim_prompt(seq, reused)
-                n = min(seq.num_tokens - reused, self.max_prefill_chunk, budget)
+                n = min(seq.num_tokens - reused, self.max_prefill_chunk, plan.budget)
                 bm.allocate(seq, reused + n, cached)
                 bm.count_external_hit(seq, reused)
             else:
                 bm.allocate(seq, n, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled[seq] = n
-            budget -= n
+            plan.scheduled[seq] = n
+            plan.budget -= n
 
-        if preempted and block_copies:  # drop copies into blocks a victim gave back
-            live = {b for s in scheduled for b in s.block_table}
+    @staticmethod
+    def _output(plan: _Plan) -> SchedulerOutput:
+        block_copies = plan.block_copies
+        if plan.preempted and block_copies:  # drop copies into blocks a victim gave back
+            live = {b for s in plan.scheduled for b in s.block_table}
             block_copies = [(src, dst) for src, dst in block_copies if dst in live]
-        for seq, d in drafts.items():  # the runner verifies exactly d of them
+        for seq, d in plan.drafts.items():  # the runner verifies exactly d of them
             del seq.spec_token_ids[d:]
             if seq.spec_probs is not None:
                 seq.spec_probs = seq.spec_probs[:d]
-        decodes = [s for s, n in scheduled.items() if n == 1]
-        seqs = decodes + [s for s, n in scheduled.items() if n != 1]
-        return SchedulerOutput(seqs, [scheduled[s] for s in seqs], len(decodes), preempted,
-                               block_copies, finished, [drafts.get(s, 0) for s in seqs])
+        decodes = [s for s, n in plan.scheduled.items() if n == 1]
+        seqs = decodes + [s for s, n in plan.scheduled.items() if n != 1]
+        return SchedulerOutput(seqs, [plan.scheduled[s] for s in seqs], len(decodes), plan.preempted,
+                               block_copies, plan.finished, [plan.drafts.get(s, 0) for s in seqs])
 
     def _num_drafts(self, seq: Sequence, n: int, budget: int) -> int:
         """How many of seq's drafts this step verifies: only after a decode's one known token, and
@@ -267,6 +271,18 @@ class Scheduler:
             seq.token_ids.extend(new)
             if accepted < d:
                 bm.trim(seq, seq.num_tokens)
+
+
+@dataclass
+class _Plan:
+    """One step's schedule as it is built: the token budget left, the new tokens per sequence
+    (in scheduling order), their drafts, and who was preempted or ended on the way."""
+    budget: int
+    scheduled: dict[Sequence, int] = field(default_factory=dict)
+    drafts: dict[Sequence, int] = field(default_factory=dict)
+    preempted: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _by_key(seq: Sequence) -> tuple[int, float, int]:

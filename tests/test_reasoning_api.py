@@ -234,7 +234,8 @@ def test_a_json_schema_request_thinks_first_then_the_grammar_holds(server, tmp_p
     assert r.choices[0].message.model_extra["reasoning_content"] == "hm"
     chunks = list(client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=40,
                                                  response_format=fmt, stream=True))
-    thought = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices)
+    thought = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                      for c in chunks if c.choices)
     answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert (thought, answer) == ("hm", r.choices[0].message.content)
     capped = client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=40,

@@ -8,7 +8,8 @@ BENCHES = ("decode", "kv", "throughput", "server", "turns", "footprint", "gramma
 def register(sub) -> None:
     from app.cli import register_commands
 
-    p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server, turns, footprint, grammar, soak, soak-gui, spec, quant, gemm, window, embed")
+    p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server, turns, footprint, grammar, "
+                                      "soak, soak-gui, spec, quant, gemm, window, embed")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     register_commands(bench_sub, [f"app.bench.{name}" for name in BENCHES])
 
