@@ -47,13 +47,7 @@ class ChatSettingsPanel(QWidget):
         # stored as the chat's "think" (True/False); off sends chat_template_kwargs enable_thinking: false
         self.think = QCheckBox("Think before answering", self, checked=True)
         # stored as the chat's "effort" (None: the template's default); sent as reasoning_effort
-        self.effort = QComboBox(self)
-        self.effort.addItem("Model's default", None)
-        for level in EFFORTS:
-            self.effort.addItem(level.capitalize(), level)
-        self.effort.setToolTip("How long a reasoning model thinks before it answers (its template's "
-                               "reasoning_effort): more effort, better answers to hard questions, slower")
-        self.effort_label = QLabel("Reasoning effort", self)
+        self.effort, self.effort_label = self._effort_choice()
         self.set_thinking_switch(False)
         self.set_effort_choice(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
@@ -118,6 +112,15 @@ class ChatSettingsPanel(QWidget):
             "text and code, and the same reply. Off: this chat's replies are written one token at a time"
             if available else "Speculative decoding is off for the engine (Settings → Engine → Speculative "
                               "decoding); this chat's choice applies once it is on")
+
+    def _effort_choice(self) -> tuple[QComboBox, QLabel]:
+        box = QComboBox(self)
+        box.addItem("Model's default", None)
+        for level in EFFORTS:
+            box.addItem(level.capitalize(), level)
+        box.setToolTip("How long a reasoning model thinks before it answers (its template's "
+                       "reasoning_effort): more effort, better answers to hard questions, slower")
+        return box, QLabel("Reasoning effort", self)
 
     def set_effort_choice(self, available: bool) -> None:
         """Whether the loaded model's template takes a reasoning effort; shown only where it does."""

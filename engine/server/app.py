@@ -25,6 +25,7 @@ from engine.server.embeddings import Embeddings
 from engine.server.openai_routes import build_router
 from engine.server.responses_api import build_responses_router
 from engine.server.ollama_pull import Puller
+from engine.server.ollama_model_routes import build_ollama_models_router
 from engine.server.ollama_routes import build_ollama_router
 from engine.server.anthropic_routes import build_anthropic_router
 from engine.server.protocol import LoadModelRequest
@@ -67,6 +68,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     app.include_router(build_embeddings_router())
     app.include_router(build_responses_router())
     app.include_router(build_ollama_router())
+    app.include_router(build_ollama_models_router())
     app.include_router(build_anthropic_router())
 
     @app.get("/health")

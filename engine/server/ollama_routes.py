@@ -1,6 +1,7 @@
-"""Ollama's native API (/api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show,
-/api/ps, /api/version, /api/pull), so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
-client) work against Ember. Embeddings are embeddings.py's, as on /v1/embeddings.
+"""Ollama's native API, so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
+client) work against Ember: /api/chat, /api/generate, /api/embed and /api/embeddings here;
+/api/tags, /api/show, /api/ps, /api/version and /api/pull in ollama_model_routes.py. Embeddings
+are embeddings.py's, as on /v1/embeddings.
 
 No second engine path: a chat (and a templated generate) becomes a ChatCompletionRequest and goes
 through chat_routes.start_chat (model, template, tools, grammar, context, sampler, turn stops);
@@ -17,13 +18,11 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from engine.server import responses as R
 from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
@@ -31,9 +30,8 @@ from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbed
                                             ollama_embeddings_reply)
 from engine.server.engine_thread import LoadedModel
 from engine.server.errors import APIError, _validation_message, shaped_route
-from engine.server.ollama_models import facts as model_facts, listing as model_listing, show as model_show, tag
-from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message, PullRequest, ShowRequest
-from engine.server.ollama_pull import pull_reply
+from engine.server.ollama_models import tag
+from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message
 from engine.server.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.structured import response_format_grammar
@@ -43,10 +41,10 @@ NDJSON = "application/x-ndjson"
 
 
 # Errors in Ollama's shape, {"error": message}, which the `ollama` client reads.
-OllamaRoute = shaped_route(lambda status, message: _error(status, message))
+OllamaRoute = shaped_route(lambda status, message: ollama_error(status, message))
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
@@ -62,20 +60,20 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _model_id(name: str) -> str:
+def ollama_model_id(name: str) -> str:
     return name.removesuffix(":latest")
 
 
-def _not_found(name: str) -> APIError:
+def ollama_not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
 
 
 def _loaded(request: Request, name: str, text: bool = True) -> LoadedModel:
     state = request.app.state
     try:
-        return require_model(state.engine_thread, state.model_store, _model_id(name), text)
+        return require_model(state.engine_thread, state.model_store, ollama_model_id(name), text)
     except APIError as e:
-        raise (_not_found(name) if e.status == 404 else e) from None
+        raise (ollama_not_found(name) if e.status == 404 else e) from None
 
 
 # ---- requests -> the chat path ---------------------------------------------------------------
@@ -224,69 +222,6 @@ def _loaded_reply(loaded: LoadedModel, chat: bool) -> dict:
 
 def build_ollama_router() -> APIRouter:
     router = APIRouter(route_class=OllamaRoute)
-
-    @router.get("/api/version")
-    async def version():
-        from importlib.metadata import PackageNotFoundError, version as dist_version
-        try:
-            return {"version": dist_version("ember")}
-        except PackageNotFoundError:
-            return {"version": "0.0.0"}
-
-    @router.get("/api/tags")
-    async def tags(request: Request):
-        state = request.app.state
-        loaded = state.engine_thread.model
-        specs, seen = ([loaded.spec] if loaded else []) + state.model_store.list(), set()
-        models = []
-        for spec in specs:
-            if spec.id in seen:
-                continue
-            seen.add(spec.id)
-            try:
-                models.append(model_listing(spec, await run_in_threadpool(model_facts, state.model_store, spec)))
-            except (OSError, ValueError):  # a file gone or damaged since it was installed
-                continue
-        return {"models": models}
-
-    @router.post("/api/show")
-    async def show(body: ShowRequest, request: Request):
-        state = request.app.state
-        name = body.model or body.name
-        if not name:
-            raise APIError(400, "model is required")
-        mid, loaded = _model_id(name), state.engine_thread.model
-        if loaded is not None and mid in (loaded.spec.id, loaded.spec.name, Path(loaded.spec.path).name):
-            spec = loaded.spec
-        elif state.model_store.exists(mid):
-            try:
-                spec = state.model_store.get(mid)
-            except (OSError, ValueError) as e:
-                raise APIError(400, f"the manifest of {mid!r} is unusable: {e}") from None
-        else:
-            raise _not_found(name)
-        try:
-            return await run_in_threadpool(model_show, state.model_store, spec, loaded)
-        except (OSError, ValueError) as e:
-            raise APIError(400, f"cannot read {name!r}: {e}") from None
-
-    @router.post("/api/pull")
-    async def pull(body: PullRequest, request: Request):
-        name = body.model or body.name
-        if not name:
-            raise APIError(400, "model is required")
-        return await pull_reply(request.app.state.puller, name, body.stream, _error)
-
-    @router.get("/api/ps")
-    async def ps(request: Request):
-        state = request.app.state
-        loaded = state.engine_thread.model
-        if loaded is None:
-            return {"models": []}
-        entry = model_listing(loaded.spec, await run_in_threadpool(model_facts, state.model_store, loaded.spec))
-        on_gpu = not str(loaded.device).startswith("cpu")
-        return {"models": [entry | {"size_vram": entry["size"] if on_gpu else 0,
-                                    "context_length": loaded.engine.max_model_len}]}
 
     @router.post("/api/chat")
     async def chat(body: ChatRequest, request: Request):
