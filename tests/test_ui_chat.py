@@ -199,9 +199,11 @@ def test_event_loop_keeps_turning_while_the_engine_loads(qtbot, ui_settings, tin
         app.controller.start()
         qtbot.waitUntil(lambda: app.window.status.loading.isVisible(), timeout=10_000)
         qtbot.waitUntil(lambda: app.controller.state == "ready", timeout=180_000)
+        # the process answers before its model has loaded (/health says "loading" meanwhile):
+        # the indicator goes once the model serves
+        qtbot.waitUntil(lambda: not app.window.status.loading.isVisible(), timeout=60_000)
         meter.stop()
         assert time.perf_counter() - t0 > 0.3
-        assert not app.window.status.loading.isVisible()
         assert "worker" in calls and "gui" not in calls, "an HTTP call ran on the GUI thread"
         limit = allowed_gap_ms()
         assert meter.max_gap_ms < limit, f"the GUI thread was blocked for {meter.max_gap_ms:.0f} ms (limit {limit:.0f})"

@@ -30,6 +30,7 @@ from starlette.requests import Request
 
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
+from engine.server import responses as R
 from engine.server.engine_thread import LoadedModel
 from engine.server.errors import APIError
 from engine.server.serving import Job
@@ -167,10 +168,10 @@ async def pool_on_engine(request: Request, loaded: LoadedModel, inputs, truncate
     tok = engine.tokenizer
     plans = await run_in_threadpool(plan_inputs, inputs, lambda s: tok.encode(s, parse_special=False),
                                     tok.vocab_size, engine.max_model_len, truncate)
-    job, vectors = Job(thread, request), [None] * len(plans)
+    job, vectors, rid = Job(thread, request), [None] * len(plans), R.new_id("embd")
     try:
         for i, ids in enumerate(plans):  # background work: a chat's next token goes first
-            job.submit(ids, SamplingParams(max_tokens=1, embed=True, priority=1), f"embd-{id(job)}-{i}", engine)
+            job.submit(ids, SamplingParams(max_tokens=1, embed=True, priority=1), f"{rid}-{i}", engine)
         while job.unfinished:
             rid, out = await job.next()
             if out.finished:
