@@ -191,10 +191,6 @@ class HFTokenizer(TokenIds):
         self._clean_spaces = cfg.get("clean_up_tokenization_spaces") is True
         self._pieces: list[bytes | None] = [None] * self.vocab_size
 
-    @classmethod
-    def from_dir(cls, path: str | Path) -> "HFTokenizer":
-        return cls(path)
-
     def close(self) -> None:
         """Nothing to free (Rust memory goes with the object); kept for Tokenizer's interface."""
 
