@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import engine.block_manager as bm_module
-from engine.block_manager import NO_HASH, BlockManager
+from engine.block_manager import BlockManager
+from engine.block_pool import NO_HASH
 from engine.sequence import Sequence
 
 
