@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.pack import QuantWeight
 from engine.layers.int4_linear import Int4Linear, inner_k_tiles, nibble_pairs, scales_and_zeros, supports
+from engine.weights.quant_weight import QuantWeight
 
 CUDA = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an sm80+ CUDA GPU (tools/cuda_check.py runs these)")

@@ -23,8 +23,9 @@ if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip(f"Ember's CPU kernels are x86-64 only (this machine: {platform.machine()})", allow_module_level=True)
 
 from engine.kernels import CpuPath, available_paths, default_path
-from engine.kernels.pack import QuantWeight, pack
+from engine.kernels.pack import pack
 from engine.layers.quant_linear import QuantLinear
+from engine.weights.quant_weight import QuantWeight
 from test_repack import ops_or_skip
 
 OPS = ops_or_skip()

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from engine.quant.formats import (CheckpointError, CheckpointFormat as CF, QuantSpec, pack_linear,
                                   parse_quantization_config, quantization_config, tensor_names, unpack_linear)
-from engine.quant.int_weight import IntWeight
+from engine.weights.int_weight import IntWeight
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of word c holds column 8c + AWQ_ORDER[i]
 ONES = {4: 0x11111111, 8: 0x01010101}  # GPTQModel's v1 <-> v2 word offset

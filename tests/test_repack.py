@@ -19,8 +19,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from engine.kernels import kernels
-from engine.kernels.pack import QuantWeight, cat_rows, pack
+from engine.kernels.pack import pack
 from engine.loaders.repack import REPACKABLE, repack
+from engine.weights.quant_weight import QuantWeight, cat_rows
 
 TYPES = sorted(REPACKABLE, key=lambda t: t.name)
 K_QUANTS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}

@@ -54,7 +54,7 @@ def bench_layers(rows: list[int]) -> list[dict]:
     """Qwen2.5-1.5B's 28 layers of matrices at M rows: tinygemm (the 4-bit path), Int4Linear's
     dense path (dequantize per call, then bf16), and bf16 on a dense copy kept (memory x4):
     where the first two cross is where Int4Linear should switch (DENSE_ROWS)."""
-    from engine.kernels.pack import QuantWeight
+    from engine.weights.quant_weight import QuantWeight
     from engine.layers import int4_linear
     from engine.layers.int4_linear import Int4Linear
 

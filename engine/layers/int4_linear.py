@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.pack import QuantWeight
 from engine.layers.linear import LinearBase
+from engine.weights.quant_weight import QuantWeight
 
 # Above this many rows, dequantize to bf16 and use a dense matrix product. Where the two cross,
 # on an H200 (torch 2.11), Qwen2.5-1.5B's 28 layers of matrices (tools/cuda_check.py --layers-only):

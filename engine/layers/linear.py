@@ -73,7 +73,7 @@ def make_linear(weight, bias: torch.Tensor | None = None, kind: str = "auto") ->
     """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out]),
     or from a QuantWeight (engine/kernels/pack.py), which always gives a QuantLinear.
     "auto" packs float32 CPU weights for oneDNN and keeps everything else dense."""
-    from engine.kernels.pack import QuantWeight
+    from engine.weights.quant_weight import QuantWeight
 
     if isinstance(weight, QuantWeight):
         if weight.q.device.type == "cuda":  # tinygemm for 4-bit, bf16 for the rest

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from engine.kernels import CpuPath, default_path, kernels
-from engine.kernels.pack import QuantWeight, pack, widen
+from engine.kernels.pack import pack
 from engine.layers.linear import LinearBase
+from engine.weights.quant_weight import QuantWeight, widen
 
 
 class QuantLinear(LinearBase):

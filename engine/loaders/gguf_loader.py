@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from engine.kernels.pack import QuantWeight, cat_rows
 from engine.layers.rotary import partial_rotary_order
 from engine.loaders.assemble import assemble
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
@@ -32,6 +31,7 @@ from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from engine.model_files.meta import sliding_layers
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.llama import LlamaForCausalLM
+from engine.weights.quant_weight import QuantWeight, cat_rows
 
 
 class GGUFError(ValueError):

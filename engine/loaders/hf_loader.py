@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from engine.kernels.pack import QuantWeight, cat_rows, same_columns
 from engine.loaders.assemble import assemble
 from engine.loaders.hf_checkpoint import HFCheckpoint
 from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.formats import tensor_names, unpack_linear
-from engine.quant.int_weight import IntWeight
 from engine.quant.rtn import rtn
+from engine.weights.int_weight import IntWeight
+from engine.weights.quant_weight import QuantWeight, cat_rows, same_columns
 
 
 def is_quantized(ckpt: HFCheckpoint, module: str) -> bool:

@@ -19,8 +19,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine.kernels.pack import QuantWeight, SuperScales
 from engine.loaders.dequant import _bits32, _f16, _k_nibbles, _k_scales, _nibbles, q5_k_codes, q6_k_codes
+from engine.weights.quant_weight import QuantWeight, SuperScales
 
 
 def _q4_0(b):

@@ -26,7 +26,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.pack import QuantWeight
 from engine.layers.activation import ACTIVATIONS
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.decoder_stack import build_stack, run_stack
@@ -34,6 +33,7 @@ from engine.layers.linear import make_linear
 from engine.layers.norm import RMSNorm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.config import ModelConfig
+from engine.weights.quant_weight import QuantWeight
 
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 

@@ -12,7 +12,7 @@ import torch
 
 from engine.model_files.quant_config import CheckpointError, CheckpointFormat, QuantSpec, check_spec
 from engine.quant.formats import FLOATS, INDEX, INT32, check_g_idx, default_groups, expect, n_groups, pack_bits, unpack_bits
-from engine.quant.int_weight import IntWeight
+from engine.weights.int_weight import IntWeight
 
 
 

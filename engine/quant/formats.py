@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from engine.model_files.quant_config import (CheckpointError, CheckpointFormat, QuantSpec, check_spec,  # noqa: F401
                                              parse_quantization_config, quantization_config)
-from engine.quant.int_weight import IntWeight
+from engine.weights.int_weight import IntWeight
 
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]

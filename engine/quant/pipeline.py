@@ -26,13 +26,13 @@ from typing import Callable
 
 import torch
 
-from engine.models.config import ModelConfig
 from engine.loaders.weight_names import FUSED, NORMS
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
 from engine.quant.formats import CheckpointFormat, QuantSpec
-from engine.quant.int_weight import IntWeight
 from engine.quant.source import Source, layer_weights
+from engine.weights.int_weight import IntWeight
 
 # (our fused linear, the Hugging Face modules it is made of), in true-sequential order
 GROUPS = tuple((name, hf) for name, (_, hf) in FUSED.items())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.int_weight import IntWeight
+from engine.weights.int_weight import IntWeight
 
 FP16_TINY = 2.0 ** -24  # the smallest positive float16 (subnormal): a scale never rounds to 0
 FP16_MAX = 65504.0

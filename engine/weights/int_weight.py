@@ -6,7 +6,7 @@ q and zeros are unsigned codes in 0 .. 2^bits - 1; a symmetric quantizer has zer
 everywhere. scales hold float16 values (the checkpoints store float16), kept as float32 here.
 g_idx is present for act-order (desc_act) checkpoints, whose groups are not contiguous in k.
 
-The kernels' QuantWeight is w = d q' + m per contiguous group (engine/kernels/pack.py); with
+The kernels' QuantWeight is w = d q' + m per contiguous group (engine/weights/quant_weight.py); with
 the input columns put in group order by a permutation P (x[:, P] at run time), the two agree:
     4-bit:  q' = q,        d = s,  m = -s z
     8-bit:  q' = q - 128,  d = s,  m = s (128 - z)     (int8 codes; m = 0 when symmetric)
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels.pack import QuantWeight
+from engine.weights.quant_weight import QuantWeight
 
 
 @dataclass(frozen=True, slots=True)
