@@ -8,7 +8,7 @@ lexer and token trie, it is the engine llama.cpp itself links, and its JSON-sche
 the keyword it cannot enforce, which becomes the 400 a client sees.
 
 No torch here: the server compiles (in its thread pool, never on the engine thread) and the
-sampler (engine/layers/constrained.py) takes per-request matchers from the compiled `Grammar`.
+sampler (engine/sampling/constrained.py) takes per-request matchers from the compiled `Grammar`.
 """
 from __future__ import annotations
 

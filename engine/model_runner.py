@@ -17,9 +17,10 @@ from engine.config import EngineConfig
 from engine.kv_pool import KVPool
 from engine.kv_sizing import kv_bytes_per_block, num_kv_blocks
 from engine.layers.attention import AttentionMetadata
-from engine.layers.step_sampler import StepSampler
+from engine.sampling.step_sampler import StepSampler
 from engine.loaders.load import load_model
-from engine.model_files.fit import MAX_DEFAULT_CONTEXT, auto_dtype, cpu_has_fast_bf16, default_context
+from engine.model_files.fit import auto_dtype, cpu_has_fast_bf16
+from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context
 from engine.runner import RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 

@@ -51,7 +51,7 @@ class SamplingParams:
     thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking, capped (no drafts then)
     # With a grammar: the model thinks first, and the grammar holds from after `</think>`
     # (llama.cpp's lazy grammar); a reply whose first token does not open the block is held from
-    # its start (layers/constrained.py)
+    # its start (sampling/constrained.py)
     grammar_after_think: ThinkTags | None = None
     # control tokens as their text in the reply: a harmony model's channel markup, which the
     # server's reasoning parser reads and takes out (engine/server/reasoning.py)

@@ -9,8 +9,8 @@ import llguidance
 import torch
 
 from engine.grammar import JSON_OPTIONS, Grammar
-from engine.layers.constrained import apply_bitmask, apply_logit_bias
-from engine.layers.step_sampler import StepSampler
+from engine.sampling.constrained import apply_bitmask, apply_logit_bias
+from engine.sampling.step_sampler import StepSampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus

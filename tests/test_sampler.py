@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.layers.sampler import _RACE_HEAD, REPETITION_WINDOW, Sampler, apply_penalties, truncate
+from engine.sampling.sampler import _RACE_HEAD, REPETITION_WINDOW, Sampler, apply_penalties, truncate
 from engine.sampling_params import SamplingParams as SP
 
 

@@ -19,7 +19,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.speculative.drafter import Draft
 from engine.speculative.speculator import Speculator
-from engine.speculative.verify import rejection_sample
+from engine.sampling.verify import rejection_sample
 
 CODE = ("def squares(xs):\n    out = []\n    for x in xs:\n        out.append(x * x)\n    return out\n\n"
         "def cubes(xs):\n    out = []\n    for x in xs:\n        out.append(x * x * x)\n    return out\n\n")

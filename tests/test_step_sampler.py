@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from engine.layers.step_sampler import StepSampler
+from engine.sampling.step_sampler import StepSampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus

@@ -48,7 +48,7 @@ def mask_ms(engine, grammar, streams: int, steps: int = 100) -> float:
 
     import torch
 
-    from engine.layers.constrained import Constraints
+    from engine.sampling.constrained import Constraints
     from engine.sampling_params import SamplingParams
     from engine.sequence import Sequence
 

@@ -25,7 +25,7 @@ STORIES = ["a fox who learns to sail", "a lighthouse keeper and a storm", "a rob
 def _sources() -> list[str]:
     """Real functions to rewrite and long inputs to extract from: Ember's own code (always installed)."""
     from engine import block_manager, scheduler
-    from engine.layers import sampler
+    from engine.sampling import sampler
     from engine.speculative import ngram
 
     funcs = [sampler.truncate, ngram.NgramDrafter.lookup, block_manager.BlockManager.append_slots,

@@ -33,8 +33,8 @@ from engine.backends.llamacpp_context import FA_TILE_ROWS, ResizableContext, kv_
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_blocks
-from engine.layers.step_sampler import StepSampler
-from engine.model_files.fit import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
+from engine.sampling.step_sampler import StepSampler
+from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
 from engine.model_files.meta import read_gguf_meta
 from engine.runner import RunnerOutput
 from engine.scheduler_output import SchedulerOutput

@@ -7,7 +7,7 @@ step and the one after them) and yields draft 1, then k − 1 one-token forwards
 sequences batched. Drafts the target rejected are rolled back by moving the shadow's
 num_computed_tokens back to the common prefix. Greedy requests draft the argmax (q one-hot); a
 sampled request draws from the draft's softmax at the request's temperature and hands q to the
-verifier (engine/speculative/verify.py), so the output stays distributed as the target's.
+verifier (engine/sampling/verify.py), so the output stays distributed as the target's.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.layers.sampler import argmax_rows
+from engine.sampling.sampler import argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence

@@ -11,7 +11,7 @@ from engine.sequence import Sequence
 class Draft:
     token_ids: list[int]
     # The distributions the tokens were drawn from ([k, V] tensor, rows summing to 1), or None:
-    # the drafter chose them deterministically (q one-hot; engine/speculative/verify.py).
+    # the drafter chose them deterministically (q one-hot; engine/sampling/verify.py).
     probs: object | None = None
 
 

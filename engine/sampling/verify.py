@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers.sampler import apply_penalties, truncate
+from engine.sampling.sampler import apply_penalties, truncate
 from engine.sampling_params import SamplingParams
 
 
@@ -33,7 +33,7 @@ def num_matching(drafts: list[int], drawn: list[int]) -> int:
 
 def final_probs(logits: torch.Tensor, params: SamplingParams, history: list[int], num_prompt: int) -> torch.Tensor:
     """The distribution a row is sampled from [V] (float64): the sampler's pipeline, penalties,
-    temperature, then top-k/top-p/min-p (engine/layers/sampler.py `truncate`), renormalized."""
+    temperature, then top-k/top-p/min-p (engine/sampling/sampler.py `truncate`), renormalized."""
     x = logits.double().clone()[None]
     x = apply_penalties(x, [params], [history], [num_prompt])[0] / params.temperature
     vals, ids = truncate(x, params.top_k, params.top_p, params.min_p)

@@ -5,7 +5,7 @@ the engine loop never holds a tensor. The rows arrive in `out.seqs` order, `out.
 of them per sequence: the last one is the sampling row of a sampled sequence, and a sequence
 that scores its prompt has one row per new token (row j predicts position c + j + 1). A sequence
 that verifies d drafts has d + 1 sampling rows: row j is the target's distribution after draft
-j − 1 (engine/speculative/verify.py has the maths of accepting them).
+j − 1 (engine/sampling/verify.py has the maths of accepting them).
 
 A seeded request draws from its own torch.Generator, kept here from its first sampled step until
 it finishes: a preempted sequence keeps it, so its recompute continues the same random stream
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers.constrained import Constraints
-from engine.layers.sampler import Sampler, apply_penalties, token_logprobs
+from engine.sampling.constrained import Constraints
+from engine.sampling.sampler import Sampler, apply_penalties, token_logprobs
 from engine.runner import RunnerOutput, TokenLogprobs
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
-from engine.speculative.verify import final_probs, num_matching, rejection_sample
+from engine.sampling.verify import final_probs, num_matching, rejection_sample
 
 
 class StepSampler:
