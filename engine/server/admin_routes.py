@@ -1,0 +1,124 @@
+"""The engine's own routes: /health, /v1/models, /metrics and the GUI's /v1/engine/{status,load,unload}.
+
+Each reads the engine thread's published status; a load or unload is posted to the thread and
+awaited (or, for a load with `wait: false`, answered 202 at once).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from engine.server import heap
+from engine.server.engine_thread import EngineThread
+from engine.server.errors import APIError
+from engine.server.model_store import ModelNotFound, ModelStore
+from engine.server.protocol import LoadModelRequest
+from engine.server.reasoning import thinking_switches
+
+
+def build_admin_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request):
+        return health_body(request.app.state.engine_thread)
+
+    @router.get("/v1/models")
+    async def models(request: Request):
+        return model_list(request.app.state.engine_thread, request.app.state.model_store)
+
+    @router.get("/metrics")
+    async def prometheus(request: Request):
+        t = request.app.state.engine_thread
+        return PlainTextResponse(t.metrics.render(t.stats, t.state),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @router.get("/v1/engine/status")
+    async def status(request: Request):
+        return engine_status(request.app.state.engine_thread)
+
+    @router.post("/v1/engine/load")
+    async def load(body: LoadModelRequest, request: Request):
+        return await _load(request.app.state.engine_thread, request.app.state.model_store, body)
+
+    @router.post("/v1/engine/unload")
+    async def unload(request: Request):
+        t = request.app.state.engine_thread
+        await asyncio.wrap_future(t.unload())
+        return health_body(t)
+
+    return router
+
+
+def health_body(t: EngineThread) -> dict:
+    loaded = t.model
+    spec = loaded.spec if loaded else t.loading
+    return {"status": t.state, "message": t.message, "model": spec.id if spec else None,
+            "backend": loaded.backend if loaded else None, "device": loaded.device if loaded else None,
+            "decision": loaded.decision if loaded else None}
+
+
+def model_list(t: EngineThread, store: ModelStore) -> dict:
+    """The loaded model first, then the store's, each once."""
+    loaded = t.model
+    entries, seen = [], set()
+    specs = ([loaded.spec] if loaded else []) + store.list()
+    for spec in specs:
+        if spec.id in seen:
+            continue
+        seen.add(spec.id)
+        entries.append({"id": spec.id, "object": "model", "created": 0, "owned_by": "ember",
+                        "name": spec.name, "format": spec.format,
+                        "loaded": bool(loaded and loaded.spec.id == spec.id)})
+    return {"object": "list", "data": entries}
+
+
+def engine_status(t: EngineThread) -> dict:
+    """/health plus what the GUI shows: the KV cache, the queue, speed and speculation."""
+    d = health_body(t)
+    s = t.stats
+    d["kv"] = ({"blocks_used": s.kv_blocks_used, "blocks_total": s.kv_blocks_total,
+                "block_size": s.block_size, "tokens_cached": s.cached_tokens,
+                "prefix_hit_rate": s.prefix_hit_rate} if s is not None else None)
+    d["num_running"] = s.num_running if s is not None else 0
+    d["num_waiting"] = s.num_waiting if s is not None else 0
+    d["max_model_len"] = s.max_model_len if s is not None else None
+    d["num_requests"] = t.num_requests
+    d["generation_tok_s"] = round(t.metrics.generation_tok_s(), 2)
+    loaded = t.model
+    if loaded is not None:  # what the GUI's per-chat Think switch may ask of this model
+        d["thinking"] = thinking_switches(loaded.engine.chat_template)
+        d["embeds_only"] = not loaded.generates  # an embedding model: no chats on it
+    spec = s.spec if s is not None else None
+    if spec is not None:
+        d["speculative"] = {
+            "drafter": spec.drafter, "draft_tokens": spec.num_proposed, "accepted_tokens": spec.num_accepted,
+            "acceptance_rate": spec.acceptance_rate, "mean_accepted_length": spec.mean_accepted,
+            "tokens_per_target_pass": spec.tokens_per_pass, "draft_seconds": round(spec.draft_seconds, 3),
+            "verify_seconds": round(spec.verify_seconds, 3)}
+    if heap.enabled():  # a soak's view of what the process holds (engine/server/heap.py)
+        d["heap"] = heap.heap_report(t.trimmer)
+    return d
+
+
+async def _load(t: EngineThread, store: ModelStore, body: LoadModelRequest):
+    try:
+        spec = store.get(body.model)
+    except ModelNotFound as e:
+        raise APIError(404, str(e), code="model_not_found", param="model") from None
+    except (OSError, ValueError) as e:
+        raise APIError(400, f"the manifest of {body.model!r} is unusable: {e}", code="invalid_manifest") from None
+    fut = t.load(spec)
+    if not body.wait:
+        return JSONResponse(health_body(t), status_code=202)
+    try:
+        await asyncio.wrap_future(fut)
+    except (OSError, ValueError, RuntimeError, MemoryError) as e:
+        # a missing or malformed file, or a model that does not fit: the message says which,
+        # and the engine's status whether the model loaded before it serves again
+        said = t.message
+        why = said if said.startswith(f"loading {spec.id} failed: ") else f"loading {spec.id} failed: {e}"
+        raise APIError(400, why, code="model_load_failed") from None
+    return health_body(t)
