@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.gui_main import build_app
 from app.history import ChatStore
-from ui.transcript import TranscriptMessage, TranscriptView
+from ui.transcript import TranscriptView
+from ui.transcript_message import TranscriptMessage
 from test_ui_first_hour import ember  # noqa: F401 - the app on the shared engine
 from ui_support import make_settings, shared_engine, tiny_gguf  # noqa: F401
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from test_ui_messages import click_link
 
-from ui.transcript import TranscriptMessage, TranscriptView, tool_calls
+from ui.transcript import TranscriptView
+from ui.transcript_markdown import tool_calls
+from ui.transcript_message import TranscriptMessage
 
 HERMES = ('I will look it up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
           '\n</tool_call>')

@@ -16,7 +16,9 @@ from ui.crash_dialog import CrashReporter
 from ui.message_input import MessageInput
 from ui.settings_dialog import SettingsDialog
 from ui.single_instance import SingleInstance, instance_key
-from ui.transcript import TranscriptMessage, TranscriptView, to_markdown
+from ui.transcript import TranscriptView
+from ui.transcript_markdown import to_markdown
+from ui.transcript_message import TranscriptMessage
 from ui.workers import FunctionWorker, GeneratorWorker, create_worker
 from ui_support import ui_settings  # noqa: F401 - fixture
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from app.client import ChatDelta, EngineClientError
@@ -18,10 +19,11 @@ from app.reply_versions import ReplyVersions
 from app.sampling_defaults import effective_settings, request_fields
 from ui.elided_label import ElidedLabel
 from ui.engine_controller import EngineController
-from ui.message_actions import MessageActions
+from ui.message_actions import MessageActions, keep_versions
 from ui.message_input import MessageInput
 from ui.reply_stream import ReplyStream
-from ui.transcript import TranscriptMessage, TranscriptView
+from ui.transcript import TranscriptView
+from ui.transcript_message import TranscriptMessage, from_history
 from ui.workers import GeneratorWorker
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,10 @@ class ChatView(QWidget):
         self.send_button.clicked.connect(self._on_send_clicked)
         self.stop_button.clicked.connect(self.stop)
         self.regenerate_button.clicked.connect(self.regenerate)
-        self.actions = MessageActions(self)
+        self.actions = MessageActions(self.transcript, chat_store, versions, lambda: self.is_streaming, self.stop,
+                                      parent=self)
         self.transcript.action_requested.connect(self.actions.run)
+        self.actions.edit_requested.connect(self._put_back)
         self._load()
 
     # ---- public API (tests drive these, as a user would through the buttons) ----
@@ -122,9 +126,6 @@ class ChatView(QWidget):
         self._start_reply(new_message=False)
         self._reply.versions = [v for v in earlier.versions or [earlier.content] if v]  # kept to flip back to
         self.input.setFocus()
-
-    def set_busy_text(self, text: str) -> None:
-        self.info_label.setText(text)
 
     def effective_settings(self) -> dict:
         """What this chat sends (and the settings panel shows): its settings over the model's and Ember's."""
@@ -228,7 +229,7 @@ class ChatView(QWidget):
             if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)
                 reply.thought_s = time.monotonic() - (self._t_first or self._t_sent)
             reply.add_version()
-            self.keep_versions(reply)
+            keep_versions(self.versions, reply)
             stats = self._stats or {}
             self.chat_store.update_message(self._reply_id, reply.content, status,
                                            tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"),
@@ -254,25 +255,15 @@ class ChatView(QWidget):
 
     # ---- helpers ----
     def _load(self) -> None:
-        msgs = []
-        for m in self.chat_store.messages(self.chat_id):
-            status = m.status
-            if status == "streaming":  # a reply cut off by a previous crash of the app
-                status = "stopped"
-            msg = TranscriptMessage(m.role, m.content, status,
-                                    "the reply was interrupted" if status == "error" else None, msg_id=m.id,
-                                    reasoning=m.reasoning, thought_s=m.thought_s)
-            if m.role == "assistant" and self.versions is not None:
-                versions, shown = self.versions.get(m.id)
-                if versions and versions[shown] == m.content:  # the one shown is the one stored
-                    msg.versions, msg.shown = versions, shown
-            msgs.append(msg)
-        self.transcript.set_messages(msgs)
+        self.transcript.set_messages(from_history(self.chat_store.messages(self.chat_id), self.versions))
         self.update_buttons()
 
-    def keep_versions(self, m: TranscriptMessage) -> None:
-        if self.versions is not None and m.msg_id is not None and len(m.versions) > 1:
-            self.versions.put(m.msg_id, m.versions, m.shown)
+    def _put_back(self, text: str) -> None:
+        """An edited question back in the message box, to send again on Enter."""
+        self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.End)
+        self.input.setFocus()
+        self.update_buttons()
 
     def _last_assistant_id(self) -> int | None:
         for m in reversed(self.chat_store.messages(self.chat_id)):

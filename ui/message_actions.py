@@ -1,23 +1,44 @@
 """What the links under each message do: copy it, copy one of its code blocks, edit & resend a
-question, flip between the replies Regenerate wrote. Runs on the GUI thread (no I/O but SQLite)."""
+question, flip between the replies Regenerate wrote. Runs on the GUI thread (no I/O but SQLite).
+
+The chat view passes in what the actions touch (its transcript, the store, the kept versions, how
+to tell and stop a reply in flight) and puts an edited question back in its message box on
+`edit_requested`: the actions never reach into the view."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QGuiApplication
 
-if TYPE_CHECKING:
-    from ui.chat_view import ChatView
+from app.history import ChatStore
+from app.reply_versions import ReplyVersions
+from ui.transcript import TranscriptView
+from ui.transcript_message import TranscriptMessage
 
 
-class MessageActions:
+def keep_versions(versions: ReplyVersions | None, m: TranscriptMessage) -> None:
+    """Store a reply's versions and the one shown, so a reopened chat can still flip between them."""
+    if versions is not None and m.msg_id is not None and len(m.versions) > 1:
+        versions.put(m.msg_id, m.versions, m.shown)
+
+
+class MessageActions(QObject):
     """`run(action, index, block)` is connected to TranscriptView.action_requested."""
 
-    def __init__(self, view: ChatView) -> None:
-        self.view = view
+    edit_requested = Signal(str)  # a question taken back: its text, for the message box
+
+    def __init__(self, transcript: TranscriptView, chat_store: ChatStore, versions: ReplyVersions | None,
+                 is_streaming: Callable[[], bool], stop: Callable[[], None], parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.transcript = transcript
+        self.chat_store = chat_store
+        self.versions = versions
+        self._is_streaming = is_streaming
+        self._stop = stop
 
     def run(self, action: str, index: int, block: int = -1) -> None:
-        msgs = self.view.transcript.messages
+        msgs = self.transcript.messages
         if not 0 <= index < len(msgs):
             return
         handler = {"copy": self.copy, "code": self.copy_code, "edit": self.edit,
@@ -26,38 +47,33 @@ class MessageActions:
             handler(index, block)
 
     def copy(self, index: int, _block: int = -1) -> None:
-        QGuiApplication.clipboard().setText(self.view.transcript.messages[index].content)
+        QGuiApplication.clipboard().setText(self.transcript.messages[index].content)
 
     def copy_code(self, index: int, block: int) -> None:
-        blocks = self.view.transcript.code_block_texts(index)
+        blocks = self.transcript.code_block_texts(index)
         if 0 <= block < len(blocks):
             QGuiApplication.clipboard().setText(blocks[block])
 
     def edit(self, index: int, _block: int = -1) -> None:
-        """Put a question back in the message box, and drop it and everything after it (sent again on Enter)."""
-        view = self.view
-        m = view.transcript.messages[index]
+        """Take a question back, dropping it and everything after it (sent again on Enter)."""
+        m = self.transcript.messages[index]
         if m.role != "user":
             return
-        view.stop()
-        for later in view.transcript.messages[index:]:
+        self._stop()
+        for later in self.transcript.messages[index:]:
             if later.msg_id is not None:
-                view.chat_store.delete_message(later.msg_id)
-        del view.transcript.messages[index:]
-        view.transcript.render_now()
-        view.input.setPlainText(m.content)
-        view.input.moveCursor(QTextCursor.End)
-        view.input.setFocus()
-        view.update_buttons()
+                self.chat_store.delete_message(later.msg_id)
+        del self.transcript.messages[index:]
+        self.transcript.render_now()
+        self.edit_requested.emit(m.content)
 
     def flip(self, index: int, step: int) -> None:
         """Show an earlier or later reply; the one shown is the one the next turn builds on."""
-        view = self.view
-        m = view.transcript.messages[index]
-        if view.is_streaming or not m.flip(step):
+        m = self.transcript.messages[index]
+        if self._is_streaming() or not m.flip(step):
             return
         if m.msg_id is not None:
-            view.chat_store.update_message(m.msg_id, m.content, "done")
+            self.chat_store.update_message(m.msg_id, m.content, "done")
             m.status = "done"
-        view.keep_versions(m)
-        view.transcript.render_now()
+        keep_versions(self.versions, m)
+        self.transcript.render_now()

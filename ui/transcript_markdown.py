@@ -1,0 +1,127 @@
+"""A chat as one Markdown document: a heading per turn, code blocks with a "Copy code" link, a line of
+actions under each message (copy, edit & resend, earlier replies), tool calls as a collapsed line per
+call that opens to the arguments as JSON, and a reasoning model's thinking above its answer. Pure
+functions, Qt-free; TranscriptView renders what `to_markdown` writes.
+
+The actions are links of the form `ember:<action>/<message index>[/<code block>]`.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from engine.model_files.tool_call_syntax import ToolFormat, parse_tool_calls
+from ui.transcript_message import TranscriptMessage
+
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+ACTION_SCHEME = "ember"
+FENCE = re.compile(r"^\s*```")
+
+
+def _link(action: str, index: int, text: str, block: int | None = None) -> str:
+    target = f"{ACTION_SCHEME}:{action}/{index}" + (f"/{block}" if block is not None else "")
+    return f"[{text}]({target})"
+
+
+def _with_code_links(body: str, index: int) -> str:
+    """A "Copy code" link after each closed fenced block."""
+    out, inside, n = [], False, 0
+    for line in body.split("\n"):
+        out.append(line)
+        if FENCE.match(line):
+            inside = not inside
+            if not inside:
+                out += ["", _link("code", index, "Copy code", n), ""]
+                n += 1
+    return "\n".join(out)
+
+
+def _actions(m: TranscriptMessage, i: int) -> str:
+    links = [_link("copy", i, "Copy")]
+    if m.role == "user":
+        links.append(_link("edit", i, "Edit & resend"))
+    if len(m.versions) > 1:
+        links.append(f"{_link('prev', i, '‹')} reply {m.shown + 1} of {len(m.versions)} {_link('next', i, '›')}")
+    return " · ".join(links)
+
+
+def tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(the reply without its tool calls, [(name, arguments JSON)]): the syntaxes that mark a
+    call explicitly (Hermes/Qwen, Mistral); a Llama 3 call is bare JSON, shown as the model wrote it."""
+    for fmt in (ToolFormat.HERMES, ToolFormat.MISTRAL):
+        content, calls = parse_tool_calls(fmt, text)
+        if calls:
+            return content, [(c.name, c.arguments) for c in calls]
+    return text, []
+
+
+def _brief(arguments: str, limit: int = 60) -> str:
+    """`city="Paris", unit="celsius"`, cut to `limit` characters."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        args = None
+    text = (", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+            if isinstance(args, dict) else arguments)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tool_call_lines(m: TranscriptMessage, i: int, calls: list[tuple[str, str]], actions: bool) -> list[str]:
+    out = []
+    for n, (name, arguments) in enumerate(calls):
+        opened = n in m.opened or not actions
+        toggle = _link("tool", i, "hide arguments" if opened else "arguments", n) if actions else ""
+        out.append(f"{'▾' if opened else '▸'} **Tool call** `{name}({_brief(arguments)})` {toggle}".rstrip())
+        if opened:
+            try:
+                pretty = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+            except ValueError:
+                pretty = arguments
+            out.append(f"```json\n{pretty}\n```")
+    return out
+
+
+def _thinking_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
+    """While it thinks, the thoughts as they stream; once the answer begins, one line to open them."""
+    quoted = "\n".join(f"> {line}" for line in m.reasoning.strip().splitlines()) or "> …"
+    if m.status == "streaming" and m.thought_s is None:
+        return ["▾ _Thinking…_", quoted]
+    took = f"Thought for {m.thought_s:.0f} s" if m.thought_s is not None else "Thoughts"
+    opened = m.show_thinking or not actions
+    toggle = _link("think", i, "hide" if opened else "show") if actions else ""
+    return [f"{'▾' if opened else '▸'} _{took}_ {toggle}".rstrip()] + ([quoted] if opened else [])
+
+
+def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str:
+    """The transcript as one Markdown document: a heading per turn, the text as the model wrote it."""
+    parts: list[str] = []
+    for i, m in enumerate(messages):
+        if m.role == "system":
+            continue
+        title = ROLE_TITLES.get(m.role, m.role.title())
+        body, calls = (m.content, []) if m.role != "assistant" or m.status == "streaming" else tool_calls(m.content)
+        thinking = _thinking_lines(m, i, actions) if m.reasoning else []
+        if m.status == "streaming":
+            body = (body + " ▍") if body else ("" if thinking else "_…thinking_")
+        if _open_fence(body):  # an unfinished code block must not swallow what follows
+            body += "\n```"
+        if actions and m.status != "streaming":
+            body = _with_code_links(body, i)
+        if thinking:
+            parts += [f"#### {title}", *thinking]
+            if body.strip():
+                parts.append(body)
+        else:
+            parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
+        parts += _tool_call_lines(m, i, calls, actions)
+        if m.status == "stopped":
+            parts.append("_(stopped)_")
+        elif m.status == "error":
+            parts.append(f"> **⚠ Error:** {m.error or 'the reply failed'}")
+        if actions and m.status != "streaming" and m.content:
+            parts.append(_actions(m, i))
+    return "\n\n".join(parts) + "\n"
+
+
+def _open_fence(text: str) -> bool:
+    return sum(1 for line in text.splitlines() if line.lstrip().startswith("```")) % 2 == 1

@@ -1,0 +1,56 @@
+"""One message as the transcript shows it: its text, status, the replies Regenerate wrote and which one
+is shown, and what the reader opened (tool calls, thoughts). Qt-free; `from_history` builds a chat's
+messages from the chat store's rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.history import Message
+    from app.reply_versions import ReplyVersions
+
+
+@dataclass
+class TranscriptMessage:
+    role: str
+    content: str
+    status: str = "done"  # done | streaming | stopped | error
+    error: str | None = None
+    msg_id: int | None = None  # its row in the chat store
+    versions: list[str] = field(default_factory=list)  # every reply a Regenerate wrote here (this session)
+    shown: int = 0  # which of `versions` `content` is
+    opened: set[int] = field(default_factory=set)  # the tool calls shown with their arguments
+    reasoning: str = ""  # a reasoning model's thinking (reasoning_content)
+    thought_s: float | None = None  # how long it thought: set when the answer begins
+    show_thinking: bool = False  # the thoughts opened by a click
+
+    def add_version(self) -> None:
+        """The reply just written becomes the newest version (after the earlier ones it replaced)."""
+        if self.content and (not self.versions or self.versions[-1] != self.content):
+            self.versions.append(self.content)
+        self.shown = max(0, len(self.versions) - 1)
+
+    def flip(self, step: int) -> bool:
+        """Show the previous (-1) or next (+1) version; False at either end."""
+        j = self.shown + step
+        if len(self.versions) < 2 or not 0 <= j < len(self.versions):
+            return False
+        self.shown, self.content = j, self.versions[j]
+        return True
+
+
+def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[TranscriptMessage]:
+    """A stored chat as transcript messages, with each reply's earlier versions when they are kept."""
+    msgs = []
+    for m in rows:
+        status = "stopped" if m.status == "streaming" else m.status  # a reply cut off by a crash of the app
+        msg = TranscriptMessage(m.role, m.content, status,
+                                "the reply was interrupted" if status == "error" else None, msg_id=m.id,
+                                reasoning=m.reasoning, thought_s=m.thought_s)
+        if m.role == "assistant" and versions is not None:
+            kept, shown = versions.get(m.id)
+            if kept and kept[shown] == m.content:  # the one shown is the one stored
+                msg.versions, msg.shown = kept, shown
+        msgs.append(msg)
+    return msgs
