@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_files.fit import (MAX_DEFAULT_CONTEXT, BackendError, GiB, MachineInfo, choose_backend,
-                                    default_context, estimate_bytes, footprint_of, kv_itemsize, kv_room,
-                                    max_context_that_fits, probe_host)
+from engine.model_files.fit import BackendError, MachineInfo, choose_backend, probe_host
+from engine.model_files.footprint import (MAX_DEFAULT_CONTEXT, GiB, default_context, estimate_bytes, footprint_of,
+                                          kv_itemsize, kv_room, max_context_that_fits)
 from engine.model_files.memory import describe, engine_memory
 
 __all__ = ["FitAdvice", "MachineInfo", "fit_advice", "probe_host"]

@@ -6,7 +6,7 @@ buffer must be sized by the same rule; the runners only measure what is free.
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.model_files.fit import kv_bytes_per_token
+from engine.model_files.footprint import kv_bytes_per_token
 from engine.model_files.memory import kv_pool_blocks
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.model_files.fit import (DTYPES, GiB, MiB, MachineInfo, ModelFootprint, auto_dtype, choose_backend,
-                                    cpu_has_fast_bf16)
+from engine.model_files.fit import DTYPES, MachineInfo, auto_dtype, choose_backend, cpu_has_fast_bf16
+from engine.model_files.footprint import GiB, MiB, ModelFootprint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = ModelFootprint("gguf", 92 * MiB, 30, 3, 64, 8192)

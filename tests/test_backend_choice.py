@@ -7,8 +7,8 @@ import re
 import pytest
 
 from engine.backends.device import probe_machine
-from engine.model_files.fit import (GiB, MiB, BackendDecision, BackendError, MachineInfo, ModelFootprint,
-                                    choose_backend, estimate_bytes, max_context_that_fits)
+from engine.model_files.fit import BackendDecision, BackendError, MachineInfo, choose_backend
+from engine.model_files.footprint import GiB, MiB, ModelFootprint, estimate_bytes, max_context_that_fits
 
 # SmolLM2-135M Q4_1: 30 layers, 3 KV heads of 64 → 23,040 bytes of f16 KV per token.
 SMOL = ModelFootprint("gguf", 92 * MiB, 30, 3, 64, 8192)

@@ -9,9 +9,10 @@ import psutil
 import pytest
 
 from app.fit import FitAdvice, fit_advice, probe_host
-from engine.model_files.fit import GiB as GIB
-from engine.model_files.fit import MiB as MIB
-from engine.model_files.fit import MachineInfo, kv_bytes_per_token
+from engine.model_files.footprint import GiB as GIB
+from engine.model_files.footprint import MiB as MIB
+from engine.model_files.fit import MachineInfo
+from engine.model_files.footprint import kv_bytes_per_token
 
 SMOL = {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "context_length": 8192}  # SmolLM2-135M
 QWEN7B = {"num_layers": 28, "num_kv_heads": 4, "head_dim": 128, "context_length": 32768}

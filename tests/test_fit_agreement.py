@@ -16,7 +16,8 @@ import engine.backends as backends
 from app.catalog import Catalog
 from app.fit import fit_advice, probe_host
 from engine.config import EngineConfig
-from engine.model_files.fit import GiB, BackendError, MachineInfo, footprint_of
+from engine.model_files.fit import BackendError, MachineInfo
+from engine.model_files.footprint import GiB, footprint_of
 
 CATALOG = list(Catalog.load())
 CPU = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=4)

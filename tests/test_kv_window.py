@@ -94,8 +94,8 @@ def test_the_fit_counts_the_window_on_embers_engine_and_all_of_it_on_llama_cpp(g
     """The estimate of one 4,096-token chat: on Ember's engine the 5 window layers count
     32 + 32 edge tokens, the global one every token; llama.cpp's runner keeps them all."""
     from engine.backends import model_footprint
-    from engine.model_files.fit import (RUNTIME_OVERHEAD_BYTES, WINDOW_EDGE_TOKENS, MachineInfo, choose_backend,
-                                        kv_bytes_per_token)
+    from engine.model_files.fit import MachineInfo, choose_backend
+    from engine.model_files.footprint import RUNTIME_OVERHEAD_BYTES, WINDOW_EDGE_TOKENS, kv_bytes_per_token
 
     fp = model_footprint(gemma)
     assert (fp.sliding_window, fp.sliding_layers, fp.num_layers) == (32, 5, 6)

@@ -9,7 +9,8 @@ from app.fit import memory_line
 from app.store import ModelStore
 from engine.backends.device import model_footprint
 from engine.config import EngineConfig
-from engine.model_files.fit import GiB, MiB, MachineInfo
+from engine.model_files.fit import MachineInfo
+from engine.model_files.footprint import GiB, MiB
 from engine.model_files.memory import describe, engine_memory, kv_pool_blocks
 from ui_support import ui_settings  # noqa: F401
 

@@ -18,8 +18,8 @@ from app.store import ModelStore
 from arch_ggufs import ARCHS, UNKNOWN_ARCH, write_arch_gguf
 from engine.backends import load_engine, model_footprint
 from engine.config import EngineConfig
-from engine.model_files.fit import (GiB, RUNTIME_OVERHEAD_BYTES, MachineInfo, UnsupportedArchitecture,
-                                    choose_backend, kv_bytes_per_token)
+from engine.model_files.fit import MachineInfo, UnsupportedArchitecture, choose_backend
+from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
 from engine.model_files.families import NOT_YET
 from engine.model_files.manifest import ModelManifest, write_manifest
 from engine.model_files.meta import read_meta

@@ -14,8 +14,8 @@ import logging
 
 from engine.backends.device import model_footprint, probe_machine
 from engine.config import EngineConfig
-from engine.model_files.fit import (BackendDecision, BackendError, MachineInfo, ModelFootprint, choose_backend,
-                                    default_context)
+from engine.model_files.fit import BackendDecision, BackendError, MachineInfo, choose_backend
+from engine.model_files.footprint import ModelFootprint, default_context
 from engine.runner import Runner
 
 log = logging.getLogger(__name__)

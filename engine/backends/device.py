@@ -10,7 +10,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from engine.model_files.fit import BackendError, MachineInfo, ModelFootprint, footprint_of, probe_host
+from engine.model_files.fit import BackendError, MachineInfo, probe_host
+from engine.model_files.footprint import ModelFootprint, footprint_of
 from engine.model_files.meta import ModelFileError, read_gguf_meta, read_quantized_dir_meta
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.model_files.fit import default_context
+from engine.model_files.footprint import default_context
 from engine.model_files.meta import read_gguf_meta
 from engine.runner import RunnerOutput
 from engine.scheduler_output import SchedulerOutput

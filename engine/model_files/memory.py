@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_files.fit import GiB, MiB, RUNTIME_OVERHEAD_BYTES, ModelFootprint, kv_itemsize
+from engine.model_files.footprint import GiB, MiB, RUNTIME_OVERHEAD_BYTES, ModelFootprint, kv_itemsize
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block (EngineConfig.block_size)
 DEFAULT_KV_FRACTION = 0.25  # share of free memory the pool may grow to (EngineConfig.kv_memory_fraction)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_files.fit import kv_bytes_per_token
+from engine.model_files.footprint import kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
