@@ -103,6 +103,12 @@ class Sequence:
         """More than one known token still lacks K/V (a prompt, or a recompute after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1
 
+    @property
+    def verifies_by_rejection(self) -> bool:
+        """Its drafts came with the drafter's distributions and its request samples: they are
+        verified by rejection sampling, not by matching the target's own draws (engine/sampling/verify.py)."""
+        return self.spec_probs is not None and not self.params.is_greedy
+
     def new_token_ids(self, n: int) -> list[int]:
         """The n tokens a step computes: known tokens from num_computed_tokens on, then drafts."""
         c = self.num_computed_tokens

@@ -48,7 +48,7 @@ class StepSampler:
         # probabilities on a sampled request go through rejection sampling instead.
         rows_idx, row_seqs, hists = [], [], []
         for seq, (first, d) in zip(sampled, spans):
-            if d and seq.spec_probs is not None and not seq.params.is_greedy:
+            if d and seq.verifies_by_rejection:
                 continue
             for j in range(d + 1):
                 rows_idx.append(first + j)
@@ -66,7 +66,7 @@ class StepSampler:
         lps: list[list[TokenLogprobs] | None] = []
         r = 0
         for seq, (first, d) in zip(sampled, spans):
-            if d and seq.spec_probs is not None and not seq.params.is_greedy:
+            if d and seq.verifies_by_rejection:
                 toks, lp = self._reject(seq, logits[first:first + d + 1])
             else:
                 a = num_matching(seq.spec_token_ids[:d], drawn.token_ids[r:r + d])
