@@ -126,14 +126,44 @@ def race(vals: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.argmax(p / _exp_noise(p.shape[0], generator, p.device)))
 
 
+def _top_p_keep(x: torch.Tensor, vals: torch.Tensor, valid: torch.Tensor, params: list[SamplingParams],
+                has_k: list[bool], use_p: list[bool], W: list[int]) -> tuple[torch.Tensor, list[bool]]:
+    """`truncate`'s top-p on each row's window: the kept mask, and per row whether the window
+    holds the cut (a row whose cut lies beyond it falls back to `truncate`)."""
+    n, dev = x.shape[0], x.device
+    keep = valid.clone()
+    if not any(use_p):
+        return keep, [True] * n
+    has_k_t, use_p_t = torch.tensor(has_k, device=dev), torch.tensor(use_p, device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    # top-p on the distribution after top-k: normalize over the top-k set ...
+    lse = torch.logsumexp(vals.masked_fill(~valid, -float("inf")), -1)
+    if not all(has_k[r] for r in range(n) if use_p[r]):  # ... else over the whole vocab
+        lse = torch.where(has_k_t, lse, torch.logsumexp(x, -1))
+    probs = torch.exp(vals - lse[:, None]).masked_fill(~valid, 0.0)
+    cum = torch.cumsum(probs, -1)
+    keep &= ~use_p_t[:, None] | ((cum - probs) < top_p[:, None])
+    keep[:, 0] = True
+    reach = cum.gather(1, (torch.tensor(W, device=dev) - 1)[:, None]).squeeze(1) >= top_p
+    return keep, (has_k_t | ~use_p_t | reach).tolist()
+
+
+def _min_p_line(vals: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor | None:
+    """Per row, the lowest logit min-p keeps: l_max + log(min_p) ([n, 1]; min_p = 0 keeps all)."""
+    if not any(p.min_p > 0 for p in params):
+        return None
+    return vals[:, :1] + torch.tensor([[math.log(p.min_p) if p.min_p > 0 else -float("inf")]
+                                       for p in params], device=vals.device)
+
+
 def sample_rows(x: torch.Tensor, params: list[SamplingParams],
                 gens: list[torch.Generator | None]) -> list[int]:
     """One draw per row of tempered, penalized logits x [n, V]; `truncate` + `race`, batched.
 
     Each row gets a sorted window of W candidates from one batched topk: W = top_k, or 256 for
-    top-p alone (proved wide enough below, else that row falls back to `truncate`), or 256 for
-    rows with no top-k/top-p. The masks are `truncate`'s definitions on the window. A row draws
-    noise only for its own W candidates, so its tokens do not depend on its batch neighbours.
+    top-p alone (proved wide enough in `_top_p_keep`, else that row falls back to `truncate`), or
+    256 for rows with no top-k/top-p. The masks are `truncate`'s definitions on the window. A row
+    draws noise only for its own W candidates, so its tokens do not depend on its batch neighbours.
     Rows without top-k/top-p keep tokens outside the window, so their race has two stages
     (exact): with P_H the kept mass inside the window, one uniform picks the window with
     probability P_H, then the race runs inside it; a token there is drawn with probability
@@ -143,33 +173,16 @@ def sample_rows(x: torch.Tensor, params: list[SamplingParams],
     dev, inf = x.device, float("inf")
     has_k = [0 < p.top_k < V for p in params]
     use_p = [p.top_p < 1.0 for p in params]
-    full = [not k and not tp for k, tp in zip(has_k, use_p)]
     W = [min(p.top_k if k else (_TOP_P_WINDOW if tp else _RACE_HEAD), V)
          for p, k, tp in zip(params, has_k, use_p)]
     vals, ids = torch.topk(x, max(W), dim=-1)  # [n, K], descending
-    Wt = torch.tensor(W, device=dev)
-    valid = torch.arange(vals.shape[1], device=dev) < Wt[:, None]
-    has_k_t, use_p_t = torch.tensor(has_k, device=dev), torch.tensor(use_p, device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
-    keep = valid.clone()
-    covered = [True] * n
-    if any(use_p):  # top-p on the distribution after top-k: normalize over the top-k set
-        lse = torch.logsumexp(vals.masked_fill(~valid, -inf), -1)
-        if not all(has_k[r] for r in range(n) if use_p[r]):  # ... else over the whole vocab
-            lse = torch.where(has_k_t, lse, torch.logsumexp(x, -1))
-        probs = torch.exp(vals - lse[:, None]).masked_fill(~valid, 0.0)
-        cum = torch.cumsum(probs, -1)
-        keep &= ~use_p_t[:, None] | ((cum - probs) < top_p[:, None])
-        keep[:, 0] = True
-        reach = cum.gather(1, (Wt - 1)[:, None]).squeeze(1) >= top_p  # window holds the cut
-        covered = (has_k_t | ~use_p_t | reach).tolist()
-    line = None
-    if any(p.min_p > 0 for p in params):  # min-p: l ≥ l_max + log(min_p); 0 keeps everything
-        line = vals[:, :1] + torch.tensor([[math.log(p.min_p) if p.min_p > 0 else -inf]
-                                           for p in params], device=dev)
+    valid = torch.arange(vals.shape[1], device=dev) < torch.tensor(W, device=dev)[:, None]
+    keep, covered = _top_p_keep(x, vals, valid, params, has_k, use_p, W)
+    line = _min_p_line(vals, params)
+    if line is not None:
         keep &= vals >= line
-    two_stage = [f and w < V for f, w in zip(full, W)]
-    if any(two_stage):
+    two_stage = [not k and not tp and w < V for k, tp, w in zip(has_k, use_p, W)]
+    if any(two_stage):  # P_H per row: the window's share of the kept mass
         kept_x = x if line is None else x.masked_fill(x < line, -inf)
         p_head = torch.exp(torch.logsumexp(vals.masked_fill(~keep, -inf), -1)
                            - torch.logsumexp(kept_x, -1)).tolist()
