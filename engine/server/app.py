@@ -22,8 +22,8 @@ from engine.server.model_store import ModelStore
 from engine.server.chat_routes import build_chat_router
 from engine.server.embedding_routes import build_embeddings_router
 from engine.server.embeddings import Embeddings
-from engine.server.openai_routes import build_router
-from engine.server.responses_api import build_responses_router
+from engine.server.completions_routes import build_completions_router
+from engine.server.responses_routes import build_responses_router
 from engine.server.ollama_pull import Puller
 from engine.server.ollama_model_routes import build_ollama_models_router
 from engine.server.ollama_routes import build_ollama_router
@@ -62,7 +62,7 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings | None = No
     metrics = engine_thread.metrics
     install_error_handlers(app)
     app.include_router(build_chat_router())
-    app.include_router(build_router())
+    app.include_router(build_completions_router())
     app.include_router(build_embeddings_router())
     app.include_router(build_responses_router())
     app.include_router(build_ollama_router())

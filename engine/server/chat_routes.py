@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.loaders.chat_template import TemplateError
-from engine.server import responses as R
+from engine.server import openai_bodies as R
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
 from engine.sampling_params import ThinkingBudget, ThinkTags

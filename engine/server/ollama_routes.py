@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from engine.server import responses as R
+from engine.server import openai_bodies as R
 from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
 from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                             ollama_embeddings_reply)

@@ -9,14 +9,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.server import responses as R
+from engine.server import openai_bodies as R
 from engine.server.errors import APIError
 from engine.server.protocol import CompletionRequest
 from engine.server.serving import Job, check_token_ids, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 
 
-def build_router() -> APIRouter:
+def build_completions_router() -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
@@ -24,61 +24,87 @@ def build_router() -> APIRouter:
         state = request.app.state
         loaded = require_model(state.engine_thread, state.model_store, body.model)
         engine, model = loaded.engine, loaded.spec.id
-        vocab = engine.tokenizer.vocab_size
         scoring = body.echo and body.logprobs is not None
         requested = 16 if body.max_tokens is None else body.max_tokens
-        plans = []  # (prompt ids, max_tokens, echo text)
-        for p in body.prompts:
-            ids = await encode(engine, p) if isinstance(p, str) else list(p)
-            check_token_ids(ids, vocab)
-            if not ids:
-                raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
-            # scoring with max_tokens 0: the engine samples one token, which we drop
-            want = requested or (1 if scoring else 0)
-            kept, max_tokens = fit_context(ids, want, body.truncate_prompt_tokens,
-                                           engine.max_model_len, what="prompt", fit=body.max_tokens_fit)
-            echo = (p if isinstance(p, str) and len(kept) == len(ids)
-                    else engine.tokenizer.decode(kept)) if body.echo else ""
-            plans.append((kept, max_tokens, echo))
+        plans = await _plan(body, engine, requested, scoring)
         if requested == 0 and not scoring:  # nothing to run: the prompt (if echoed) and no tokens
-            choices = [R.completion_choice(p * body.n + j, e, "length", None)
-                       for p, (_, _, e) in enumerate(plans) for j in range(body.n)]
-            use = R.usage(sum(len(k) for k, _, _ in plans), 0)
-            return JSONResponse(R.completion(R.new_id("cmpl"), model, R.now(), choices, use))
+            return JSONResponse(_echo_only(body, plans, model))
         rid = R.new_id("cmpl")
         job = Job(state.engine_thread, request)
-        tt = R.TokenText(engine.tokenizer)
-        index, choices = {}, []
-        for p, (ids, max_tokens, echo) in enumerate(plans):
-            for j in range(body.n):  # OpenAI's order: prompt 0's n choices, then prompt 1's...
-                i = p * body.n + j
-                params = sampling_params(body, max(max_tokens, 1), vocab, body.logprobs,
-                                         body.logprobs if scoring else None, choice=j)
-                sub = f"{rid}-{i}"
-                index[sub] = i
-                job.submit(ids, params, sub, engine)
-                choices.append(_Choice(i, ids, echo, body, tt, drop_output=requested == 0))
-                if j:  # usage counts each prompt once, however many choices it has
-                    choices[-1].prompt_tokens = 0
+        index, choices = _submit(job, body, engine, plans, rid, requested, scoring)
         first = await job.first()
         created = R.now()
         if body.stream:
             return StreamingResponse(_completion_stream(job, first, index, choices, rid, model, created, body),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
-        try:
-            item = first
-            while True:
-                choices[index[item[0]]].add(item[1])
-                if not job.unfinished:
-                    break
-                item = await job.next()
-        finally:
-            job.close()
-        use = R.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices),
-                      sum(c.cached for c in choices), sum(c.drafted for c in choices), sum(c.accepted for c in choices))
-        return JSONResponse(R.completion(rid, model, created, [c.final() for c in choices], use))
+        await _collect(job, first, index, choices)
+        return JSONResponse(R.completion(rid, model, created, [c.final() for c in choices], _usage(choices)))
 
     return router
+
+
+async def _plan(body: CompletionRequest, engine, requested: int, scoring: bool) -> list[tuple]:
+    """Each prompt as (token ids that fit the context, max_tokens, echo text)."""
+    plans = []
+    for p in body.prompts:
+        ids = await encode(engine, p) if isinstance(p, str) else list(p)
+        check_token_ids(ids, engine.tokenizer.vocab_size)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
+        # scoring with max_tokens 0: the engine samples one token, which we drop
+        want = requested or (1 if scoring else 0)
+        kept, max_tokens = fit_context(ids, want, body.truncate_prompt_tokens,
+                                       engine.max_model_len, what="prompt", fit=body.max_tokens_fit)
+        echo = (p if isinstance(p, str) and len(kept) == len(ids)
+                else engine.tokenizer.decode(kept)) if body.echo else ""
+        plans.append((kept, max_tokens, echo))
+    return plans
+
+
+def _echo_only(body: CompletionRequest, plans: list[tuple], model: str) -> dict:
+    """max_tokens 0 without logprobs: the echoed prompts and no tokens, nothing run."""
+    choices = [R.completion_choice(p * body.n + j, e, "length", None)
+               for p, (_, _, e) in enumerate(plans) for j in range(body.n)]
+    use = R.usage(sum(len(k) for k, _, _ in plans), 0)
+    return R.completion(R.new_id("cmpl"), model, R.now(), choices, use)
+
+
+def _submit(job: Job, body: CompletionRequest, engine, plans: list[tuple], rid: str, requested: int,
+            scoring: bool) -> tuple[dict, list]:
+    """One engine request per prompt and choice; returns request id -> choice index, and the choices."""
+    vocab = engine.tokenizer.vocab_size
+    tt = R.TokenText(engine.tokenizer)
+    index, choices = {}, []
+    for p, (ids, max_tokens, echo) in enumerate(plans):
+        for j in range(body.n):  # OpenAI's order: prompt 0's n choices, then prompt 1's...
+            i = p * body.n + j
+            params = sampling_params(body, max(max_tokens, 1), vocab, body.logprobs,
+                                     body.logprobs if scoring else None, choice=j)
+            sub = f"{rid}-{i}"
+            index[sub] = i
+            job.submit(ids, params, sub, engine)
+            choices.append(_Choice(i, ids, echo, body, tt, drop_output=requested == 0))
+            if j:  # usage counts each prompt once, however many choices it has
+                choices[-1].prompt_tokens = 0
+    return index, choices
+
+
+async def _collect(job: Job, first, index: dict, choices: list) -> None:
+    """Feed every result to its choice until all are finished (the non-streaming reply)."""
+    try:
+        item = first
+        while True:
+            choices[index[item[0]]].add(item[1])
+            if not job.unfinished:
+                break
+            item = await job.next()
+    finally:
+        job.close()
+
+
+def _usage(choices: list) -> dict:
+    return R.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices),
+                   sum(c.cached for c in choices), sum(c.drafted for c in choices), sum(c.accepted for c in choices))
 
 
 class _Choice:
@@ -133,9 +159,6 @@ def _completion_stream(job, first, index, choices, rid, model, created, body: Co
 
     def done():
         if with_usage:
-            use = R.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices),
-                          sum(c.cached for c in choices), sum(c.drafted for c in choices),
-                          sum(c.accepted for c in choices))
-            yield R.usage_chunk(rid, model, created, "text_completion", use)
+            yield R.usage_chunk(rid, model, created, "text_completion", _usage(choices))
 
     return job_events(job, first, emit, done)
