@@ -16,7 +16,8 @@ import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from engine.backends.llamacpp_runner import LlamaCppError, LlamaCppRunner  # noqa: E402
+from engine.backends.llamacpp_runner import LlamaCppRunner  # noqa: E402
+from engine.backends.llamacpp_setup import LlamaCppError  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.scheduler_output import SchedulerOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402

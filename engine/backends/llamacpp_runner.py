@@ -29,26 +29,18 @@ import psutil
 import torch
 
 from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext, parts
-from engine.backends.llamacpp_context import FA_TILE_ROWS, ResizableContext, kv_cache_type
+from engine.backends.llamacpp_context import FA_TILE_ROWS
+from engine.backends.llamacpp_setup import (LlamaCppError, context_params, decode_error, kv_block_bytes, llama,
+                                            load_model, open_context)
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
-from engine.kv_sizing import idle_cache_tokens, kv_bytes_per_block, num_kv_blocks
+from engine.kv_sizing import idle_cache_tokens, num_kv_blocks
 from engine.sampling.step_sampler import StepSampler
-from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context, kv_itemsize
-from engine.model_files.meta import read_gguf_meta
+from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context
 from engine.runner import RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-
-class LlamaCppError(RuntimeError):
-    """llama.cpp refused a batch or a model; the message says which and why."""
-
-
-def _llama():
-    import llama_cpp  # imported lazily: engine modules that never use this backend need not load it
-    return llama_cpp
 
 
 class LlamaCppRunner:
@@ -59,58 +51,30 @@ class LlamaCppRunner:
 
     def __init__(self, config: EngineConfig, *, n_gpu_layers: int = 0, flash_attn: bool = False,
                  kv_unified: bool = True, prompt_cache: bool | None = None, verbose: bool = False) -> None:
-        ll = self._ll = _llama()
+        ll = self._ll = llama()
         from llama_cpp import _logger  # llama.cpp's log callback: quiet unless verbose
         _logger.set_verbose(verbose)
         self.config = config
         path = Path(config.model_path)
-        if not path.is_file():
-            raise LlamaCppError(f"model file not found: {path}")
-        ll.llama_backend_init()
-
-        mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
-        self._model = ll.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._model:
-            raise LlamaCppError(f"llama.cpp could not load {path} (not a GGUF it supports?)")
+        self._model = load_model(ll, path, n_gpu_layers)
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.vocab_size = int(ll.llama_vocab_n_tokens(self._vocab))
         n_train = int(ll.llama_model_n_ctx_train(self._model)) or MAX_DEFAULT_CONTEXT
         self.max_model_len = default_context(n_train, config.max_model_len)
 
-        # Size the unified KV buffer by the torch pool's rule (kv_sizing), so the block manager's
-        # admission matches llama.cpp's cells: cells = blocks * block_size.
         B = config.block_size
-        n_layer, n_embd, n_head, n_head_kv = (int(f(self._model)) for f in (
-            ll.llama_model_n_layer, ll.llama_model_n_embd, ll.llama_model_n_head, ll.llama_model_n_head_kv))
-        meta = read_gguf_meta(path)  # key and value head sizes as the header states them (Gemma 3: 256, not n_embd / n_head)
-        itemsize = kv_itemsize("llama.cpp", config.dtype)  # f16, llama.cpp's KV type
-        block_bytes = kv_bytes_per_block(n_layer, B, n_head_kv, meta.head_dim or n_embd // n_head, itemsize,
-                                         meta.value_head_dim or 0)
+        block_bytes = kv_block_bytes(ll, self._model, path, config)
         free = psutil.virtual_memory().available
         self.num_blocks = max(num_kv_blocks(config, block_bytes, free, self.max_model_len), 1)
         self.n_seq_max = min(config.max_num_seqs, int(ll.llama_max_parallel_sequences()) - 2)
         self.n_batch = config.max_num_batched_tokens
-
-        cparams = ll.llama_context_default_params()
-        cparams.n_seq_max = self.n_seq_max + 2  # and the padding row's and the grave's (llamacpp_context)
-        cparams.n_batch = max(self.n_batch + 1, cparams.n_seq_max)  # a padding row; llama.cpp's minimum
-        cparams.n_ubatch = min(self.n_batch, 512)
         exact = flash_attn and not n_gpu_layers and config.exact_greedy  # ggml-cpu's FA kernels only
         self._exact_rows = FA_TILE_ROWS - 1 if exact else 0
-        cparams.kv_unified = kv_unified  # one cell pool for all sequences, as the engine's block pool
         threads = config.num_threads or os.cpu_count() or 1
-        cparams.n_threads = cparams.n_threads_batch = threads
         self.flash_attn = flash_attn
-        cparams.type_k = cparams.type_v = kv_cache_type(config.kv_cache_dtype, flash_attn)
-        cparams.flash_attn_type = (ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                                   else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        cparams.no_perf = True
-        try:
-            self._context = ResizableContext(ll, self._model, cparams, max_cells=self.num_blocks * B)
-        except MemoryError as e:
-            ll.llama_model_free(self._model)
-            raise LlamaCppError(str(e)) from None
+        cparams = context_params(ll, config, self.n_seq_max, self.n_batch, threads,
+                                 flash_attn=flash_attn, kv_unified=kv_unified)
+        self._context = open_context(ll, self._model, cparams, self.num_blocks * B)
         self._batch = LlamaBatch(ll, self.n_batch + 1)  # reused every step
         self._threads = threads
         self._scoring: ScoringContext | None = None
@@ -305,13 +269,8 @@ class LlamaCppRunner:
         return torch.cat(out)
 
     def _check(self, ret: int, n: int) -> None:
-        """On 1 (and -1) llama.cpp restores the memory state to what it was before the call."""
         if ret:
-            raise LlamaCppError({
-                1: f"llama.cpp found no KV slot for a batch of {n} tokens ({self.n_cells} cells); lower "
-                   "max_num_seqs or max_model_len, or raise the KV memory fraction",
-                2: "llama_decode was aborted", -1: "llama_decode rejected the batch as invalid (positions/seq ids)",
-            }.get(ret, f"llama_decode failed with code {ret}"))
+            raise decode_error(ret, n, self.n_cells)
 
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
