@@ -29,10 +29,11 @@ import torch.nn.functional as F
 from engine.layers.activation import ACTIVATIONS
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.decoder_stack import build_stack, run_stack
-from engine.layers.linear import make_linear
+from engine.layers.make_linear import make_linear
 from engine.layers.norm import RMSNorm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.config import ModelConfig
+from engine.weight_arena import move_to_huge_pages
 from engine.weights.quant_weight import QuantWeight
 
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
@@ -160,6 +161,7 @@ class LlamaForCausalLM(torch.nn.Module):
         self.rotary_local = (RotaryEmbedding(config.head_dim, config.rope_theta_local).to(self.device)
                              if config.rope_theta_local is not None else None)
         self.layers = torch.nn.ModuleList(LlamaDecoderLayer(config, i, take) for i in range(config.num_layers))
+        move_to_huge_pages(self)  # before the stack takes references: one copy, in 2 MiB pages
         self.stack = build_stack(self)  # all matrices quantized: the layers run as one C++ op
 
     @property
