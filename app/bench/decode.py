@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from app.bench import add_model_args
+from app.bench.roofline import gguf_bytes_per_token, model_bytes_per_token, read_rate, roofline_rows, stream
 
 
 
@@ -108,8 +109,13 @@ def run(args) -> int:
     bench_ember(engine, prompt[:32], 8)  # warm-up: allocator, kernels, caches
     bench_llamacpp(llm, prompt[:32], 8)
     rows = {"ember": [], "llama.cpp": []}
+    model = getattr(engine.runner, "model", None)
+    per_token = {"ember": model_bytes_per_token(model) if model is not None else 0,
+                 "llama.cpp": gguf_bytes_per_token(path)}
+    plain, rates = stream(max(per_token.values())), []  # the read rate, between the engines' runs
     for _ in range(args.runs):
         rows["ember"].append(bench_ember(engine, prompt, args.new_tokens))
+        rates.append(read_rate(plain))
         rows["llama.cpp"].append(bench_llamacpp(llm, prompt, args.new_tokens))
     med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rows.items()}
     print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, prompt {args.prompt_tokens} tokens, "
@@ -124,6 +130,10 @@ def run(args) -> int:
           f"{weights / 2**20:.0f} MiB ({weights / size:.2f}x); kernels: {kernel_note(engine.runner)}")
     e, l = med["ember"], med["llama.cpp"]
     print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
+    rate = statistics.median(rates)
+    print(f"read rate {rate / 1e9:.1f} GB/s (sum() over {max(per_token.values()) / 2**20:.0f} MiB, "
+          f"{args.threads} threads, median of {args.runs}, between the runs): the decode roofline")
+    print("\n".join(roofline_rows({k: v[1] for k, v in med.items()}, per_token, rate)))
     return 0
 
 

@@ -83,12 +83,14 @@ def run(args) -> int:
         return 1
     print(f"model {path}\nthreads {args.threads}, {args.rows} row(s), {default_path().name} path, "
           f"median of {args.repeats}")
-    print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}")
+    print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}{'roofline':>10}")
     timings, read = time_kinds(kinds, args.rows, args.repeats)
+    total_b = sum(t.nbytes for t in timings)
+    rate = total_b / read  # the plain read of all the kinds' bytes: no kernel streams faster
     for t in timings:
         print(f"{t.kind:<10}{t.count:>6}{t.bits:>6}{t.nbytes / 2**20:>9.1f}{t.seconds * 1e3:>9.2f}"
-              f"{t.nbytes / t.seconds / 1e9:>8.1f}")
-    total_b, total_s = sum(t.nbytes for t in timings), sum(t.seconds for t in timings)
+              f"{t.nbytes / t.seconds / 1e9:>8.1f}{t.nbytes / t.seconds / rate:>10.0%}")
+    total_s = sum(t.seconds for t in timings)
     print(f"{'all':<10}{'':>12}{total_b / 2**20:>9.1f}{total_s * 1e3:>9.2f}{total_b / total_s / 1e9:>8.1f}")
     print(f"{'sum()':<22}{total_b / 2**20:>9.1f}{read * 1e3:>9.2f}{total_b / read / 1e9:>8.1f}")
     print(f"kernels / plain read: {total_s / read:.2f}x the time")

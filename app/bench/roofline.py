@@ -1,0 +1,80 @@
+"""The memory roofline of a decode step: what no engine can pass on this machine.
+
+One decoded token reads every weight matrix once (the embedding table only one row, unless it is
+also the head), so tok/s ≤ read rate / bytes per token. The read rate is measured here, on the
+same threads, as a sum() over as many bytes as the model's weights: a plain stream that the
+kernels' loads can match but not beat. KV reads (a few MiB at bench lengths) are left out.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def stream(nbytes: int):
+    """A float32 tensor of `nbytes`, touched (a fresh allocation would time its page faults)."""
+    import torch
+
+    return torch.rand(max(nbytes // 4, 1))
+
+
+def read_rate(data, repeats: int = 3) -> float:
+    """Bytes per second of sum() over `data` (see stream()), median of `repeats`, on torch's threads."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - t0)
+    return data.numel() * 4 / statistics.median(times)
+
+
+def gguf_bytes_per_token(path: str) -> int:
+    """Bytes of a GGUF file's tensors that llama.cpp reads per token: all of them, less the token
+    table when a separate output tensor is the head (the table gives one row a token)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    table = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
+    return sum(tensors.values()) - table
+
+
+def model_bytes_per_token(model) -> int:
+    """Bytes of Ember's loaded model that a decode step reads: every distinct storage of its
+    parameters and buffers, less the lookup table when it is not also the head."""
+    storages = {_key(t): _nbytes(t) for t in (*model.parameters(), *model.buffers())}
+    lookup_only = []
+    if getattr(model, "embed_tokens", None) is not None:
+        lookup_only.append(model.embed_tokens)
+    table = getattr(model, "_table", None)
+    if table is not None and table is not getattr(model, "lm_head", None):
+        lookup_only += list(table.parameters())
+    head = {_key(p) for p in model.lm_head.parameters()}
+    for t in lookup_only:
+        if _key(t) not in head:
+            storages.pop(_key(t), None)
+    return sum(storages.values())
+
+
+def _key(t) -> int:
+    """One key per distinct memory: the storage's address (oneDNN's opaque tensors have no
+    storage; they are their own)."""
+    import torch
+
+    return id(t) if t.is_mkldnn or t.layout != torch.strided else t.untyped_storage().data_ptr()
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if _key(t) == id(t) else t.untyped_storage().nbytes()
+
+
+def roofline_rows(decode: dict[str, float], per_token: dict[str, int], rate: float) -> list[str]:
+    """The table's lines: per engine, MiB read per token, the roofline in tok/s and the fraction
+    of it the measured decode reached."""
+    lines = [f"{'engine':<12}{'MiB/token':>12}{'roofline tok/s':>16}{'reached':>9}"]
+    for name, tok_s in decode.items():
+        nbytes = per_token.get(name)
+        if not nbytes:
+            continue
+        roof = rate / nbytes
+        lines.append(f"{name:<12}{nbytes / 2**20:>12.0f}{roof:>16.1f}{tok_s / roof:>9.0%}")
+    return lines
