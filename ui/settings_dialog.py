@@ -53,7 +53,12 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Ember settings")
         self.setMinimumWidth(520)
         self.settings = settings
-        s = settings
+        self._make_fields(settings, models or [])
+        self._lay_out(settings)
+        self._explain()
+
+    def _make_fields(self, s: Settings, models: list[tuple[str, str]]) -> None:
+        """One widget per field, holding the current value (made in the order Tab walks them)."""
         self.data_dir = PathEdit(s.data_dir, self)
         self.models_dir = PathEdit(s.models_dir, self)
         self.server_port = QSpinBox(self, minimum=0, maximum=65535, value=s.server_port)
@@ -65,8 +70,8 @@ class SettingsDialog(QDialog):
         self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
         self.show_key = QCheckBox("Show", self)
         self.show_key.toggled.connect(self._on_show_key)
-        copy_key = QPushButton("Copy", self)
-        copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.api_key.text()))
+        self.copy_key = QPushButton("Copy", self)
+        self.copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.api_key.text()))
         self.backend = self._combo(["auto", "torch", "llama.cpp"], s.backend)
         self.device = self._combo(["auto", "cpu", "cuda", "mps"], s.device)
         self.dtype = self._combo(["auto", "float32", "bfloat16", "float16"], s.dtype)
@@ -75,7 +80,7 @@ class SettingsDialog(QDialog):
                                     value=round(s.kv_memory_fraction * 100))
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
         self.threads.setSpecialValueText("automatic")
-        self.speculative = SpeculativeRow(s.speculative, models or [], self)
+        self.speculative = SpeculativeRow(s.speculative, models, self)
         self.theme = self._combo(["system", "light", "dark"], s.theme)
         self.close_to_tray = QCheckBox("Closing the window keeps the engine serving from the tray", self,
                                        checked=s.close_to_tray)
@@ -85,10 +90,12 @@ class SettingsDialog(QDialog):
         self.error = QLabel(self, wordWrap=True)
         self.error.setStyleSheet("color: #c92a2a")
 
+    def _lay_out(self, s: Settings) -> None:
+        """The fields in their groups, the memory estimate following the engine's fields, Save and Cancel."""
         key_row = QHBoxLayout()
         key_row.addWidget(self.api_key, 1)
         key_row.addWidget(self.show_key)
-        key_row.addWidget(copy_key)
+        key_row.addWidget(self.copy_key)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
         layout.addWidget(self._group("Local server", [("Port", self.server_port),
@@ -111,6 +118,9 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+
+    def _explain(self) -> None:
+        """Tooltips for the fields whose label alone does not say enough."""
         self.kv_fraction.setToolTip("Share of the memory left after the model's weights that holds the chats' "
                                     "context (the KV cache): 0.25 is a quarter. More lets longer or more chats run")
         self.api_key.setToolTip("Programs that use Ember's server send this key (Authorization: Bearer …)")
