@@ -18,35 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROLES = ("system", "user", "assistant", "tool")
-STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 2  # 2: a reply's reasoning and how long the model thought
-EXPORT_FORMAT = "ember-chat"
+from app.history_schema import ROLES, SCHEMA_VERSION, STATUSES, open_history
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS chats (
-    id INTEGER PRIMARY KEY,
-    title TEXT NOT NULL,
-    model TEXT,
-    settings TEXT NOT NULL DEFAULT '{{}}',   -- JSON object: system prompt, temperature, ...
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN {ROLES}),
-    content TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'done' CHECK (status IN {STATUSES}),
-    created_at REAL NOT NULL,
-    tok_s REAL,   -- decode speed of an assistant reply, measured by the client
-    ttft REAL,    -- seconds to the first token
-    reasoning TEXT NOT NULL DEFAULT '',  -- a reasoning model's thinking, apart from its answer
-    thought_s REAL                       -- seconds it thought
-);
-CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
-CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
-"""
+EXPORT_FORMAT = "ember-chat"
 
 
 class HistoryError(ValueError):
@@ -77,32 +51,12 @@ class Message:
     thought_s: float | None = None
 
 
-# Columns added since schema 1, for files written before them: (name, declaration).
-_ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"))
-
-
 class ChatStore:
     def __init__(self, path: Path | str, repair: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        # autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _tx)
-        self._db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise sqlite3.OperationalError(f"cannot enable WAL on {self.path} (journal_mode={mode})")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"{self.path} was written by a newer Ember (schema {version})")
-        self._db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS)
-        have = {r["name"] for r in self._db.execute("PRAGMA table_info(messages)")}
-        for name, declaration in _ADDED_COLUMNS:  # an older file: its messages gain the new fields
-            if name not in have:
-                self._db.execute(f"ALTER TABLE messages ADD COLUMN {name} {declaration}")
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._db = open_history(self.path)  # autocommit: transactions are explicit (BEGIN IMMEDIATE in _tx)
         self.repaired = self.repair_interrupted() if repair else 0
 
     # ---- plumbing ----
