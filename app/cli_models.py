@@ -10,7 +10,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from app.settings import Settings, add_settings_args, settings_from_args
+from app.settings import Settings
+from app.settings_args import add_settings_args, settings_from_args
 
 if TYPE_CHECKING:
     from app.store import ModelStore

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings, add_settings_args, config_dir, settings_from_args, settings_path
+from app.settings import Settings, config_dir, settings_path
+from app.settings_args import add_settings_args, settings_from_args
 
 
 @pytest.fixture
