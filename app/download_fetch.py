@@ -108,6 +108,26 @@ def _is_certificate_error(e: BaseException) -> bool:
 
 def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes, should_stop,
              check_space, on_total, opener, chunk_size) -> FetchResult:
+    held = _check_status(r, url, part, offset)
+    if held is not None:
+        return held
+    offset, total, restarted = _body_range(r, url, part, offset)
+    if expected_size is not None and total is not None and total != expected_size:
+        raise DownloadError(f"{url}: the server's file has {total} bytes, expected {expected_size}")
+    if total is not None:
+        check_space(total - offset)
+        on_total(total)
+    received = _write_body(r, part, offset, total, on_bytes, should_stop, opener, chunk_size)
+    if total is not None and received != total:
+        if received > total:
+            part.unlink(missing_ok=True)
+            raise RetryableError(f"server sent more than {total} bytes; starting again")
+        raise RetryableError(f"truncated body: got {received} of {total} bytes")
+    return FetchResult(total, hub_sha256(r), restarted)
+
+
+def _check_status(r: httpx.Response, url, part: Path, offset: int) -> FetchResult | None:
+    """Raise for an error status (retryable or not); a FetchResult when a 416 says we hold every byte."""
     status = r.status_code
     if status == 416 and offset:
         m = _UNSATISFIED_RE.fullmatch(r.headers.get("content-range", ""))
@@ -119,31 +139,34 @@ def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes
         raise RetryableError(f"HTTP {status} {r.reason_phrase} from {url}")
     if status >= 400:
         raise DownloadError(f"HTTP {status} {r.reason_phrase}: {url}")
-    restarted = False
+    return None
+
+
+def _body_range(r: httpx.Response, url, part: Path, offset: int) -> tuple[int, int | None, bool]:
+    """(the offset the body starts at, the file's total size if known, whether it restarted at 0)."""
+    status = r.status_code
     if status == 206:
         m = _RANGE_RE.fullmatch(r.headers.get("content-range", ""))
         if not m or int(m.group(1)) != offset:
             part.unlink(missing_ok=True)
             raise RetryableError(f"server resumed at the wrong offset ({r.headers.get('content-range')!r}); "
                                  "starting again")
-        total = int(m.group(3)) if m.group(3) != "*" else None
-    elif status == 200:
-        if offset:  # no range support: what we hold is useless, the body starts at byte 0
-            restarted, offset = True, 0
+        return offset, (int(m.group(3)) if m.group(3) != "*" else None), False
+    if status == 200:
         length = r.headers.get("content-length")
         total = int(length) if length and length.isdigit() else None
-    else:
-        raise DownloadError(f"unexpected HTTP {status} {r.reason_phrase}: {url}")
-    if expected_size is not None and total is not None and total != expected_size:
-        raise DownloadError(f"{url}: the server's file has {total} bytes, expected {expected_size}")
-    if total is not None:
-        check_space(total - offset)
-        on_total(total)
+        if offset:  # no range support: what we hold is useless, the body starts at byte 0
+            return 0, total, True
+        return offset, total, False
+    raise DownloadError(f"unexpected HTTP {status} {r.reason_phrase}: {url}")
 
-    mode = "ab" if offset else "wb"
+
+def _write_body(r: httpx.Response, part: Path, offset: int, total: int | None, on_bytes, should_stop,
+                opener, chunk_size) -> int:
+    """Append the body to the .part file (fsynced however it ends); returns the bytes it then holds."""
     received = offset
     on_bytes(received)
-    with opener(part, mode, buffering=0) as fh:  # unbuffered: a failed write leaves nothing pending
+    with opener(part, "ab" if offset else "wb", buffering=0) as fh:  # unbuffered: a failed write leaves nothing pending
         try:
             for chunk in r.iter_bytes(chunk_size):
                 if should_stop():
@@ -163,12 +186,7 @@ def _receive(r: httpx.Response, url, part: Path, offset, expected_size, on_bytes
                 os.fsync(fh.fileno())
             except OSError:
                 pass
-    if total is not None and received != total:
-        if received > total:
-            part.unlink(missing_ok=True)
-            raise RetryableError(f"server sent more than {total} bytes; starting again")
-        raise RetryableError(f"truncated body: got {received} of {total} bytes")
-    return FetchResult(total, hub_sha256(r), restarted)
+    return received
 
 
 def _write_all(fh, data: bytes) -> None:
