@@ -3,14 +3,13 @@
 Each job downloads its file(s) into `<models root>/<model id>/…/<file>.part` (see
 download_fetch), then checks sha256 (the catalog's, else the hub's X-Linked-Etag/ETag, else
 records what it computed), renames each `.part` atomically, and only then writes the store
-manifest. The queue is persisted as JSON under `state_dir`, and `.part` files are kept, so a
-restarted process resumes where the last one stopped. TLS verification is httpx's default (on).
+manifest: app/download_transfer.py does that for one job; this module is the queue. The queue is
+persisted as JSON under `state_dir`, and `.part` files are kept, so a restarted process resumes
+where the last one stopped. TLS verification is httpx's default (on).
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import threading
 import time
@@ -18,13 +17,12 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import httpx
-
-from app.catalog import CatalogEntry, check_hub_url, hub_file_url
-from app.download_fetch import DownloadError, RetryableError, Stopped, fetch_to_part
+from app.catalog import CatalogEntry, check_hub_url
+from app.download_fetch import DownloadError, Stopped
 from app.download_jobs import (ACTIVE, FINISHED, RESUMABLE, DownloadEvent, DownloadJob, JobState, ProcessLock,
-                               RateMeter, RetryPolicy, file_record, mib, read_queue, write_queue)
-from app.store import MANIFEST, ModelFileError, ModelStore, fsync_dir, sha256_file
+                               RetryPolicy, file_record, read_queue, write_queue)
+from app.download_transfer import JobTransfer
+from app.store import ModelFileError, ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +38,11 @@ class DownloadManager:
         self.hub_base_url = check_hub_url(hub_base_url)
         self.max_parallel = max(1, int(max_parallel))
         self.retry = retry or RetryPolicy()
-        self._disk_usage = disk_usage
-        self._opener = opener
-        self._reserve = reserve_bytes
-        self._interval = progress_interval_s
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
+        self._transfer = JobTransfer(store, self.hub_base_url, self.retry, self._changed, self._stopping, self._emit,
+                                     self._save, disk_usage=disk_usage, opener=opener, reserve_bytes=reserve_bytes,
+                                     progress_interval_s=progress_interval_s)
         self._jobs: dict[str, DownloadJob] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._stop: dict[str, str] = {}  # job_id -> "pause" | "cancel"
@@ -125,7 +122,7 @@ class DownloadManager:
                 self._changed.notify_all()
                 return
             if how == "cancel" and job.state not in FINISHED:
-                self._delete_parts(job)
+                self._transfer.delete_parts(job)
                 self._set(job, JobState.CANCELLED)
             elif how == "pause" and job.state is JobState.QUEUED:
                 self._set(job, JobState.PAUSED)
@@ -195,20 +192,20 @@ class DownloadManager:
                 self._set(job, JobState.DONE)
                 return
             self._set(job, JobState.RUNNING)
-            self._transfer(job)
+            self._transfer.transfer(job)
             self._set(job, JobState.VERIFYING)
-            self._finish(job)
+            self._transfer.finish(job)
             self._set(job, JobState.DONE)
         except Stopped:
             with self._lock:
                 how = self._stop.get(job.job_id)
             if how == "cancel":
-                self._delete_parts(job)
+                self._transfer.delete_parts(job)
                 self._set(job, JobState.CANCELLED)
             else:
                 self._set(job, JobState.PAUSED)
         except (DownloadError, ModelFileError) as e:
-            self._prune_empty(job)
+            self._transfer.prune_empty(job)
             self._set(job, JobState.FAILED, error=str(e))
         except Exception as e:  # a bug must not kill the worker silently
             log.exception("download %s crashed", job.job_id)
@@ -222,171 +219,7 @@ class DownloadManager:
                 self._changed.notify_all()
             self._pump()
 
-    def _model_dir(self, job: DownloadJob) -> Path:
-        """GGUF: the file sits in the model folder; GPTQ/AWQ: the repo's files in `<folder>/model`."""
-        d = self.store.model_dir(job.model_id)
-        return d if job.entry["format"] == "gguf" else d / "model"
-
-    def _target(self, job: DownloadJob, f: dict) -> Path:
-        name = Path(f["name"]).name if job.entry["format"] == "gguf" else f["name"]
-        return self._model_dir(job) / name
-
     def _stopping(self, job: DownloadJob) -> bool:
         return job.job_id in self._stop
-
-    def _check_space(self, job: DownloadJob, need: int) -> None:
-        d = self._model_dir(job)
-        d.mkdir(parents=True, exist_ok=True)
-        free = self._disk_usage(d).free
-        if need + self._reserve > free:
-            raise DownloadError(f"not enough disk space for {job.model_id}: needs {mib(need)} more "
-                                f"(+{mib(self._reserve)} reserve), {mib(free)} free in {d}")
-
-    def _on_disk(self, job: DownloadJob, f: dict) -> int:
-        t = self._target(job, f)
-        if f["done"]:
-            return t.stat().st_size if t.exists() else (f["size_bytes"] or 0)
-        part = t.with_name(t.name + ".part")
-        return part.stat().st_size if part.exists() else 0
-
-    def _transfer(self, job: DownloadJob) -> None:
-        if job.bytes_total is not None:  # known sizes: refuse before the first byte
-            self._check_space(job, job.bytes_total - sum(self._on_disk(job, f) for f in job.files))
-        for f in job.files:  # a retry after a failed check: a file marked done but gone is fetched again
-            if f["done"] and not self._target(job, f).exists():
-                f["done"] = False
-        timeout = httpx.Timeout(10.0, read=self.retry.read_timeout_s)
-        with httpx.Client(timeout=timeout, follow_redirects=True, headers={"User-Agent": "ember"}) as client:
-            i = 0
-            while i < len(job.files):  # the list can grow: a shard index adds its shards
-                f = job.files[i]
-                if not f["done"]:
-                    self._fetch_with_retries(client, job, f)
-                    if f["name"].endswith(".safetensors.index.json"):
-                        self._add_shards(job, f)
-                i += 1
-
-    def _fetch_with_retries(self, client: httpx.Client, job: DownloadJob, f: dict) -> None:
-        target = self._target(job, f)
-        part = target.with_name(target.name + ".part")
-        part.parent.mkdir(parents=True, exist_ok=True)
-        url = hub_file_url(self.hub_base_url, job.entry["repo"], job.entry.get("revision", "main"), f["name"])
-        others = sum(self._on_disk(job, g) for g in job.files if g is not f)
-        meter = RateMeter()
-        last_emit = [0.0]
-
-        def on_bytes(n: int) -> None:
-            job.bytes_done = others + n
-            job.rate_bps = meter.update(n)
-            now = time.monotonic()
-            if now - last_emit[0] >= self._interval:
-                last_emit[0] = now
-                self._emit(job)
-
-        def on_total(n: int) -> None:
-            with self._lock:
-                if f["size_bytes"] is None:
-                    f["size_bytes"] = n
-                    if all(g["size_bytes"] is not None for g in job.files):
-                        job.bytes_total = sum(g["size_bytes"] for g in job.files)
-
-        failures = total = 0
-        while True:
-            if self._stopping(job):
-                raise Stopped()
-            total += 1
-            before = part.stat().st_size if part.exists() else 0
-            try:
-                result = fetch_to_part(client, url, part, expected_size=f["size_bytes"],
-                                       expected_sha256=f["sha256"], on_bytes=on_bytes,
-                                       should_stop=lambda: self._stopping(job),
-                                       check_space=lambda n: self._check_space(job, n), on_total=on_total,
-                                       opener=self._opener)
-                self._emit(job)  # the last byte count, which throttling may have skipped
-                break
-            except RetryableError as e:
-                after = part.stat().st_size if part.exists() else 0
-                failures = 1 if after > before else failures + 1  # progress resets the count
-                if failures >= self.retry.attempts or total >= self.retry.max_total:
-                    n = failures if failures >= self.retry.attempts else total
-                    raise DownloadError(f"{f['name']}: {e} (gave up after {n} attempts)") from e
-                wait = min(self.retry.backoff_s * 2 ** (failures - 1), self.retry.backoff_max_s)
-                log.info("%s: %s; retrying in %.1fs", f["name"], e, wait)
-                with self._lock:
-                    self._changed.wait_for(lambda: self._stopping(job), timeout=wait)
-        if f["size_bytes"] is None and result.total is not None:
-            f["size_bytes"] = result.total
-            if all(g["size_bytes"] is not None for g in job.files):
-                job.bytes_total = sum(g["size_bytes"] for g in job.files)
-        if result.hub_sha256 and f["sha256"] and result.hub_sha256 != f["sha256"]:
-            part.unlink(missing_ok=True)
-            raise DownloadError(f"{f['name']}: the catalog's sha256 {f['sha256']} differs from the hub's "
-                                f"{result.hub_sha256}; refusing the file")
-        with self._lock:
-            f["hub_sha256"] = result.hub_sha256
-            self._save()
-
-    def _add_shards(self, job: DownloadJob, index_file: dict) -> None:
-        part = self._target(job, index_file)
-        part = part.with_name(part.name + ".part")
-        try:
-            weight_map = json.loads(part.read_text("utf-8"))["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DownloadError(f"{index_file['name']}: not a valid safetensors index: {e}") from e
-        known = {g["name"] for g in job.files}
-        for s in shards:
-            if not isinstance(s, str) or "/" in s or "\\" in s or not s.endswith(".safetensors"):
-                raise DownloadError(f"{index_file['name']}: unsafe shard name {s!r}")
-        with self._lock:
-            job.files.extend(file_record(s, None, None) for s in shards if s not in known)
-            job.bytes_total = None
-
-    def _finish(self, job: DownloadJob) -> None:
-        """Verify every .part, rename them into place, then register (writes the manifest)."""
-        for f in job.files:
-            if f["done"]:
-                continue
-            target = self._target(job, f)
-            part = target.with_name(target.name + ".part")
-            actual = sha256_file(part)
-            expected = f["sha256"] or f.get("hub_sha256")
-            if expected and actual != expected:
-                self._delete_parts(job)  # corrupt: nothing of it may stay, start over next time
-                raise DownloadError(f"{f['name']}: sha256 mismatch: expected {expected}, got {actual}; "
-                                    "the file was deleted")
-            os.replace(part, target)
-            fsync_dir(target.parent)
-            with self._lock:
-                f["sha256"] = actual  # recorded for files the catalog had no hash for
-                f["done"] = True
-                self._save()
-        gguf = job.entry["format"] == "gguf"
-        path = self._target(job, job.files[0]) if gguf else self._model_dir(job)
-        url = hub_file_url(self.hub_base_url, job.entry["repo"], job.entry.get("revision", "main"),
-                           job.files[0]["name"])
-        try:
-            self.store.register(path, model_id=job.model_id, source="download", url=url,
-                                sha256=job.files[0]["sha256"] if gguf else None, name=job.entry["name"])
-        except ModelFileError:
-            self._delete_parts(job)  # verified bytes, but not a usable model
-            raise
-
-    def _prune_empty(self, job: DownloadJob) -> None:
-        for d in (self._model_dir(job), self.store.model_dir(job.model_id)):
-            try:
-                d.rmdir()  # only when empty: kept .part files keep their folder
-            except OSError:
-                pass
-
-    def _delete_parts(self, job: DownloadJob) -> None:
-        """Remove the job's files; the model folder too unless a manifest (a registered model) is in it."""
-        for f in job.files:
-            target = self._target(job, f)
-            target.with_name(target.name + ".part").unlink(missing_ok=True)
-        d = self.store.model_dir(job.model_id)
-        if not (d / MANIFEST).exists():
-            shutil.rmtree(d, ignore_errors=True)
-
 
 __all__ = ["DownloadManager", "DownloadEvent", "DownloadError", "RetryPolicy", "DownloadJob", "JobState"]
