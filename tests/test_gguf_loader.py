@@ -63,7 +63,8 @@ def test_fused_weights_and_tied_head(tiny_model_factory):
 def test_float32_cpu_linears_are_packed_and_batch_invariant(tiny_model_factory):
     """fp32 on CPU goes through oneDNN-packed weights: same logits as a float64 product of the
     plain weights, and each row's bits do not depend on how many rows share the GEMM."""
-    from engine.layers.linear import PackedLinear, make_linear, packed_linear_available
+    from engine.layers.linear import PackedLinear, packed_linear_available
+    from engine.layers.make_linear import make_linear
 
     model = load_model(tiny_model_factory(tied=True), torch.float32)
     if not packed_linear_available(model.embed_tokens):

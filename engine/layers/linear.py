@@ -6,8 +6,10 @@ CPU float32 path. PackedLinear hands the weight to oneDNN once, at load, in its 
 runs 2-3x faster than MKL's F.linear (576x49152 LM head: 15 ms against 40 ms), is never slower at
 1 row, and gives every row the same bits whatever the batch (no per-M kernel switch), which keeps
 batched greedy decoding identical to decoding alone. A QuantWeight (4/8-bit codes and group
-scales) gives engine/layers/quant_linear.QuantLinear through the same `make_linear`, without
-touching model code (on a CUDA GPU: engine/layers/int4_linear.Int4Linear). Fused projections (qkv, gate_up) are ordinary Linears over row-concatenated weights:
+scales) gives engine/layers/quant_linear.QuantLinear through the same `make_linear`
+(engine/layers/make_linear.py), without touching model code (on a CUDA GPU:
+engine/layers/int4_linear.Int4Linear). Fused projections (qkv, gate_up) are ordinary Linears over
+row-concatenated weights:
 y = x @ [Wq; Wk; Wv]^T = [x Wq^T | x Wk^T | x Wv^T], split by the caller.
 """
 from __future__ import annotations
@@ -68,27 +70,3 @@ def packed_linear_available(weight: torch.Tensor) -> bool:
     return (weight.dtype == torch.float32 and weight.device.type == "cpu"
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
-
-def make_linear(weight, bias: torch.Tensor | None = None, kind: str = "auto") -> LinearBase:
-    """Build the linear layer of `kind` from a float weight [out, in] (and optional bias [out]),
-    or from a QuantWeight (engine/kernels/pack.py), which always gives a QuantLinear.
-    "auto" packs float32 CPU weights for oneDNN and keeps everything else dense."""
-    from engine.weights.quant_weight import QuantWeight
-
-    if isinstance(weight, QuantWeight):
-        if weight.q.device.type == "cuda":  # tinygemm for 4-bit, bf16 for the rest
-            from engine.layers.int4_linear import Int4Linear, supports
-
-            if supports(weight):
-                return Int4Linear(weight, bias)
-            return DenseLinear(weight.dequantize().to(torch.bfloat16), bias)
-        from engine.layers.quant_linear import QuantLinear
-
-        return QuantLinear(weight, bias)
-    if kind == "auto":
-        kind = "packed" if packed_linear_available(weight) else "dense"
-    if kind == "dense":
-        return DenseLinear(weight, bias)
-    if kind == "packed":
-        return PackedLinear(weight, bias)
-    raise ValueError(f"unknown linear kind {kind!r}")
