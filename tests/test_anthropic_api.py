@@ -14,7 +14,7 @@ import openai
 import pytest
 from server_util import start_engine, tiny_model
 
-from engine.llm_engine import RequestOutput
+from engine.outputs import RequestOutput
 from engine.model_files.tool_call_syntax import ToolFormat
 from engine.server.anthropic_protocol import MessagesRequest, openai_messages, openai_tools
 from engine.server.anthropic_routes import _Reply

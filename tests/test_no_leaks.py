@@ -23,10 +23,11 @@ import pytest
 from server_util import long_max_tokens, start_engine
 
 from engine.config import EngineConfig
-from engine.llm_engine import RequestOutput
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.server.engine_thread import EngineThread, LoadedModel, ModelSpec
+from engine.server.engine_thread import EngineThread
+from engine.server.served_model import LoadedModel, ModelSpec
 from engine.server.metrics import RateMeter
 
 BACKENDS = ("torch", "llama.cpp")

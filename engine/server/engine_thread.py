@@ -17,54 +17,24 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
 from engine.server.allocator import IDLE_TRIM_S, Trimmer
+from engine.server.engine_commands import Abort, Add, Command, Load, Sink, Stop, Unload
 from engine.server.metrics import Metrics
+from engine.server.served_model import EngineFactory, LoadedModel, ModelSpec
 
 if TYPE_CHECKING:
     from engine.llm_engine import EngineStats, LLMEngine
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[Any], None]  # receives a RequestOutput, or an exception that ends the request
-
 
 class EngineUnavailable(RuntimeError):
     """No model is loaded (or it is loading, or the load failed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A model from the store: what to load and the name clients call it by."""
-    id: str
-    path: str
-    format: str = "gguf"
-    name: str | None = None
-    context_length: int | None = None
-    chat_template: str | None = None  # a template file the user set for this installed model
-
-
-@dataclass(slots=True)
-class LoadedModel:
-    """What an engine factory returns: the engine plus the backend decision (shown on /health)."""
-    spec: ModelSpec
-    engine: LLMEngine
-    backend: str
-    device: str
-    decision: dict = field(default_factory=dict)
-
-    @property
-    def generates(self) -> bool:
-        """False for an embedding model: it makes embeddings, not text (EmbeddingRunner)."""
-        return getattr(getattr(self.engine, "runner", None), "generates", True)
-
-
-EngineFactory = Callable[[ModelSpec], LoadedModel]
 
 
 class EngineState(StrEnum):
@@ -82,40 +52,6 @@ class EngineStatus:
     message: str
     loading: ModelSpec | None = None  # the model being loaded
     model: LoadedModel | None = None  # the model in service (set only when READY)
-
-
-# ---- commands: handler threads -> engine thread ---------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Add:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    engine: LLMEngine  # the one the prompt was tokenized for
-    sink: Sink
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    spec: ModelSpec
-    future: concurrent.futures.Future
-
-
-@dataclass(frozen=True, slots=True)
-class Unload:
-    future: concurrent.futures.Future
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """End the loop: the server is shutting down."""
-
-
-Command = Add | Abort | Load | Unload | Stop
 
 
 class EngineThread:
