@@ -11,10 +11,12 @@ quantized head, so the table exists once, at the file's own size.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from engine.kernels import CpuPath, default_path, kernels
-from engine.kernels.pack import pack
+from engine.kernels.pack import TILE, pack
 from engine.layers.linear import LinearBase
 from engine.weights.quant_weight import QuantWeight, widen
 
@@ -56,6 +58,24 @@ class QuantLinear(LinearBase):
             raise ValueError("an act-order (permuted) weight is not an embedding table")
         return self.ops.qrows(self.qw, self.scales, self.mins, ids, self.in_features, self.bits, self.group,
                               self.scales_super, self.mins_super, self.out_features)
+
+    def first_rows(self, n: int) -> QuantLinear:
+        """The layer of W's first n output rows, sharing this one's storage (a draft's LM head cut to
+        its common tokens). The tiles hold TILE rows each, stored tile after tile, so the first
+        n / TILE tiles of codes and scales are the first n rows; n must be a multiple of TILE."""
+        if n % TILE or not 0 < n <= self.out_features:
+            raise ValueError(f"{n} rows: not a multiple of {TILE} in 1..{self.out_features}")
+        small = copy.copy(self)
+        small._parameters = dict(self._parameters)  # nn.Module keeps parameters here; never share the dict
+        tiles = n // TILE
+        for name in ("qw", "scales", "mins", "scales_super", "mins_super"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(small, name, torch.nn.Parameter(t.data[:tiles], requires_grad=False))
+        if self.bias is not None:
+            small.bias = torch.nn.Parameter(self.bias.data[:n], requires_grad=False)
+        small.out_features = n
+        return small
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.bits}-bit, group {self.group}"

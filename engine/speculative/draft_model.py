@@ -11,7 +11,6 @@ verifier (engine/sampling/verify.py), so the output stays distributed as the tar
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import time
@@ -20,6 +19,8 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.kernels.pack import TILE
+from engine.layers.quant_linear import QuantLinear
 from engine.sampling.sampler import argmax_rows
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
@@ -44,26 +45,13 @@ def restrict_head(model, vocab_size: int, rows: int = DRAFT_HEAD_ROWS) -> int:
     yet the head's rows are a fifth of a 0.5B model's reads per token. BPE ids are in merge order,
     which is frequency order in the tokenizer's corpus, so the first 32k ids stand in for FR-Spec's
     frequency ranking. Exact all the same: the draft's q is its softmax over these rows (0 beyond),
-    which is what the verifier divides by. A quantized head is sliced in place (its 8-row tiles
-    are stored tile after tile: the first rows/TILE tiles are the first rows).
+    which is what the verifier divides by. Only a quantized head on the CPU is cut (it shares its
+    storage: QuantLinear.first_rows), and only at a whole number of its kernels' tiles.
     """
-    from engine.kernels.pack import TILE
-    from engine.layers.quant_linear import QuantLinear
-
     head = model.lm_head
     if not isinstance(head, QuantLinear) or vocab_size < 2 * rows or rows % TILE:
         return vocab_size
-    small = copy.copy(head)
-    small._parameters = dict(head._parameters)  # nn.Module keeps parameters here; never share the dict
-    tiles = rows // TILE
-    for name in ("qw", "scales", "mins", "scales_super", "mins_super"):
-        t = getattr(head, name)
-        if t is not None:
-            setattr(small, name, torch.nn.Parameter(t.data[:tiles], requires_grad=False))
-    if head.bias is not None:
-        small.bias = torch.nn.Parameter(head.bias.data[:rows], requires_grad=False)
-    small.out_features = rows
-    model.lm_head = small
+    model.lm_head = head.first_rows(rows)
     return rows
 
 
