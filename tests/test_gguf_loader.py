@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from engine.layers.rope_scaling import RopeScaling
 from engine.loaders.gguf_loader import load_model, read_model_config, unpermute_rows
-from engine.models.config import ModelConfig, RopeScaling
+from engine.models.config import ModelConfig
 
 
 def test_config_from_metadata(tiny_model_factory):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.config import RopeScaling
+from engine.layers.rope_scaling import RopeScaling
 
 
 def rope_inv_freq(head_dim: int, base: float, freq_factors: torch.Tensor | None = None,

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from engine.layers.rope_scaling import RopeScaling
 from engine.layers.rotary import partial_rotary_order
 from engine.loaders.assemble import assemble
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
@@ -29,7 +30,7 @@ from engine.loaders.weight_names import FUSED, FUSED_IN_FILE, GLOBALS, NORMS
 from engine.model_files.families import FAMILIES, NOT_YET, Family
 from engine.model_files.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from engine.model_files.meta import sliding_layers
-from engine.models.config import ModelConfig, RopeScaling
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.weights.quant_weight import QuantWeight, cat_rows
 

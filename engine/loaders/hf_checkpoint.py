@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from engine.layers.rope_scaling import RopeScaling
 from engine.loaders.gguf_loader import MAX_DIM
 from engine.model_files.families import FAMILIES
 from engine.model_files.meta import HF_MODEL_TYPES, quantization_config_of, read_json
-from engine.models.config import ModelConfig, RopeScaling
+from engine.models.config import ModelConfig
 from engine.model_files.quant_config import CheckpointError, QuantSpec, parse_quantization_config
 
 INDEX = "model.safetensors.index.json"

@@ -7,16 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.layers.rope_scaling import RopeScaling
 from engine.model_files.footprint import kv_bytes_per_token
-
-
-@dataclass(frozen=True, slots=True)
-class RopeScaling:
-    """RoPE position scaling. "linear": positions are divided by `factor` (llama.cpp freq_scale)."""
-
-    type: str
-    factor: float
-    original_context_length: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
