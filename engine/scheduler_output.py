@@ -52,10 +52,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
-
     def sampled_seqs(self) -> list[Sequence]:
         """The sequences that yield a token this step, in seqs order."""
         return [s for s, is_sampled in zip(self.seqs, self.is_sampled) if is_sampled]
