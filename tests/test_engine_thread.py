@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from engine.sampling_params import SamplingParams
-from engine.server.engine_thread import (EngineState, EngineThread, EngineUnavailable, LoadedModel,
-                                         ModelSpec)
+from engine.server.engine_thread import EngineState, EngineThread, EngineUnavailable
+from engine.server.served_model import LoadedModel, ModelSpec
 from test_runner import make_engine
 
 

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
 from engine.server import openai_bodies as R
-from engine.server.engine_thread import LoadedModel
+from engine.server.served_model import LoadedModel
 from engine.server.errors import APIError
 from engine.server.serving import Job
 

@@ -8,7 +8,9 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from engine.server.served_model import LoadedModel, ModelSpec
 from engine.server.errors import APIError
+from engine.server.model_store import ModelStore
 from engine.server.ollama_models import facts as model_facts, listing as model_listing, show as model_show
 from engine.server.ollama_protocol import PullRequest, ShowRequest
 from engine.server.ollama_pull import pull_reply
@@ -20,27 +22,11 @@ def build_ollama_models_router() -> APIRouter:
 
     @router.get("/api/version")
     async def version():
-        from importlib.metadata import PackageNotFoundError, version as dist_version
-        try:
-            return {"version": dist_version("ember")}
-        except PackageNotFoundError:
-            return {"version": "0.0.0"}
+        return {"version": _ember_version()}
 
     @router.get("/api/tags")
     async def tags(request: Request):
-        state = request.app.state
-        loaded = state.engine_thread.model
-        specs, seen = ([loaded.spec] if loaded else []) + state.model_store.list(), set()
-        models = []
-        for spec in specs:
-            if spec.id in seen:
-                continue
-            seen.add(spec.id)
-            try:
-                models.append(model_listing(spec, await run_in_threadpool(model_facts, state.model_store, spec)))
-            except (OSError, ValueError):  # a file gone or damaged since it was installed
-                continue
-        return {"models": models}
+        return {"models": await _listings(request.app.state)}
 
     @router.post("/api/show")
     async def show(body: ShowRequest, request: Request):
@@ -48,16 +34,8 @@ def build_ollama_models_router() -> APIRouter:
         name = body.model or body.name
         if not name:
             raise APIError(400, "model is required")
-        mid, loaded = ollama_model_id(name), state.engine_thread.model
-        if loaded is not None and mid in (loaded.spec.id, loaded.spec.name, Path(loaded.spec.path).name):
-            spec = loaded.spec
-        elif state.model_store.exists(mid):
-            try:
-                spec = state.model_store.get(mid)
-            except (OSError, ValueError) as e:
-                raise APIError(400, f"the manifest of {mid!r} is unusable: {e}") from None
-        else:
-            raise ollama_not_found(name)
+        loaded = state.engine_thread.model
+        spec = _find(state.model_store, loaded, name)
         try:
             return await run_in_threadpool(model_show, state.model_store, spec, loaded)
         except (OSError, ValueError) as e:
@@ -72,13 +50,54 @@ def build_ollama_models_router() -> APIRouter:
 
     @router.get("/api/ps")
     async def ps(request: Request):
-        state = request.app.state
-        loaded = state.engine_thread.model
-        if loaded is None:
-            return {"models": []}
-        entry = model_listing(loaded.spec, await run_in_threadpool(model_facts, state.model_store, loaded.spec))
-        on_gpu = not str(loaded.device).startswith("cpu")
-        return {"models": [entry | {"size_vram": entry["size"] if on_gpu else 0,
-                                    "context_length": loaded.engine.max_model_len}]}
+        return {"models": await _running(request.app.state)}
 
     return router
+
+
+def _ember_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("ember")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+async def _listings(state) -> list[dict]:
+    """/api/tags: the loaded model first, then the store's, each once; a file gone or damaged
+    since it was installed is left out."""
+    loaded = state.engine_thread.model
+    specs, seen = ([loaded.spec] if loaded else []) + state.model_store.list(), set()
+    models = []
+    for spec in specs:
+        if spec.id in seen:
+            continue
+        seen.add(spec.id)
+        try:
+            models.append(model_listing(spec, await run_in_threadpool(model_facts, state.model_store, spec)))
+        except (OSError, ValueError):
+            continue
+    return models
+
+
+def _find(store: ModelStore, loaded: LoadedModel | None, name: str) -> ModelSpec:
+    """The model /api/show asks for: the loaded one by any of its names, else the store's."""
+    mid = ollama_model_id(name)
+    if loaded is not None and mid in (loaded.spec.id, loaded.spec.name, Path(loaded.spec.path).name):
+        return loaded.spec
+    if not store.exists(mid):
+        raise ollama_not_found(name)
+    try:
+        return store.get(mid)
+    except (OSError, ValueError) as e:
+        raise APIError(400, f"the manifest of {mid!r} is unusable: {e}") from None
+
+
+async def _running(state) -> list[dict]:
+    """/api/ps: the loaded model, with how much of it is on the GPU and its context."""
+    loaded = state.engine_thread.model
+    if loaded is None:
+        return []
+    entry = model_listing(loaded.spec, await run_in_threadpool(model_facts, state.model_store, loaded.spec))
+    on_gpu = not str(loaded.device).startswith("cpu")
+    return [entry | {"size_vram": entry["size"] if on_gpu else 0, "context_length": loaded.engine.max_model_len}]

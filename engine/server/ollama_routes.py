@@ -28,7 +28,7 @@ from engine.server import openai_bodies as R
 from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
 from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                             ollama_embeddings_reply)
-from engine.server.engine_thread import LoadedModel
+from engine.server.served_model import LoadedModel
 from engine.server.errors import APIError, _validation_message, shaped_route
 from engine.server.ollama_models import tag
 from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message

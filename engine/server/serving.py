@@ -15,7 +15,8 @@ from starlette.requests import Request
 
 from engine.llm_engine import ContextLengthError
 from engine.sampling_params import SamplingParams
-from engine.server.engine_thread import EngineThread, EngineUnavailable, LoadedModel
+from engine.server.engine_thread import EngineThread, EngineUnavailable
+from engine.server.served_model import LoadedModel
 from engine.server.errors import APIError
 from engine.server.model_store import ModelStore
 from engine.server.protocol import SamplingRequest
