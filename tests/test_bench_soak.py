@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.bench.soak import slope
+from app.bench.lib.stats import slope
 from app.cli import main
 
 pytestmark = pytest.mark.timeout(600)

@@ -162,7 +162,7 @@ def load_engine_on_cuda(path: str, weights: str, chats: int, prompt_tokens: int)
 
 
 def bench_model(path: str, prompt_tokens: int = 512, new_tokens: int = 64, chats: int = 64) -> list[dict]:
-    from app.bench.decode import bench_ember, make_prompt
+    from app.bench.lib.workloads import bench_ember, make_prompt
 
     out = []
     for weights in ("quantized", "dense"):

@@ -11,36 +11,8 @@ import time
 from pathlib import Path
 
 from app.bench import add_model_args
-from app.bench.roofline import gguf_bytes_per_token, model_bytes_per_token, read_rate, roofline_rows, stream
-
-
-
-
-def make_prompt(tokenizer_encode, n_tokens: int) -> list[int]:
-    """A natural-ish prompt of exactly n_tokens (repeated corpus-like text, cut to length)."""
-    text = ("The quick brown fox jumps over the lazy dog while the engine counts tokens. "
-            "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n") * 64
-    ids = tokenizer_encode(text)
-    while len(ids) < n_tokens:
-        ids = ids + ids
-    return ids[:n_tokens]
-
-
-def bench_ember(engine, prompt: list[int], new_tokens: int) -> tuple[float, float]:
-    from engine.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    engine.add_request(prompt, params)
-    t_first = None
-    n = 0
-    while engine.has_unfinished():
-        for o in engine.step():
-            n += len(o.new_token_ids)
-            if t_first is None and o.new_token_ids:
-                t_first = time.perf_counter()
-    t_end = time.perf_counter()
-    return len(prompt) / (t_first - t0), (n - 1) / (t_end - t_first)
+from app.bench.lib.roofline import gguf_bytes_per_token, model_bytes_per_token, read_rate, roofline_rows, stream
+from app.bench.lib.workloads import bench_ember, make_prompt
 
 
 def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, float]:

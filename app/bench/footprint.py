@@ -22,6 +22,9 @@ import threading
 import time
 from pathlib import Path
 
+from app.bench.lib.http_chat import stream_chat
+from app.bench.lib.processes import llama_server, stop_process
+
 MiB = 1 << 20
 
 
@@ -90,12 +93,10 @@ async def _held_round(base: str, headers: dict, chats: int, max_tokens: int, pro
     holds its tokens) and the tokens generated in all."""
     import httpx
 
-    from app.bench.server import _one
-
     held: list[int] = []
 
     async def chat(http, i: int) -> int:
-        r = await _one(http, i, max_tokens)
+        r = await stream_chat(http, i, max_tokens)
         if not held:
             held.append(proc.memory_info().rss)
         return r["tokens"]
@@ -146,8 +147,6 @@ def bench_ember(backend: str, model: str, args, log_path: Path) -> dict:
 
 
 def bench_llama_server(binary: str, model: str, args, log_path: Path) -> dict:
-    from app.bench.server import llama_server
-
     with llama_server(binary, model, args.slots, args.slots * args.ctx, args.threads, log_path,
                       ("--kv-unified",)) as (proc, base):
         res = measure("llama-server", proc.pid, base, {}, args)
@@ -162,7 +161,6 @@ def bench_gui(args) -> dict:
 
     import psutil
 
-    from app.bench.server import stop_process
     from app.frozen import ember_command
 
     home = tempfile.mkdtemp(prefix="ember-footprint-gui-")

@@ -12,6 +12,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from app.bench.lib.roofline import read_seconds, stream
+
 
 @dataclass(frozen=True, slots=True)
 class KindTiming:
@@ -49,7 +51,7 @@ def time_kinds(kinds: dict[str, list], rows: int, repeats: int) -> tuple[list[Ki
 
     xs = {k: torch.randn(rows, v[0].in_features) for k, v in kinds.items()}
     total = sum(packed_bytes(lin) for v in kinds.values() for lin in v)
-    plain = torch.rand(total // 4)
+    plain = stream(total)
     passes: dict[str, list[float]] = {k: [] for k in kinds}
     reads = []
     for _ in range(repeats):
@@ -58,9 +60,7 @@ def time_kinds(kinds: dict[str, list], rows: int, repeats: int) -> tuple[list[Ki
             for lin in lins:
                 lin(xs[kind])
             passes[kind].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        plain.sum()
-        reads.append(time.perf_counter() - t0)
+        reads.append(read_seconds(plain))
     timings = [KindTiming(k, len(v), v[0].bits, sum(packed_bytes(lin) for lin in v), statistics.median(passes[k]))
                for k, v in kinds.items()]
     return timings, statistics.median(reads)

@@ -67,7 +67,7 @@ def mask_ms(engine, grammar, streams: int, steps: int = 100) -> float:
 
 
 def run(args) -> int:
-    from app.bench.throughput import build_engine
+    from app.bench.lib.workloads import build_engine
     from engine.grammar import GrammarCompiler
     from engine.model_files.bundled import default_model_path
 

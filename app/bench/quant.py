@@ -67,7 +67,7 @@ def measure(path: Path, texts: dict[str, list[int]], cache: Path, threads: int, 
 
     import torch
 
-    from app.bench.decode import bench_ember, make_prompt
+    from app.bench.lib.workloads import bench_ember, make_prompt
     from engine.backends import load_engine
     from engine.config import EngineConfig
     from engine.loaders.load import load_model
@@ -103,7 +103,7 @@ VARIANTS = {  # name -> (method, symmetric, desc_act + static_groups or AWQ's cl
 
 
 def variant_config(name: str, group: int, args):
-    from engine.quant.formats import CheckpointFormat
+    from engine.model_files.quant_config import CheckpointFormat
     from engine.quant.pipeline import Method, QuantizeConfig
 
     method, sym, extra = VARIANTS[name]

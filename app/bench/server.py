@@ -13,7 +13,6 @@ threads and the same chat requests, so the peer's continuous batching is measure
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import statistics
@@ -21,6 +20,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from app.bench.lib.http_chat import stream_chat
+from app.bench.lib.processes import llama_server
 
 
 def register(bench_sub) -> None:
@@ -43,39 +45,13 @@ def register(bench_sub) -> None:
     p.set_defaults(func=run)
 
 
-async def _one(http, i: int, max_tokens: int) -> dict:
-    body = {"messages": [{"role": "user", "content": f"Write a long story about a fox (#{i})."}],
-            "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft, last, usage, chunks = None, None, None, 0
-    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise RuntimeError(event["error"]["message"])
-            if event.get("usage"):
-                usage = event["usage"]
-            if event["choices"] and event["choices"][0]["delta"].get("content"):
-                last = time.perf_counter()
-                chunks += 1
-                ttft = ttft if ttft is not None else last - t0
-    n = usage["completion_tokens"] if usage else chunks
-    decode_s = (last - t0 - ttft) if (ttft is not None and last) else 0.0
-    return {"ttft": ttft or 0.0, "tokens": n, "stream_tok_s": (n - 1) / decode_s if decode_s > 0 else 0.0}
-
-
 async def _round(base_url: str, headers: dict, clients: int, max_tokens: int) -> dict:
     import httpx
 
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(600),
                                  limits=httpx.Limits(max_connections=clients + 2)) as http:
         t0 = time.perf_counter()
-        rs = await asyncio.gather(*[_one(http, i, max_tokens) for i in range(clients)])
+        rs = await asyncio.gather(*[stream_chat(http, i, max_tokens) for i in range(clients)])
         wall = time.perf_counter() - t0
     ttfts = sorted(r["ttft"] for r in rs)
     tokens = sum(r["tokens"] for r in rs)
@@ -111,54 +87,6 @@ def bench_backend(backend: str, model_args: list[str], conc: list[int], max_toke
         rounds = _rounds(backend, proc.base_url, proc.headers, conc, max_tokens)
     return {"backend": backend, "device": health.get("device"), "model": health.get("model"),
             "startup_s": round(load_s, 1), "rounds": rounds}
-
-
-@contextlib.contextmanager
-def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int | None, log_path: Path,
-                 extra: tuple[str, ...] = ()):
-    """llama.cpp's server on a free port with `slots` slots and `ctx` cells in all, healthy;
-    yields (process, base URL) and stops it afterwards. Also `ember bench footprint`'s peer."""
-    import os
-    import socket
-    import subprocess
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-           "-c", str(ctx), "-t", str(threads or os.cpu_count() or 1), "--no-webui", *extra]
-    base = f"http://127.0.0.1:{port}"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        t0 = time.perf_counter()
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode} (see {log_path})")
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - t0 > 300:
-                raise TimeoutError("llama-server did not become healthy in 300 s")
-            time.sleep(0.5)
-        yield proc, base
-    finally:
-        stop_process(proc)
-
-
-def stop_process(proc, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds."""
-    import subprocess
-
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int, threads: int | None,

@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.bench.lib.readiness import heap_trims, settle
+from app.bench.lib.stats import slope
+from app.bench.soak_ab import compare_with_fresh
 from app.bench.soak_mix import run_round
 
 MiB = 1 << 20
@@ -53,37 +56,6 @@ def register(bench_sub) -> None:
     p.add_argument("--max-growth-mb", type=float, default=5.0, help="goal: RSS growth per 1,000 requests")
     p.add_argument("--json", dest="json_out", default=None, help="also write every round's figures here")
     p.set_defaults(func=run)
-
-
-def _status(http, base: str, headers: dict) -> dict:
-    return http.get(base + "/v1/engine/status", headers=headers, timeout=120).json()
-
-
-def _trims(s: dict) -> int | None:
-    t = (s.get("heap") or {}).get("trims")
-    return t["trims"] if t and t["idle_s"] > 0 else None
-
-
-def _settle(http, base: str, headers: dict, trims: int | None = None, timeout: float = 60.0) -> dict:
-    """The status once the engine holds no request (aborts land on its next step) and, where it
-    trims the heap when idle, has trimmed since `trims` was read: RSS is measured after that."""
-    t0 = time.monotonic()
-    while True:
-        s = _status(http, base, headers)
-        idle = not s["num_requests"] and not s["num_running"] and not s["num_waiting"]
-        trimmed = trims is None or (_trims(s) or 0) > trims
-        if (idle and not s["kv"]["blocks_used"] and trimmed) or time.monotonic() - t0 > timeout:
-            return s
-        time.sleep(0.1)
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ys over xs (0 for fewer than two points)."""
-    if len(xs) < 2:
-        return 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
 def rss_split(pid: int) -> dict | None:
@@ -171,17 +143,17 @@ def soak(args, log_path: Path) -> dict:
     with proc.start(timeout=600), httpx.Client() as http:
         server = psutil.Process(proc.pid)
         base, headers = proc.base_url, proc.headers
-        s = _settle(http, base, headers)
+        s = settle(http, base, headers)
         rss0, total = server.memory_info().rss, 0
         print(f"  {args.backend}: ready, RSS {rss0 / MiB:.1f} MiB, KV pool {s['kv']['blocks_total']} blocks",
               flush=True)
         print(HEADER, flush=True)
         for i in range(args.rounds):
-            cpu0, trims = sum(server.cpu_times()[:2]), _trims(s)
+            cpu0, trims = sum(server.cpu_times()[:2]), heap_trims(s)
             res = asyncio.run(run_round(base, headers, i, args.clients, args.per_client, args.max_tokens,
                                         args.prompt_scale))
             cpu = sum(server.cpu_times()[:2]) - cpu0  # the server's own CPU: robust to a busy machine
-            s = _settle(http, base, headers, trims)
+            s = settle(http, base, headers, trims)
             total += res["requests"]
             rss = server.memory_info().rss
             r = {"round": i, **res, "cpu_ms_per_token": round(1000 * cpu / max(res["tokens"], 1), 2),
@@ -196,8 +168,6 @@ def soak(args, log_path: Path) -> dict:
             for e in res["error_samples"]:
                 print(f"        error: {e}", file=sys.stderr, flush=True)
         if args.ab_pairs:
-            from app.bench.soak_ab import compare_with_fresh
-
             print(f"  the soaked server against a fresh one ({args.warmup} warm-up rounds, "
                   f"{args.ab_pairs} pairs in ABBA order):", flush=True)
             ab = compare_with_fresh(argv, http, (base, headers), args, args.rounds, log_path)

@@ -17,16 +17,16 @@ import secrets
 import statistics
 from pathlib import Path
 
-from app.bench.soak import _settle, _status, _trims
+from app.bench.lib.readiness import engine_status, heap_trims, settle
 from app.bench.soak_mix import run_round
 
 
 def _round_on(http, server, index: int, args) -> float:
     base, headers = server
-    trims = _trims(_status(http, base, headers))
+    trims = heap_trims(engine_status(http, base, headers))
     res = asyncio.run(run_round(base, headers, index, args.clients, args.per_client, args.max_tokens,
                                 args.prompt_scale))
-    _settle(http, base, headers, trims)
+    settle(http, base, headers, trims)
     if res["errors"]:
         raise RuntimeError(f"paired round {index}: {res['errors']} errors, e.g. {res['error_samples'][:1]}")
     return res["tok_s"]
@@ -41,7 +41,7 @@ def compare_with_fresh(argv: list[str], http, soaked: tuple[str, dict], args, fi
     fresh_proc = EngineProcess(argv, api_key=secrets.token_urlsafe(16), log_path=log_path.with_suffix(".fresh.log"))
     with fresh_proc.start(timeout=600):
         fresh = (fresh_proc.base_url, fresh_proc.headers)
-        _settle(http, *fresh)
+        settle(http, *fresh)
         for i in range(args.warmup):
             _round_on(http, fresh, i, args)
         _round_on(http, soaked, first_index, args)  # unscored: it sat idle through the fresh one's warm-up

@@ -26,7 +26,7 @@ import tracemalloc
 from collections import Counter
 from pathlib import Path
 
-from app.bench.soak import slope
+from app.bench.lib.stats import slope
 
 MiB = 1 << 20
 # what one chat makes on the GUI side, by class name (ui/ and the reply's worker)
@@ -127,14 +127,14 @@ def one_round(qapp, ember, i: int, args) -> dict:
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-def soak(args) -> dict:
+def start_app(args):
+    """The real app (window, tray, chat store, engine controller) in a fresh data directory,
+    once its engine is ready and the model list is in: (QApplication, the app)."""
     from PySide6.QtWidgets import QApplication
 
     from app.gui_main import build_app
     from app.settings import Settings
     from app.supervisor import SupervisorState
-    from engine.server.allocator import malloc_stats, resident_bytes
-    from engine.server.heap import live_objects
 
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     qapp = QApplication.instance() or QApplication([sys.argv[0]])
@@ -149,44 +149,52 @@ def soak(args) -> dict:
         raise RuntimeError(f"the engine did not start: {sup.message}")
     _wait(qapp, lambda: bool(ember.controller.models), 120, "the model list")
     _settle(qapp)
-    rss0, total, rounds, baseline = resident_bytes(), 0, [], None
-    if args.tracemalloc:
-        tracemalloc.start(8)
-    print(f"  GUI process ready: RSS {rss0 / MiB:.1f} MiB (engine pid {sup.pid})", flush=True)
-    print("round replies err stopped     s  RSS MiB    ΔRSS malloc used/free  py blocks  QObjects  "
-          + "/".join(w[:6] for w in WATCHED[:5]), flush=True)
-    try:
-        for i in range(args.rounds):
-            res = one_round(qapp, ember, i, args)
-            _settle(qapp)
-            total += res["replies"]
-            rss, mal = resident_bytes(), malloc_stats() or {}
-            r = {"round": i, **res, "total_replies": total, "rss": rss,
-                 "rss_delta": rss - (rounds[-1]["rss"] if rounds else rss0), "malloc": mal,
-                 "py_blocks": sys.getallocatedblocks(),
-                 "qobjects": count_qobjects(ember.window) if i in (args.warmup - 1, args.rounds - 1) else None,
-                 "live": live_objects(WATCHED),
-                 "chats_open": len(ember.window._views)}
-            rounds.append(r)
-            if args.tracemalloc and i == args.warmup - 1:
-                baseline = tracemalloc.take_snapshot()
-            malloc = f"{mal['in_use'] / MiB:7.1f} {mal['free'] / MiB:6.1f}" if mal else f"{'-':>7s} {'-':>6s}"
-            print(f"{i:5d} {res['replies']:7d} {res['errors']:3d} {res['stopped']:7d} {res['seconds']:5.1f} "
-                  f"{rss / MiB:8.1f} {r['rss_delta'] / MiB:+7.1f} {malloc}      {r['py_blocks'] / 1000:6.0f}k "
-                  f"{r['qobjects'] if r['qobjects'] is not None else '-':>9}  " + "/".join(str(r["live"][w]) for w in WATCHED[:5]), flush=True)
-            if args.json_out:
-                Path(args.json_out).write_text(json.dumps({"rounds": rounds}, default=str))
-        if baseline is not None:
-            top = tracemalloc.take_snapshot().compare_to(baseline, "traceback")[:6]
-            print("  what grew most after warm-up (tracemalloc):")
-            for stat in top:
-                print(f"    {stat.size_diff:+d} B in {stat.count_diff:+d} blocks\n      "
-                      + "\n      ".join(stat.traceback.format()[-6:]))
-    finally:
-        for view in list(ember.window._views.values()):
-            view.stop()
-        ember.controller.shutdown()
-        ember.chat_store.close()
+    return qapp, ember
+
+
+def measure_round(ember, i: int, res: dict, total: int, rss_before: int, args) -> dict:
+    """A settled round's figures: RSS, glibc's in-use and free bytes, Python's blocks, QObjects
+    under the window (after the warm-up and at the end only: see count_qobjects) and live chats."""
+    from engine.server.allocator import malloc_stats, resident_bytes
+    from engine.server.heap import live_objects
+
+    rss, mal = resident_bytes(), malloc_stats() or {}
+    return {"round": i, **res, "total_replies": total, "rss": rss,
+            "rss_delta": rss - rss_before, "malloc": mal,
+            "py_blocks": sys.getallocatedblocks(),
+            "qobjects": count_qobjects(ember.window) if i in (args.warmup - 1, args.rounds - 1) else None,
+            "live": live_objects(WATCHED),
+            "chats_open": len(ember.window._views)}
+
+
+def _row(r: dict) -> str:
+    mal = r["malloc"]
+    malloc = f"{mal['in_use'] / MiB:7.1f} {mal['free'] / MiB:6.1f}" if mal else f"{'-':>7s} {'-':>6s}"
+    return (f"{r['round']:5d} {r['replies']:7d} {r['errors']:3d} {r['stopped']:7d} {r['seconds']:5.1f} "
+            f"{r['rss'] / MiB:8.1f} {r['rss_delta'] / MiB:+7.1f} {malloc}      {r['py_blocks'] / 1000:6.0f}k "
+            f"{r['qobjects'] if r['qobjects'] is not None else '-':>9}  "
+            + "/".join(str(r["live"][w]) for w in WATCHED[:5]))
+
+
+def _print_growth(baseline) -> None:
+    """What Python allocated most since the warm-up's tracemalloc snapshot."""
+    top = tracemalloc.take_snapshot().compare_to(baseline, "traceback")[:6]
+    print("  what grew most after warm-up (tracemalloc):")
+    for stat in top:
+        print(f"    {stat.size_diff:+d} B in {stat.count_diff:+d} blocks\n      "
+              + "\n      ".join(stat.traceback.format()[-6:]))
+
+
+def _shut_down(ember) -> None:
+    for view in list(ember.window._views.values()):
+        view.stop()
+    ember.controller.shutdown()
+    ember.chat_store.close()
+
+
+def summarize(rounds: list[dict], total: int, args) -> dict:
+    """Growth per 1,000 replies after warm-up (RSS and Python blocks), QObjects after warm-up and
+    at the end, replies and errors."""
     after = rounds[args.warmup:] if len(rounds) > args.warmup + 1 else rounds
     xs = [r["total_replies"] for r in after]
     return {"rounds": rounds, "rss_first_mb": round(after[0]["rss"] / MiB, 1),
@@ -195,6 +203,35 @@ def soak(args) -> dict:
             "py_blocks_per_1k": round(slope(xs, [r["py_blocks"] for r in after]) * 1000),
             "qobjects_first_last": (rounds[min(args.warmup, len(rounds)) - 1]["qobjects"], rounds[-1]["qobjects"]),
             "replies": total, "errors": sum(r["errors"] for r in rounds)}
+
+
+def soak(args) -> dict:
+    from engine.server.allocator import resident_bytes
+
+    qapp, ember = start_app(args)
+    rss0, total, rounds, baseline = resident_bytes(), 0, [], None
+    if args.tracemalloc:
+        tracemalloc.start(8)
+    print(f"  GUI process ready: RSS {rss0 / MiB:.1f} MiB (engine pid {ember.controller.supervisor.pid})", flush=True)
+    print("round replies err stopped     s  RSS MiB    ΔRSS malloc used/free  py blocks  QObjects  "
+          + "/".join(w[:6] for w in WATCHED[:5]), flush=True)
+    try:
+        for i in range(args.rounds):
+            res = one_round(qapp, ember, i, args)
+            _settle(qapp)
+            total += res["replies"]
+            r = measure_round(ember, i, res, total, rounds[-1]["rss"] if rounds else rss0, args)
+            rounds.append(r)
+            if args.tracemalloc and i == args.warmup - 1:
+                baseline = tracemalloc.take_snapshot()
+            print(_row(r), flush=True)
+            if args.json_out:
+                Path(args.json_out).write_text(json.dumps({"rounds": rounds}, default=str))
+        if baseline is not None:
+            _print_growth(baseline)
+    finally:
+        _shut_down(ember)
+    return summarize(rounds, total, args)
 
 
 def run(args) -> int:

@@ -188,7 +188,7 @@ def _llama_rows(args, model: str) -> list[tuple]:
     from pathlib import Path
     from tempfile import TemporaryDirectory
 
-    from app.bench.server import llama_server
+    from app.bench.lib.processes import llama_server
 
     rows = []
     with TemporaryDirectory() as tmp:

@@ -10,6 +10,7 @@ import statistics
 import time
 
 from app.bench import add_model_args
+from app.bench.lib.workloads import build_engine
 
 QUESTIONS = [
     "Explain how a hash map works.", "Write a haiku about autumn.", "What is a prime number?",
@@ -64,20 +65,6 @@ def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
         total += n
     wall = time.perf_counter() - t0
     return {"agg": total / wall, "ttft": statistics.median(ttfts), "per_chat": statistics.median(per_chat)}
-
-
-def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
-    """Ember with the torch runner, or with the llama.cpp runner under the same scheduler
-    (prefix caching off by default: every chat here is new, as for llama-cpp-python)."""
-    from engine.backends import load_engine
-    from engine.config import EngineConfig
-
-    cfg = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                       num_threads=args.threads,
-                       max_num_seqs=max([*args.concurrency, *(getattr(args, "profile", None) or [])]),
-                       max_model_len=1024,
-                       enable_prefix_caching=prefix_caching)
-    return load_engine(cfg, backend, args.device)[0]
 
 
 def run(args) -> int:

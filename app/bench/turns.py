@@ -62,7 +62,7 @@ def run_llamacpp(llm, turns: int, reply_tokens: int) -> list[float]:
 def run(args) -> int:
     import llama_cpp
 
-    from app.bench.throughput import build_engine
+    from app.bench.lib.workloads import build_engine
     from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())

@@ -14,7 +14,7 @@ def held_bytes(args, window_freeing: bool) -> tuple[int, object]:
     """Resident pool bytes at the chat's last step, and the engine's model config."""
     import torch
 
-    from app.bench.decode import make_prompt
+    from app.bench.lib.workloads import make_prompt
     from engine.backends import load_engine
     from engine.config import EngineConfig
     from engine.model_files.bundled import default_model_path

@@ -18,14 +18,16 @@ def stream(nbytes: int):
     return torch.rand(max(nbytes // 4, 1))
 
 
+def read_seconds(data) -> float:
+    """Seconds of one sum() over `data` (see stream()), on torch's threads."""
+    t0 = time.perf_counter()
+    data.sum()
+    return time.perf_counter() - t0
+
+
 def read_rate(data, repeats: int = 3) -> float:
     """Bytes per second of sum() over `data` (see stream()), median of `repeats`, on torch's threads."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - t0)
-    return data.numel() * 4 / statistics.median(times)
+    return data.numel() * 4 / statistics.median(read_seconds(data) for _ in range(repeats))
 
 
 def gguf_bytes_per_token(path: str) -> int:
