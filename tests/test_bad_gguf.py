@@ -9,7 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
-from engine.loaders.gguf_loader import GGUFError, load_model, read_model_config
+from engine.loaders.gguf_config import GGUFError, read_model_config
+from engine.loaders.gguf_loader import load_model
 from gguf_factory import write_tiny_model
 
 pytestmark = pytest.mark.timeout(30)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loaders.gguf_loader import load_model, read_model_config
+from engine.loaders.gguf_config import read_model_config
+from engine.loaders.gguf_loader import load_model
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
                            greedy_chat_departures, llama_cpp_logits, our_logits, reference_logits, summarize)
 

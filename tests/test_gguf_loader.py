@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.layers.rope_scaling import RopeScaling
-from engine.loaders.gguf_loader import load_model, read_model_config, unpermute_rows
+from engine.loaders.gguf_config import read_model_config
+from engine.loaders.gguf_loader import load_model, unpermute_rows
 from engine.models.config import ModelConfig
 
 

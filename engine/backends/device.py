@@ -57,7 +57,8 @@ def model_footprint(path: str | os.PathLike) -> ModelFootprint:
 def _gguf_footprint(p: Path) -> ModelFootprint:
     """The header's facts for any architecture; then Ember's own loader says whether its engine
     runs the file (the Llama/Qwen2 family, RoPE kinds it knows), else llama.cpp is the runner."""
-    from engine.loaders.gguf_loader import GGUFError, config_from_file, kernels_cover, open_gguf
+    from engine.loaders.gguf_config import GGUFError, config_from_file, open_gguf
+    from engine.loaders.gguf_loader import kernels_cover
 
     try:
         fp = footprint_of(read_gguf_meta(p), p.stat().st_size)

@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.layers.rope_scaling import RopeScaling
-from engine.loaders.gguf_loader import MAX_DIM
+from engine.loaders.gguf_config import MAX_DIM
 from engine.model_files.families import FAMILIES
 from engine.model_files.meta import HF_MODEL_TYPES, quantization_config_of, read_json
 from engine.models.config import ModelConfig

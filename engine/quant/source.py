@@ -37,7 +37,8 @@ class GGUFSource:
     path: Path
 
     def __post_init__(self) -> None:
-        from engine.loaders.gguf_loader import check_tensors, config_from_file, open_gguf
+        from engine.loaders.gguf_config import config_from_file, open_gguf
+        from engine.loaders.gguf_loader import check_tensors
         from engine.model_files.families import FAMILIES
         from engine.quant.writer import HF_ARCHITECTURES
 
