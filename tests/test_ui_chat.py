@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from app.client import EngineClient
 from app.gui_main import build_app
 from ui.chat_view import ChatView
-from ui.engine_controller import IDLE_POLL_FACTOR
+from ui.status_poll import IDLE_POLL_FACTOR
 from ui.transcript import TranscriptView
 from server_util import long_max_tokens
 from ui_support import GapMeter, allowed_gap_ms, make_settings, record_client_threads, own_engine, replies_ignore_eos, shared_engine, tiny_gguf, ui_settings  # noqa: F401

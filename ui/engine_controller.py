@@ -14,15 +14,11 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.client import EngineClient
 from app.settings import Settings
 from app.supervisor import EngineSupervisor, SupervisorState
+from ui.status_poll import IDLE_POLL_FACTOR, POLL_INTERVAL_MS, WAKE_S, engine_idle, timed_status
 from ui.workers import FunctionWorker
 
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL_MS = 1000
-# A ready engine with nothing to do is asked this many times less often: the 1 Hz poll was most of
-# the app's idle CPU (GUI + engine ~1.4% of a core). A chat that sends wakes the poll at once.
-IDLE_POLL_FACTOR = 5
-WAKE_S = 3.0  # after a wake-up, stay on the short interval this long (the request may not be queued yet)
 REMOTE = "remote"  # the controller's state while a remote server is used (no supervisor state)
 
 
@@ -203,7 +199,7 @@ class EngineController(QObject):
         client = self.client()
         if client is None or (self._poll_worker is not None and not self._poll_worker.is_finished):
             return
-        self._poll_worker = FunctionWorker(_timed_status, client)
+        self._poll_worker = FunctionWorker(timed_status, client)
         self._poll_worker.returned.connect(self._on_status)
         self._poll_worker.errored.connect(self._on_status_error)
         self._poll_worker.start()
@@ -300,15 +296,3 @@ def load_failure_words(model_id: str, error: Exception) -> str:
         reason, _, restored = text.rpartition("; ")
         still = f" {restored.removesuffix(' is loaded again')} is still loaded."
     return f"Could not load {model_id}: {reason.rstrip('.')}.{still}"
-
-
-def engine_idle(status: dict) -> bool:
-    """Ready, nothing running or waiting, and no decoding in the last few seconds (the engine's
-    5 s rate), so there is nothing new for the status bar to show."""
-    return (status.get("status") == "ready" and not status.get("num_running") and not status.get("num_waiting")
-            and not status.get("generation_tok_s"))
-
-
-def _timed_status(client: EngineClient) -> dict:
-    """`client.status()` plus when it was taken (runs on a worker thread)."""
-    return {"polled_at": time.monotonic(), **client.status()}
