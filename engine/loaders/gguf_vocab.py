@@ -81,8 +81,8 @@ def _control_by_text(tokens: list[str]) -> set[int]:
     return {i for i, t in enumerate(tokens) if t in names}
 
 
-def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, dict]:
-    """(tokenizer.json, tokenizer_config.json, generation_config.json) for a GGUF's metadata."""
+def _pre_tokenizer_of(path: Path, meta) -> PreTokenizer:
+    """The file's pre-tokenizer; only byte-level BPE files (tokenizer.ggml.model 'gpt2') have one here."""
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"{path}: tokenizer model {model!r} cannot be written as tokenizer.json "
@@ -92,17 +92,25 @@ def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, di
     if pre is None:
         raise ValueError(f"{path}: pre-tokenizer {pre_name!r} is not supported "
                          f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+    return pre
+
+
+def _token_kinds(path: Path, meta) -> tuple[list[str], list[TokenType]]:
+    """The tokens and their types as llama.cpp sees them after its load-time fix-ups."""
     tokens = list(meta.get("tokenizer.ggml.tokens") or [])
-    merges = list(meta.get("tokenizer.ggml.merges") or [])
     types = list(meta.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens))
     if not tokens or len(types) != len(tokens):
         raise ValueError(f"{path}: tokenizer.ggml.tokens/token_type are missing or disagree in length")
     forced = _control_by_text(tokens)
-    kinds = [TokenType.CONTROL if i in forced else TokenType(t) for i, t in enumerate(types)]
+    return tokens, [TokenType.CONTROL if i in forced else TokenType(t) for i, t in enumerate(types)]
 
+
+def _bpe(path: Path, meta, pre: PreTokenizer, tokens: list[str], kinds: list[TokenType]
+         ) -> tuple[tokenizers.Tokenizer, list[AddedToken]]:
+    """The byte-level BPE over the file's tokens and merges, and its added (special) tokens."""
     vocab = {t: i for i, t in enumerate(tokens) if kinds[i] is not TokenType.UNUSED}
     pairs = []
-    for m in merges:
+    for m in list(meta.get("tokenizer.ggml.merges") or []):
         left, sep, right = m.partition(" ")
         if not sep:
             raise ValueError(f"{path}: merge {m!r} is not two tokens separated by a space")
@@ -122,7 +130,12 @@ def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, di
     moved = [t.content for t in added if check.get(t.content) != first[t.content]]
     if moved:
         raise ValueError(f"{path}: added tokens {moved[:5]} are duplicated in tokenizer.ggml.tokens")
+    return tk, added
 
+
+def _configs(meta, pre: PreTokenizer, tokens: list[str], added: list[AddedToken],
+             ids: dict[str, int]) -> tuple[dict, dict]:
+    """tokenizer_config.json and generation_config.json from the file's special token ids."""
     def text(key: str) -> str | None:
         i = meta.get(key)
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
@@ -143,7 +156,7 @@ def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, di
         "pad_token": text("tokenizer.ggml.padding_token_id"),
         "unk_token": text("tokenizer.ggml.unknown_token_id"),
         "clean_up_tokenization_spaces": pre.clean_spaces,
-        "added_tokens_decoder": {str(check[t.content]): {
+        "added_tokens_decoder": {str(ids[t.content]): {
             "content": t.content, "special": t.special, "normalized": False, "lstrip": False,
             "rstrip": False, "single_word": False} for t in added},
     }
@@ -153,7 +166,16 @@ def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, di
     generation = {"bos_token_id": tid("tokenizer.ggml.bos_token_id"),
                   "eos_token_id": list(dict.fromkeys(eos_ids)),
                   "pad_token_id": tid("tokenizer.ggml.padding_token_id")}
-    return tk, config, {k: v for k, v in generation.items() if v not in (None, [])}
+    return config, {k: v for k, v in generation.items() if v not in (None, [])}
+
+
+def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, dict]:
+    """(tokenizer.json, tokenizer_config.json, generation_config.json) for a GGUF's metadata."""
+    pre = _pre_tokenizer_of(path, meta)
+    tokens, kinds = _token_kinds(path, meta)
+    tk, added = _bpe(path, meta, pre, tokens, kinds)
+    config, generation = _configs(meta, pre, tokens, added, tk.get_vocab(with_added_tokens=True))
+    return tk, config, generation
 
 
 def write_hf_tokenizer(gguf_path: str | Path, out_dir: str | Path) -> Path:
