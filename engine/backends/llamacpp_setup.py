@@ -40,7 +40,7 @@ def kv_block_bytes(ll, model, path: Path, config: EngineConfig) -> int:
     """Bytes of one KV block of `config.block_size` cells in llama.cpp's f16 KV."""
     n_layer, n_embd, n_head, n_head_kv = (int(f(model)) for f in (
         ll.llama_model_n_layer, ll.llama_model_n_embd, ll.llama_model_n_head, ll.llama_model_n_head_kv))
-    meta = read_gguf_meta(path)  # key and value head sizes as the header states them (Gemma 3: 256, not n_embd / n_head)
+    meta = read_gguf_meta(path)  # head sizes as the header states them (Gemma 3: 256, not n_embd / n_head)
     itemsize = kv_itemsize("llama.cpp", config.dtype)  # f16, llama.cpp's KV type
     return kv_bytes_per_block(n_layer, config.block_size, n_head_kv, meta.head_dim or n_embd // n_head, itemsize,
                               meta.value_head_dim or 0)
