@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args):
-    from engine.quant.formats import CheckpointFormat
+    from engine.model_files.quant_config import CheckpointFormat
     from engine.quant.pipeline import Method, QuantizeConfig
 
     method = Method(args.method)

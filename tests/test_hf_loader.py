@@ -32,7 +32,7 @@ from engine.layers.linear import DenseLinear, PackedLinear
 from engine.loaders.hf_loader import load_hf_model
 from engine.loaders.load import load_model
 from engine.model_files.errors import ModelFileError
-from engine.quant.formats import CheckpointError, CheckpointFormat as CF
+from engine.model_files.quant_config import CheckpointError, CheckpointFormat as CF
 from engine.quant.pipeline import LayerResult, Method, QuantizeConfig, quantize_model
 from engine.quant.source import open_source
 from engine.quant.writer import CheckpointWriter

@@ -1,4 +1,4 @@
-"""Checkpoint layouts of one quantized linear (engine/quant/formats.py) against the formats'
+"""Checkpoint layouts of one quantized linear (engine/checkpoint_formats/) against the formats'
 own descriptions: the expected int32 words and the float64 dequantization are built here with
 plain loops from the published layouts (AutoGPTQ qlinear_cuda_old, AutoAWQ packing_utils,
 compressed_tensors pack_to_int32), never with the packer under test."""
@@ -11,8 +11,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.quant.formats import (CheckpointError, CheckpointFormat as CF, QuantSpec, pack_linear,
-                                  parse_quantization_config, quantization_config, tensor_names, unpack_linear)
+from engine.checkpoint_formats.registry import decode_linear, encode_linear, tensor_names
+from engine.model_files.quant_config import (CheckpointError, CheckpointFormat as CF, QuantSpec,
+                                             parse_quantization_config, quantization_config)
 from engine.weights.int_weight import IntWeight
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of word c holds column 8c + AWQ_ORDER[i]
@@ -101,14 +102,14 @@ def test_gptq_words_and_dequant(fmt, bits, G, act_order):
     N, K = 16, 64
     w = weight(N, K, bits, G, act_order=act_order, seed=bits + G, zmin=1)  # zmin 1: no v1 borrow (see below)
     sp = spec(fmt, bits, G, desc_act=act_order)
-    t = pack_linear(w, sp)
+    t = encode_linear(w, sp)
     assert set(t) == set(tensor_names(sp))
     assert {k: v.dtype for k, v in t.items()} == {"qweight": torch.int32, "qzeros": torch.int32,
                                                   "scales": torch.float16, "g_idx": torch.int32}
     exp = gptq_expected(w, v1=fmt is CF.GPTQ)
     for name, want in exp.items():
         assert t[name].tolist() == want, name
-    back = unpack_linear(t, sp, (N, K), "x")
+    back = decode_linear(t, sp, (N, K), "x")
     same(back, w)
     assert (back.g_idx is None) == (not act_order)
     ref = gptq_reference(t, bits, fmt is CF.GPTQ, N, K)
@@ -122,21 +123,21 @@ def test_gptq_literal_words():
     q[0] = torch.arange(1, 9)  # column n=0 over the 8 K rows: nibbles 1..8, lowest first
     z = torch.tensor([[1], [2], [3], [4], [5], [6], [7], [8]], dtype=torch.uint8)
     w = IntWeight(4, -1, q, torch.ones(N, 1), z)
-    v2, v1 = pack_linear(w, spec(CF.GPTQ_V2, G=-1)), pack_linear(w, spec(CF.GPTQ, G=-1))
+    v2, v1 = encode_linear(w, spec(CF.GPTQ_V2, G=-1)), encode_linear(w, spec(CF.GPTQ, G=-1))
     assert u32(v2["qweight"])[0][0] == 0x87654321
     assert u32(v2["qzeros"]) == [[0x87654321]] and u32(v1["qzeros"]) == [[0x76543210]]
 
 
 def test_sym_v1_qzeros_are_0x77777777():
     for bits, word in ((4, 0x77777777), (8, 0x7F7F7F7F)):
-        t = pack_linear(weight(16, 64, bits, 32, sym=True), spec(CF.GPTQ, bits, 32, sym=True))
+        t = encode_linear(weight(16, 64, bits, 32, sym=True), spec(CF.GPTQ, bits, 32, sym=True))
         assert set(sum(u32(t["qzeros"]), [])) == {word}
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_v1_v2_relation(bits):
     w = weight(32, 64, bits, 32, seed=3)  # zeros include 0: the relation holds word-wise regardless
-    v1, v2 = pack_linear(w, spec(CF.GPTQ, bits)), pack_linear(w, spec(CF.GPTQ_V2, bits))
+    v1, v2 = encode_linear(w, spec(CF.GPTQ, bits)), encode_linear(w, spec(CF.GPTQ_V2, bits))
     assert [[(a + ONES[bits]) % (1 << 32) for a in row] for row in u32(v1["qzeros"])] == u32(v2["qzeros"])
     for name in ("qweight", "scales", "g_idx"):
         assert torch.equal(v1[name], v2[name])
@@ -148,38 +149,38 @@ def test_v1_zero_point_zero_borrows_like_gptqmodel():
     z = torch.tensor([0, 8, 8, 8, 8, 8, 8, 8], dtype=torch.uint8)[:, None]
     w = IntWeight(4, -1, torch.zeros(8, 8, dtype=torch.uint8), torch.ones(8, 1), z)
     sp = spec(CF.GPTQ, G=-1)
-    t = pack_linear(w, sp)
+    t = encode_linear(w, sp)
     assert u32(t["qzeros"]) == [[0x7777776F]]
-    assert unpack_linear(t, sp, (8, 8), "x").zeros[:, 0].tolist() == z[:, 0].tolist()
+    assert decode_linear(t, sp, (8, 8), "x").zeros[:, 0].tolist() == z[:, 0].tolist()
 
 
 def test_trivial_g_idx_reads_as_none_and_missing_g_idx_is_k_over_g():
     w = weight(16, 64, 4, 16)
     sp = spec(CF.GPTQ_V2, G=16)
-    t = pack_linear(w, sp)
+    t = encode_linear(w, sp)
     assert t["g_idx"].tolist() == [k // 16 for k in range(64)]
-    assert unpack_linear(t, sp, (16, 64), "x").g_idx is None
+    assert decode_linear(t, sp, (16, 64), "x").g_idx is None
     del t["g_idx"]
-    same(unpack_linear(t, sp, (16, 64), "x"), w)
+    same(decode_linear(t, sp, (16, 64), "x"), w)
     with pytest.raises(CheckpointError, match="'g_idx' is missing"):
-        unpack_linear(t, spec(CF.GPTQ_V2, G=16, desc_act=True), (16, 64), "x")
+        decode_linear(t, spec(CF.GPTQ_V2, G=16, desc_act=True), (16, 64), "x")
 
 
 def test_group_minus_one_is_one_group():
     w = weight(16, 64, 4, -1, seed=5)
     for fmt in (CF.GPTQ, CF.AWQ, CF.COMPRESSED_TENSORS):
-        t = pack_linear(w, spec(fmt, G=-1))
+        t = encode_linear(w, spec(fmt, G=-1))
         scale = t["weight_scale"] if fmt is CF.COMPRESSED_TENSORS else t["scales"]
         assert scale.numel() == 16
-        same(unpack_linear(t, spec(fmt, G=-1), (16, 64), "x"), w)
-    assert pack_linear(w, spec(CF.GPTQ, G=-1))["g_idx"].tolist() == [0] * 64
+        same(decode_linear(t, spec(fmt, G=-1), (16, 64), "x"), w)
+    assert encode_linear(w, spec(CF.GPTQ, G=-1))["g_idx"].tolist() == [0] * 64
 
 
 def test_act_order_needs_desc_act():
     w = weight(16, 64, 4, 16, act_order=True)
     for fmt in (CF.GPTQ, CF.AWQ, CF.COMPRESSED_TENSORS):
         with pytest.raises(CheckpointError, match="desc_act"):
-            pack_linear(w, spec(fmt, G=16))
+            encode_linear(w, spec(fmt, G=16))
 
 
 # ---- AWQ ----
@@ -188,7 +189,7 @@ def test_awq_words_and_dequant():
     N, K, G = 16, 64, 32
     w = weight(N, K, 4, G, seed=7)
     sp = spec(CF.AWQ, 4, G)
-    t = pack_linear(w, sp)
+    t = encode_linear(w, sp)
     assert {k: v.dtype for k, v in t.items()} == {"qweight": torch.int32, "qzeros": torch.int32,
                                                   "scales": torch.float16}
     q, z = w.q.tolist(), w.zeros.tolist()
@@ -196,7 +197,7 @@ def test_awq_words_and_dequant():
                                       for c in range(N // 8)] for k in range(K)]
     assert t["qzeros"].tolist() == [[signed(sum(z[8 * c + AWQ_ORDER[i]][g] << (4 * i) for i in range(8)))
                                      for c in range(N // 8)] for g in range(K // G)]
-    back = unpack_linear(t, sp, (N, K), "x")
+    back = decode_linear(t, sp, (N, K), "x")
     same(back, w)
     qw, qz, s = t["qweight"].tolist(), t["qzeros"].tolist(), t["scales"].double()
     ref = torch.zeros(N, K, dtype=torch.float64)
@@ -210,7 +211,7 @@ def test_awq_words_and_dequant():
 def test_awq_literal_word():
     q = torch.arange(8, dtype=torch.uint8)[:, None].expand(8, 8).contiguous()  # column n holds n
     w = IntWeight(4, -1, q, torch.ones(8, 1), torch.zeros(8, 1, dtype=torch.uint8))
-    assert u32(pack_linear(w, spec(CF.AWQ, G=-1))["qweight"]) == [[0x75316420]] * 8
+    assert u32(encode_linear(w, spec(CF.AWQ, G=-1))["qweight"]) == [[0x75316420]] * 8
 
 
 # ---- compressed-tensors ----
@@ -222,7 +223,7 @@ def test_compressed_tensors_words_and_dequant(bits, G, sym, act_order, K):
     N, P = 12, 32 // bits
     w = weight(N, K, bits, G, sym=sym, act_order=act_order, seed=bits * K)
     sp = spec(CF.COMPRESSED_TENSORS, bits, G, sym=sym, desc_act=act_order)
-    t = pack_linear(w, sp)
+    t = encode_linear(w, sp)
     assert set(t) == set(tensor_names(sp))
     assert ("weight_zero_point" in t) == (not sym) and ("weight_g_idx" in t) == act_order
     q, z = w.q.tolist(), w.zeros.tolist()
@@ -235,7 +236,7 @@ def test_compressed_tensors_words_and_dequant(bits, G, sym, act_order, K):
         assert t["weight_zero_point"].tolist() == [
             [signed(sum(z[r * P + i][g] << (bits * i) for i in range(P) if r * P + i < N)) for g in range(len(z[0]))]
             for r in range(-(-N // P))]
-    back = unpack_linear(t, sp, (N, K), "x")
+    back = decode_linear(t, sp, (N, K), "x")
     same(back, w)
     # compressed_tensors dequantize: (x_q - zp) * s on signed codes (packed value - 2^(b-1))
     mid, pw, s = 1 << (bits - 1), t["weight_packed"].tolist(), t["weight_scale"].double()
@@ -254,12 +255,12 @@ def test_compressed_tensors_literal_word():
     """pack_to_int32's own example: signed 8-bit [1, 2] -> unsigned [129, 130] -> 33409."""
     q = torch.tensor([[129, 130, 0, 0]], dtype=torch.uint8).expand(4, 4).contiguous()
     w = IntWeight(8, -1, q, torch.ones(4, 1), torch.full((4, 1), 128, dtype=torch.uint8))
-    assert pack_linear(w, spec(CF.COMPRESSED_TENSORS, 8, -1, sym=True))["weight_packed"].tolist() == [[33409]] * 4
+    assert encode_linear(w, spec(CF.COMPRESSED_TENSORS, 8, -1, sym=True))["weight_packed"].tolist() == [[33409]] * 4
 
 
 def test_compressed_tensors_sym_needs_mid_zeros():
     with pytest.raises(CheckpointError, match="zero points"):
-        pack_linear(weight(8, 32, 4, 32), spec(CF.COMPRESSED_TENSORS, sym=True))
+        encode_linear(weight(8, 32, 4, 32), spec(CF.COMPRESSED_TENSORS, sym=True))
 
 
 # ---- bad tensors ----
@@ -270,7 +271,7 @@ FORMATS = [(CF.GPTQ, 4), (CF.GPTQ_V2, 8), (CF.AWQ, 4), (CF.COMPRESSED_TENSORS, 4
 def packed(fmt, bits, desc_act=True, sym=False):
     desc_act = desc_act and fmt is not CF.AWQ
     sp = spec(fmt, bits, 16, sym=sym, desc_act=desc_act)
-    return sp, pack_linear(weight(16, 64, bits, 16, act_order=desc_act, sym=sym), sp)
+    return sp, encode_linear(weight(16, 64, bits, 16, act_order=desc_act, sym=sym), sp)
 
 
 @pytest.mark.parametrize("fmt,bits", FORMATS)
@@ -279,15 +280,15 @@ def test_missing_wrong_shape_wrong_dtype(fmt, bits):
     where = "/ckpt/model.safetensors: model.layers.0.mlp.up_proj"
     for name in t:
         with pytest.raises(CheckpointError, match=f"^{where}: tensor '{name}' is missing"):
-            unpack_linear({k: v for k, v in t.items() if k != name}, sp, (16, 64), where)
+            decode_linear({k: v for k, v in t.items() if k != name}, sp, (16, 64), where)
         bad = t | {name: t[name][:-1]}
         with pytest.raises(CheckpointError, match=f"'{name}' has shape"):
-            unpack_linear(bad, sp, (16, 64), where)
+            decode_linear(bad, sp, (16, 64), where)
         wrong = torch.int16 if t[name].dtype.is_floating_point else torch.float32
         with pytest.raises(CheckpointError, match=f"'{name}' has dtype"):
-            unpack_linear(t | {name: t[name].to(wrong)}, sp, (16, 64), where)
+            decode_linear(t | {name: t[name].to(wrong)}, sp, (16, 64), where)
     with pytest.raises(CheckpointError, match="shape"):  # a config/architecture that disagrees
-        unpack_linear(t, sp, (16, 128), where)
+        decode_linear(t, sp, (16, 128), where)
 
 
 @pytest.mark.parametrize("fmt,name", [(CF.GPTQ, "g_idx"), (CF.COMPRESSED_TENSORS, "weight_g_idx")])
@@ -296,24 +297,24 @@ def test_g_idx_out_of_range(fmt, name):
     g = t[name].clone()
     g[3] = 4  # K=64, G=16: groups 0..3
     with pytest.raises(CheckpointError, match=f"'{name}' holds groups 0..4, expected 0..3"):
-        unpack_linear(t | {name: g}, sp, (16, 64), "x")
+        decode_linear(t | {name: g}, sp, (16, 64), "x")
 
 
 def test_compressed_tensors_disagreements():
     sp, t = packed(CF.COMPRESSED_TENSORS, 4, desc_act=False)
     with pytest.raises(CheckpointError, match="weight_shape' says"):
-        unpack_linear(t | {"weight_shape": torch.tensor([64, 16])}, sp, (16, 64), "x")
+        decode_linear(t | {"weight_shape": torch.tensor([64, 16])}, sp, (16, 64), "x")
     sym = spec(CF.COMPRESSED_TENSORS, 4, 16, sym=True)
     with pytest.raises(CheckpointError, match="'weight_zero_point' present"):
-        unpack_linear(t, sym, (16, 64), "x")
+        decode_linear(t, sym, (16, 64), "x")
 
 
 def test_pack_rejects_out_of_range_codes_and_odd_sizes():
     w = weight(16, 64, 8, 32)
     with pytest.raises(CheckpointError, match="4-bit"):
-        pack_linear(w, spec(CF.GPTQ, 4, 32))
+        encode_linear(w, spec(CF.GPTQ, 4, 32))
     with pytest.raises(CheckpointError, match="not a multiple of 8"):
-        pack_linear(weight(12, 64, 4, 32), spec(CF.AWQ, 4, 32))
+        encode_linear(weight(12, 64, 4, 32), spec(CF.AWQ, 4, 32))
 
 
 # ---- quantization_config ----
@@ -405,13 +406,13 @@ def test_safetensors_round_trip(tmp_path, fmt, bits, sym, desc_act):
     module, N, K = "model.layers.0.self_attn.q_proj", 32, 128
     sp = spec(fmt, bits, 32, sym=sym, desc_act=desc_act)
     w = weight(N, K, bits, 32, sym=sym, act_order=desc_act, seed=11)
-    save_file({f"{module}.{k}": v for k, v in pack_linear(w, sp).items()}, tmp_path / "model.safetensors")
+    save_file({f"{module}.{k}": v for k, v in encode_linear(w, sp).items()}, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantization_config(sp)}))
     read = parse_quantization_config(json.loads((tmp_path / "config.json").read_text())["quantization_config"],
                                      str(tmp_path / "config.json"))
     assert read == sp
     with safe_open(tmp_path / "model.safetensors", framework="pt") as f:
         tensors = {s: f.get_tensor(f"{module}.{s}") for s in tensor_names(read) if f"{module}.{s}" in f.keys()}
-    back = unpack_linear(tensors, read, (N, K), f"{tmp_path}: {module}")
+    back = decode_linear(tensors, read, (N, K), f"{tmp_path}: {module}")
     same(back, w)
     assert torch.equal(back.dequantize(), w.dequantize())

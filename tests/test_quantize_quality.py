@@ -12,7 +12,7 @@ import torch
 from engine.loaders.load import load_model
 from engine.loaders.tokenizer import load_tokenizer
 from engine.quant.calibration import doc_topics
-from engine.quant.formats import CheckpointFormat
+from engine.model_files.quant_config import CheckpointFormat
 from engine.quant.perplexity import perplexity
 from engine.quant.pipeline import Method, QuantizeConfig, quantize_model
 from engine.quant.source import open_source

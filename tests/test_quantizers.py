@@ -8,7 +8,7 @@ import torch
 
 from engine.quant.awq import awq_quantize, search_clip, search_scales
 from engine.quant.gptq import GPTQ
-from engine.quant.rtn import group_params, rtn
+from engine.weights.rtn import group_params, rtn
 
 
 def correlated(T: int, K: int, seed: int, tokens: int = 0) -> torch.Tensor:

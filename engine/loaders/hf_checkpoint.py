@@ -6,7 +6,7 @@ it), one `*.safetensors` file or shards listed by `model.safetensors.index.json`
 tokenizer files (engine/loaders/hf_tokenizer.py). Opening checks that every shard the index
 names exists and opens, that no tensor is in two shards and that the config's dimensions are
 sane; each tensor the config implies is then checked for presence and shape as the loader reads
-it (quantized ones by their format: engine/quant/formats.py), before any model is returned.
+it (quantized ones by their format: engine/checkpoint_formats/), before any model is returned.
 Every failure is a CheckpointError naming the file and the problem.
 
 Hugging Face stores Q/K rows in rotate-half order for every Llama-family architecture (the GGUF

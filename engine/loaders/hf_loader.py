@@ -1,7 +1,7 @@
 """A Hugging Face directory (GPTQ, AWQ, compressed-tensors or plain float safetensors) -> a ready
 LlamaForCausalLM, through the same weight names and model code as a GGUF file.
 
-A quantized linear is unpacked by its format (engine/quant/formats.py) into an IntWeight,
+A quantized linear is decoded by its format (engine/checkpoint_formats/) into an IntWeight,
 w = s (q - z), and handed to the kernels as a QuantWeight (IntWeight.to_quant_weight: the group
 of 128 becomes four of the kernels' 32, an act-order checkpoint gets its input permutation, so
 its groups are contiguous). With `quantized` off, or a layout the kernels have no tiles for, the
@@ -18,8 +18,8 @@ from engine.loaders.assemble import assemble
 from engine.loaders.hf_checkpoint import HFCheckpoint
 from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.llama import LlamaForCausalLM
-from engine.quant.formats import tensor_names, unpack_linear
-from engine.quant.rtn import rtn
+from engine.checkpoint_formats.registry import decode_linear, tensor_names
+from engine.weights.rtn import rtn
 from engine.weights.int_weight import IntWeight
 from engine.weights.quant_weight import QuantWeight, cat_rows, same_columns
 
@@ -39,7 +39,7 @@ def read_linear(ckpt: HFCheckpoint, module: str, shape: tuple[int, int]) -> IntW
     if is_quantized(ckpt, module):
         names = tensor_names(ckpt.quant)
         shard = next(ckpt.tensors[f"{module}.{s}"] for s in names if f"{module}.{s}" in ckpt)
-        return unpack_linear(ckpt.group(module, names), ckpt.quant, shape, f"{shard}: {module}")
+        return decode_linear(ckpt.group(module, names), ckpt.quant, shape, f"{shard}: {module}")
     return ckpt.dense(f"{module}.weight", shape)
 
 

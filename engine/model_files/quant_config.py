@@ -1,5 +1,5 @@
 """What a GPTQ, AWQ or compressed-tensors checkpoint says it is: its quantization_config, read
-and written (the tensor layouts themselves: engine/quant/formats.py). No torch here: the model
+and written (the tensor layouts themselves: engine/checkpoint_formats/). No torch here: the model
 store and the GUI check a downloaded or imported directory with it before anything loads.
 """
 from __future__ import annotations

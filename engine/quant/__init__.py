@@ -1,7 +1,7 @@
-"""Weight quantization: the RTN, GPTQ and AWQ quantizers, the checkpoint formats that carry
-their results (GPTQ v1/v2, AWQ GEMM, compressed-tensors) and `ember quantize`'s pipeline.
+"""`ember quantize`: the offline quantizers (GPTQ, AWQ; round-to-nearest is engine/weights/rtn.py,
+which the loaders use too), their calibration, and the pipeline that writes a checkpoint.
 
-Every quantizer produces, and every format packs and unpacks, one thing: an IntWeight
-(engine/quant/int_weight.py), w = s (q - z) per group; the loader turns it into the kernels'
-QuantWeight.
+Every quantizer produces one thing: an IntWeight (engine/weights/int_weight.py), w = s (q - z)
+per group; the checkpoint layouts that carry it are engine/checkpoint_formats/. Nothing outside
+`ember quantize` (and its bench) imports this package.
 """

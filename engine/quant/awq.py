@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from engine.quant.rtn import as_groups, group_params, quantize_codes, rtn
+from engine.weights.rtn import as_groups, group_params, quantize_codes, rtn
 from engine.weights.int_weight import IntWeight
 
 CHUNK = 4096  # tokens per matmul

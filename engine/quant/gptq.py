@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.rtn import group_params, quantize_codes
+from engine.weights.rtn import group_params, quantize_codes
 from engine.weights.int_weight import IntWeight
 
 CHUNK = 4096  # tokens per Hessian matmul: bounds the float32 product's rounding and its memory

@@ -30,7 +30,7 @@ from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
-from engine.quant.formats import CheckpointFormat, QuantSpec
+from engine.model_files.quant_config import CheckpointFormat, QuantSpec
 from engine.quant.source import Source, layer_weights
 from engine.weights.int_weight import IntWeight
 
@@ -201,7 +201,7 @@ class LayerQuantizer:
         return {k: v for k, v in W.items() if not k.endswith("proj.weight")}
 
     def _rtn(self, W: dict[str, torch.Tensor]) -> LayerResult:
-        from engine.quant.rtn import rtn
+        from engine.weights.rtn import rtn
 
         c = self.cfg
         return LayerResult({m: rtn(W[f"{m}.weight"], c.bits, c.group_size, c.sym)

@@ -15,6 +15,7 @@ import torch
 
 from engine.loaders.weight_names import HF_LINEARS, HF_TO_GGUF
 from engine.models.config import ModelConfig
+from engine.quant.hf_config import HF_ARCHITECTURES
 
 # Hugging Face module (per layer) -> GGUF tensor stem, and the linears: engine/loaders/weight_names.py
 GGUF_NAMES, LINEARS = HF_TO_GGUF, HF_LINEARS
@@ -40,7 +41,6 @@ class GGUFSource:
         from engine.loaders.gguf_config import config_from_file, open_gguf
         from engine.loaders.gguf_loader import check_tensors
         from engine.model_files.families import FAMILIES
-        from engine.quant.writer import HF_ARCHITECTURES
 
         self.file = open_gguf(self.path)
         self.config = config_from_file(self.file)

@@ -15,34 +15,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.models.config import ModelConfig
-from engine.quant.formats import QuantSpec, pack_linear, quantization_config
+from engine.checkpoint_formats.registry import encode_linear
+from engine.model_files.quant_config import QuantSpec
+from engine.quant.hf_config import hf_config
 from engine.quant.pipeline import LayerResult
 from engine.quant.source import GGUFSource, Source
 
-HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM")}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
-
-
-def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
-    model_type, arch = HF_ARCHITECTURES[config.arch]
-    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
-           "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
-           "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-           "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
-           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-           "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
-           "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
-    if config.arch in ("llama", "qwen3", "smollm3"):
-        out["attention_bias"] = config.attention_bias
-    if config.layer_rope:  # SmolLM3: 1 where a layer turns its q and k, 0 where it does not
-        out["no_rope_layers"] = [int(config.rope(i) >= 0) for i in range(config.num_layers)]
-    if config.rope_scaling is not None:
-        out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
-                               "factor": config.rope_scaling.factor}
-    return out
 
 
 class CheckpointWriter:
@@ -58,7 +38,7 @@ class CheckpointWriter:
     def add_layer(self, i: int, result: LayerResult) -> None:
         p = f"model.layers.{i}."
         for module, w in result.weights.items():
-            for suffix, t in pack_linear(w, self.spec).items():
+            for suffix, t in encode_linear(w, self.spec).items():
                 self.tensors[f"{p}{module}.{suffix}"] = t.contiguous()
         for name, t in result.dense.items():
             self.tensors[p + name] = t.to(torch.float16).contiguous()

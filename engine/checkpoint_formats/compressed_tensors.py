@@ -1,6 +1,13 @@
 """compressed-tensors "pack-quantized" (llm-compressor's W4A16/W8A16 layout, what vLLM reads
-first): its quantization_config and one linear's tensors. The layout is described in
-engine/quant/formats.py; callers go through formats' functions, which dispatch here.
+first; b in {4, 8}):
+    weight_packed      int32 [N, ceil(K/P)]        q packed along K (zero-padded to a word)
+    weight_scale       fp16/bf16 [N, n_g]          (strategy "channel": [N, 1])
+    weight_zero_point  int32 [ceil(N/P), n_g]      z packed along N (asymmetric only)
+    weight_shape       int64 [2] = (N, K)          (as compressed_tensors and vLLM declare it)
+    weight_g_idx       int32 [K]                   (actorder "group" only)
+The library quantizes to signed ints and packs value + 2^(b-1) (pack_to_int32), and its zero
+point is signed alike, so the packed fields are exactly our unsigned q and z; symmetric means
+z = 2^(b-1) everywhere and no zero-point tensor. (Notation: engine/checkpoint_formats/__init__.py.)
 
 Checked against compressed_tensors' PackedQuantizationCompressor / pack_to_int32 (signed codes
 + 2^(b-1), P per int32 along K, the first lowest; zero points packed the same way along N) and
@@ -10,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.model_files.quant_config import CheckpointError, CheckpointFormat, QuantSpec, check_spec
-from engine.quant.formats import FLOATS, INDEX, INT32, check_g_idx, default_groups, expect, n_groups, pack_bits, unpack_bits
+from engine.checkpoint_formats.checks import FLOATS, INDEX, INT32, expect, n_groups, read_g_idx
+from engine.checkpoint_formats.words import codes_to_words, words_to_codes
+from engine.model_files.quant_config import CheckpointError, QuantSpec
 from engine.weights.int_weight import IntWeight
-
 
 
 def tensor_names(spec: QuantSpec) -> tuple[str, ...]:
@@ -21,24 +28,26 @@ def tensor_names(spec: QuantSpec) -> tuple[str, ...]:
             + ("weight_shape",) + (("weight_g_idx",) if spec.desc_act else ()))
 
 
-def pack(w: IntWeight, spec: QuantSpec) -> dict[str, torch.Tensor]:
+def encode(w: IntWeight, spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """IntWeight -> weight_packed, weight_scale, weight_shape (and the zero points, g_idx)."""
     N, K = w.shape
     mid = 1 << (spec.bits - 1)
-    out = {"weight_packed": pack_bits(w.q, spec.bits, 1),
+    out = {"weight_packed": codes_to_words(w.q, spec.bits, 1),
            "weight_scale": w.scales.to(torch.float16).contiguous(),
            "weight_shape": torch.tensor([N, K], dtype=torch.int64)}
     if spec.sym:
         if not bool((w.zeros == mid).all()):
-            raise CheckpointError(f"pack_linear (compressed-tensors): symmetric spec but zero points "
+            raise CheckpointError(f"encode (compressed-tensors): symmetric spec but zero points "
                                   f"other than {mid}: the format would drop them (use sym=False)")
     else:
-        out["weight_zero_point"] = pack_bits(w.zeros, spec.bits, 0)
+        out["weight_zero_point"] = codes_to_words(w.zeros, spec.bits, 0)
     if spec.desc_act:
         out["weight_g_idx"] = w.groups().to(torch.int32)
     return out
 
 
-def unpack(tensors: dict[str, torch.Tensor], spec: QuantSpec, shape: tuple[int, int], where: str) -> IntWeight:
+def decode(tensors: dict[str, torch.Tensor], spec: QuantSpec, shape: tuple[int, int], where: str) -> IntWeight:
+    """One linear's tensors -> IntWeight, each checked against shape and spec."""
     N, K = shape
     b, per, ng = spec.bits, 32 // spec.bits, n_groups(K, spec.group_size)
     why = f"N={N} out, K={K} in, {b}-bit, group {spec.group_size}"
@@ -53,9 +62,8 @@ def unpack(tensors: dict[str, torch.Tensor], spec: QuantSpec, shape: tuple[int, 
         z = torch.full((N, ng), 1 << (b - 1), dtype=torch.uint8)
     else:
         zp = expect(tensors, "weight_zero_point", INT32, (-(-N // per), ng), where, why)
-        z = unpack_bits(zp, b, 0, N)
+        z = words_to_codes(zp, b, 0, N)
     g_idx = None
     if spec.desc_act:
-        g = check_g_idx(expect(tensors, "weight_g_idx", INDEX, (K,), where, why), ng, "weight_g_idx", where)
-        g_idx = None if torch.equal(g.long(), default_groups(K, spec.group_size)) else g
-    return IntWeight(b, spec.group_size, unpack_bits(packed, b, 1, K), scales, z, g_idx)
+        g_idx = read_g_idx(tensors, "weight_g_idx", K, spec.group_size, where, why)
+    return IntWeight(b, spec.group_size, words_to_codes(packed, b, 1, K), scales, z, g_idx)

@@ -1,0 +1,28 @@
+"""config.json for `ember quantize`'s output: the architectures it can write and their Hugging
+Face names, with the model's dimensions and the format's quantization_config."""
+from __future__ import annotations
+
+from engine.model_files.quant_config import QuantSpec, quantization_config
+from engine.models.config import ModelConfig
+
+HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM")}
+
+
+def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
+    model_type, arch = HF_ARCHITECTURES[config.arch]
+    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
+           "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+           "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+           "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
+           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+           "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
+           "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
+    if config.arch in ("llama", "qwen3", "smollm3"):
+        out["attention_bias"] = config.attention_bias
+    if config.layer_rope:  # SmolLM3: 1 where a layer turns its q and k, 0 where it does not
+        out["no_rope_layers"] = [int(config.rope(i) >= 0) for i in range(config.num_layers)]
+    if config.rope_scaling is not None:
+        out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
+                               "factor": config.rope_scaling.factor}
+    return out
