@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def config_from_args(args):
     from engine.model_files.quant_config import CheckpointFormat
-    from engine.quant.pipeline import Method, QuantizeConfig
+    from engine.quant.quantize_config import Method, QuantizeConfig
 
     method = Method(args.method)
     fmt = CheckpointFormat(args.format or ("awq" if method is Method.AWQ else "gptq"))

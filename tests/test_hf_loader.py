@@ -33,7 +33,8 @@ from engine.loaders.hf_loader import load_hf_model
 from engine.loaders.load import load_model
 from engine.model_files.errors import ModelFileError
 from engine.model_files.quant_config import CheckpointError, CheckpointFormat as CF
-from engine.quant.pipeline import LayerResult, Method, QuantizeConfig, quantize_model
+from engine.quant.pipeline import LayerResult, quantize_model
+from engine.quant.quantize_config import Method, QuantizeConfig
 from engine.quant.source import open_source
 from engine.quant.writer import CheckpointWriter
 
@@ -237,7 +238,7 @@ def int8_bound(lin, w, x: torch.Tensor) -> torch.Tensor:
     permuted column order when it has one), s = amax/127 rounded to float16, so each x_k is off by
     at most (1/2 + 127 2^-11) s_b(k): |dy| <= (1/2 + 127 2^-11) sum_k |w_k| s_b(k). The tiles
     also hold the group offset m (4-bit: -s z; 8-bit: s (128 - z)) rounded to float16, off by at
-    most 2^-11 |m| per weight (engine/quant/int_weight.py), and the float32 epilogue adds a few
+    most 2^-11 |m| per weight (engine/weights/int_weight.py), and the float32 epilogue adds a few
     eps32 per group of 32 of sum |x| |w|."""
     M, K = x.shape
     perm = torch.arange(K) if lin.perm is None else lin.perm

@@ -14,7 +14,8 @@ from engine.loaders.tokenizer import load_tokenizer
 from engine.quant.calibration import doc_topics
 from engine.model_files.quant_config import CheckpointFormat
 from engine.quant.perplexity import perplexity
-from engine.quant.pipeline import Method, QuantizeConfig, quantize_model
+from engine.quant.pipeline import quantize_model
+from engine.quant.quantize_config import Method, QuantizeConfig
 from engine.quant.source import open_source
 from engine.quant.writer import CheckpointWriter
 

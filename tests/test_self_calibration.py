@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from engine.loaders.chat_template import ChatTemplate
 from engine.quant.calibration import default_calibration_text
-from engine.quant.pipeline import Method, QuantizeConfig, calibration_text
+from engine.quant.pipeline import calibration_text
+from engine.quant.quantize_config import Method, QuantizeConfig
 from engine.quant.self_calibration import REQUESTS, interleave, self_generated_text
 from engine.quant.source import open_source
 

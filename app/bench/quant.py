@@ -104,7 +104,7 @@ VARIANTS = {  # name -> (method, symmetric, desc_act + static_groups or AWQ's cl
 
 def variant_config(name: str, group: int, args):
     from engine.model_files.quant_config import CheckpointFormat
-    from engine.quant.pipeline import Method, QuantizeConfig
+    from engine.quant.quantize_config import Method, QuantizeConfig
 
     method, sym, extra = VARIANTS[name]
     m = Method(method)

@@ -1,6 +1,6 @@
 """QuantLinear: y = x W^T + b with W kept 4- or 8-bit, through Ember's CPU kernels.
 
-The weight comes in as a QuantWeight (engine/kernels/pack.py: exact integer codes and group
+The weight comes in as a QuantWeight (engine/weights/quant_weight.py: exact integer codes and group
 scales, e.g. a GGUF tensor repacked) and is interleaved once, at load, into the tiles that
 engine/kernels/csrc/qlinear.cpp reads; activations are quantized to int8 per row and per 32
 values inside the op. Every row gets the same bits whatever the batch around it, so batched

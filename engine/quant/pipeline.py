@@ -18,10 +18,8 @@ error feedback continues across layers); AWQ's on the float output, as AutoAWQ d
 """
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -30,7 +28,7 @@ from engine.loaders.weight_names import FUSED, NORMS
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
-from engine.model_files.quant_config import CheckpointFormat, QuantSpec
+from engine.quant.quantize_config import Method, QuantizeConfig
 from engine.quant.source import Source, layer_weights
 from engine.weights.int_weight import IntWeight
 
@@ -41,55 +39,6 @@ GROUPS = tuple((name, hf) for name, (_, hf) in FUSED.items())
 # AutoAWQ does not clip q and k: their error reaches the output through softmax(q k^T), which the
 # per-linear clip objective does not see.
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
-
-
-class Method(enum.StrEnum):
-    RTN = "rtn"
-    GPTQ = "gptq"
-    AWQ = "awq"
-
-
-@dataclass(frozen=True)
-class QuantizeConfig:
-    """Everything `ember quantize` takes, checked once (`check`)."""
-
-    method: Method = Method.GPTQ
-    bits: int = 4
-    group_size: int = 128
-    sym: bool = True
-    desc_act: bool = False
-    static_groups: bool = False  # with desc_act: groups fixed in column order, so no permutation at run time
-    format: CheckpointFormat = CheckpointFormat.GPTQ
-    calibration: Path | None = None  # a UTF-8 text file; None: the standard library's (calibration.py)
-    self_calibration: bool = True  # without a file: mix in the model's own replies (self_calibration.py)
-    num_samples: int = 32
-    seq_len: int = 256
-    # GPTQ's dampening as a fraction of mean(diag H) (damp_percent; the paper and AutoGPTQ: 0.01).
-    # H + damp I is a ridge on a Hessian estimated from 8k calibration tokens for up to ~5k inputs:
-    # the larger it is, the less error GPTQ pushes into the directions its calibration barely saw
-    # (damp -> infinity is round-to-nearest). At 0.01 GPTQ lost to RTN on held-out multilingual
-    # text; at 0.2 it beats RTN on both texts of `ember bench quant`, on both test models.
-    damp: float = 0.2
-    awq_clip: bool = False  # AWQ's clip search (AutoAWQ's apply_clip): opt-in, see the docstring
-
-    @property
-    def spec(self) -> QuantSpec:
-        return QuantSpec(self.format, self.bits, self.group_size, self.sym, self.desc_act)
-
-    def check(self) -> None:
-        if self.bits not in (4, 8):
-            raise ValueError(f"--bits {self.bits}: Ember's kernels take 4 and 8")
-        if self.group_size not in (32, 64, 128, -1):
-            raise ValueError(f"--group-size {self.group_size}: one of 32, 64, 128, -1")
-        if self.format is CheckpointFormat.AWQ and (self.bits != 4 or self.desc_act or self.sym):
-            raise ValueError("the AWQ GEMM format holds 4-bit, asymmetric weights without act-order "
-                             "(use --asym, no --desc-act, or another --format)")
-        if self.desc_act and self.method is not Method.GPTQ:
-            raise ValueError("--desc-act is GPTQ's act-order; it has no meaning for RTN or AWQ")
-        if self.awq_clip and self.method is not Method.AWQ:
-            raise ValueError("--awq-clip is AWQ's clip search; it has no meaning for RTN or GPTQ")
-        if self.num_samples < 1 or self.seq_len < 16:
-            raise ValueError("calibration needs at least one sample of at least 16 tokens")
 
 
 @dataclass
