@@ -66,11 +66,8 @@ class GPTQ:
         Sets self.last_loss = sum_i (w_i - q_i)^2 / (2 [H_F^-1]_ii) (the reference's "error"),
         which equals 1/2 sum_rows (w - q)^T (H + damp I) (w - q), i.e. 1/n ||x W^T - x Q^T||^2
         plus the damping term, with w the input (dead columns set to 0)."""
+        self._check(w, bits)
         N, K = w.shape
-        if K != self.in_features:
-            raise ValueError(f"weight has {K} input columns, the Hessian {self.in_features}")
-        if not 1 <= bits <= 8:
-            raise ValueError(f"bits must be 1..8, got {bits}")
         G = K if group_size == -1 else group_size
         dt = torch.float64 if w.dtype == torch.float64 else torch.float32
         H = self.H.to(w.device)
@@ -80,23 +77,14 @@ class GPTQ:
         H[dead, dead] = 1
         W[:, dead] = 0
 
-        n_groups = -(-K // G)
-        scales = torch.empty(N, n_groups, dtype=dt, device=W.device)
-        zeros = torch.empty_like(scales)
-        if static_groups:
-            for g in range(n_groups):
-                scales[:, g], zeros[:, g] = group_params(W[:, g * G:(g + 1) * G], bits, sym)
+        scales, zeros = _group_table(W, G, bits, sym, static_groups)
 
         perm = None
         if desc_act:
             perm = torch.argsort(torch.diag(H), descending=True)
             W, H = W[:, perm], H[perm][:, perm]
 
-        H.diagonal().add_(damp * torch.mean(torch.diag(H)))
-        L, info = torch.linalg.cholesky_ex(H)
-        if info.item() != 0:
-            raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp")
-        U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True).to(dt)
+        U = inverse_cholesky(H, damp).to(dt)
 
         Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
         loss = torch.zeros((), dtype=torch.float64, device=W.device)
@@ -128,9 +116,43 @@ class GPTQ:
             W[:, i2:] -= E1 @ U[i1:i2, i2:]
 
         self.last_loss = loss.item()
-        g_idx = None
-        if perm is not None:
-            Q = Q[:, torch.argsort(perm)]
-            g_idx = torch.empty(K, dtype=torch.int32, device=W.device)
-            g_idx[perm] = col_group.to(torch.int32)  # original column perm[j] sits in group of j
+        Q, g_idx = _original_order(Q, perm, col_group)
         return IntWeight(bits, group_size, Q.contiguous(), scales.float(), zeros.to(torch.uint8), g_idx)
+
+    def _check(self, w: torch.Tensor, bits: int) -> None:
+        if w.shape[1] != self.in_features:
+            raise ValueError(f"weight has {w.shape[1]} input columns, the Hessian {self.in_features}")
+        if not 1 <= bits <= 8:
+            raise ValueError(f"bits must be 1..8, got {bits}")
+
+
+def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
+    """U, upper triangular with U^T U = (H + damp mean(diag H) I)^-1 (H is damped in place): the
+    rows GPTQ's column-by-column error feedback reads (Frantar et al., eq. 5 as a Cholesky)."""
+    H.diagonal().add_(damp * torch.mean(torch.diag(H)))
+    L, info = torch.linalg.cholesky_ex(H)
+    if info.item() != 0:
+        raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp")
+    return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+
+
+def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """scales, zeros [N, groups]: filled now from the original W (static groups), else empty,
+    each group filled when the sweep reaches its first column."""
+    n_groups = -(-W.shape[1] // G)
+    scales = torch.empty(W.shape[0], n_groups, dtype=W.dtype, device=W.device)
+    zeros = torch.empty_like(scales)
+    if static:
+        for g in range(n_groups):
+            scales[:, g], zeros[:, g] = group_params(W[:, g * G:(g + 1) * G], bits, sym)
+    return scales, zeros
+
+
+def _original_order(Q: torch.Tensor, perm: torch.Tensor | None,
+                    col_group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Codes back in the original column order, and g_idx (each column's group) under act-order."""
+    if perm is None:
+        return Q, None
+    g_idx = torch.empty(Q.shape[1], dtype=torch.int32, device=Q.device)
+    g_idx[perm] = col_group.to(torch.int32)  # original column perm[j] sits in group of j
+    return Q[:, torch.argsort(perm)], g_idx
