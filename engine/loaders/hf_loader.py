@@ -43,66 +43,85 @@ def read_linear(ckpt: HFCheckpoint, module: str, shape: tuple[int, int]) -> IntW
     return ckpt.dense(f"{module}.weight", shape)
 
 
+class HFWeights:
+    """`take` over a Hugging Face checkpoint: our weight name -> a tensor, a QuantWeight kept on
+    the kernels, or None; `dense_reasons` says what stayed dense and why."""
+
+    def __init__(self, ckpt: HFCheckpoint, dtype: torch.dtype, device: str | torch.device, quantized: bool) -> None:
+        self.ckpt, self.cfg, self.dtype, self.device, self.quantized = ckpt, ckpt.config, dtype, device, quantized
+        d, q, kv, f = self.cfg.hidden_size, self.cfg.q_size, self.cfg.kv_size, self.cfg.intermediate_size
+        self.out_in = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d),
+                       "self_attn.o_proj": (d, q), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d),
+                       "mlp.down_proj": (d, f)}
+        self.dense_reasons: set[str] = set()
+
+    def as_layer(self, parts: list[IntWeight | torch.Tensor], name: str) -> torch.Tensor | QuantWeight:
+        if self.quantized and all(isinstance(p, IntWeight) for p in parts):
+            qws = [p.to_quant_weight() for p in parts]
+            if all(w is not None for w in qws) and same_columns(qws):
+                w = qws[0] if len(qws) == 1 else cat_rows(qws)
+                return w.to(self.device)
+            self.dense_reasons.add(f"{name}: groups or act-order the kernels have no layout for")
+        dense = [p.dequantize() if isinstance(p, IntWeight) else p for p in parts]
+        return torch.cat(dense).to(device=self.device, dtype=self.dtype)
+
+    def vocab_matrix(self, name: str) -> torch.Tensor | QuantWeight:
+        """The LM head or the embedding table [vocab, d]. GPTQ and AWQ leave them float16;
+        quantized, they are rounded to 8 bits per 32 values here, as llama.cpp keeps a GGUF's
+        output at Q8_0: the head is the largest matrix of a small model (float, it would cost
+        more per token than all the 4-bit layers), and the table is looked up in its rows."""
+        d = self.cfg.hidden_size
+        w = self.ckpt.dense(name, (self.cfg.vocab_size, d))
+        if self.quantized and d % 32 == 0:
+            return rtn(w, 8, 32, sym=True).to_quant_weight().to(self.device)
+        return w.to(device=self.device, dtype=self.dtype)
+
+    def head(self) -> torch.Tensor | QuantWeight:
+        """The LM head (the table itself when tied), as the checkpoint holds it or in 8 bits."""
+        if is_quantized(self.ckpt, "lm_head"):
+            shape = (self.cfg.vocab_size, self.cfg.hidden_size)
+            return self.as_layer([read_linear(self.ckpt, "lm_head", shape)], "lm_head")
+        tied = self.cfg.tie_word_embeddings
+        return self.vocab_matrix("model.embed_tokens.weight" if tied else "lm_head.weight")
+
+    def take(self, key: str):
+        if key == "embed_tokens.weight":  # tied: looked up in the head (quantized: its rows)
+            return self.head() if self.cfg.tie_word_embeddings else self.vocab_matrix("model.embed_tokens.weight")
+        if key == "lm_head.weight":
+            return self.head()
+        if key == "norm.weight":
+            norm = self.ckpt.dense("model.norm.weight", (self.cfg.hidden_size,))
+            return norm.to(device=self.device, dtype=self.dtype)
+        if key == "rope_freqs":
+            return None
+        return self.layer_weight(key)
+
+    def layer_weight(self, key: str):
+        """layers.{i}.{name}.{kind}: a norm, a (fused) linear or its bias."""
+        _, i, leaf = key.split(".", 2)
+        prefix = f"model.layers.{i}."
+        name, _, kind = leaf.rpartition(".")
+        if name in NORMS:  # q/k norms are one head wide
+            width = self.cfg.head_dim if name in ("q_norm", "k_norm") else self.cfg.hidden_size
+            norm = self.ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (width,))
+            return norm.to(device=self.device, dtype=self.dtype)
+        modules = FUSED[name][1]
+        if kind == "bias":
+            if not self.cfg.attention_bias:
+                return None
+            return torch.cat([self.ckpt.dense(prefix + f"{m}.bias", (self.out_in[m][0],))
+                              for m in modules]).to(self.device)
+        return self.as_layer([read_linear(self.ckpt, prefix + m, self.out_in[m]) for m in modules],
+                             f"layer {i} {name}")
+
+
 def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                   quantized: bool = False) -> LlamaForCausalLM:
     """Read, check and assemble the model on `device`; with `quantized`, quantized linears stay
     4/8-bit on the kernels (or tinygemm on CUDA), others are dense in `dtype`."""
     ckpt = HFCheckpoint(path)
-    cfg = ckpt.config
-    d, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    out_in = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d),
-              "self_attn.o_proj": (d, q), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f)}
-    dense_reasons: set[str] = set()
-
-    def as_layer(parts: list[IntWeight | torch.Tensor], name: str) -> torch.Tensor | QuantWeight:
-        if quantized and all(isinstance(p, IntWeight) for p in parts):
-            qws = [p.to_quant_weight() for p in parts]
-            if all(w is not None for w in qws) and same_columns(qws):
-                w = qws[0] if len(qws) == 1 else cat_rows(qws)
-                return w.to(device)
-            dense_reasons.add(f"{name}: groups or act-order the kernels have no layout for")
-        dense = [p.dequantize() if isinstance(p, IntWeight) else p for p in parts]
-        return torch.cat(dense).to(device=device, dtype=dtype)
-
-    def vocab_matrix(name: str) -> torch.Tensor | QuantWeight:
-        """The LM head or the embedding table [vocab, d]. GPTQ and AWQ leave them float16;
-        quantized, they are rounded to 8 bits per 32 values here, as llama.cpp keeps a GGUF's
-        output at Q8_0: the head is the largest matrix of a small model (float, it would cost
-        more per token than all the 4-bit layers), and the table is looked up in its rows."""
-        w = ckpt.dense(name, (cfg.vocab_size, d))
-        if quantized and d % 32 == 0:
-            return rtn(w, 8, 32, sym=True).to_quant_weight().to(device)
-        return w.to(device=device, dtype=dtype)
-
-    def head() -> torch.Tensor | QuantWeight:
-        """The LM head (the table itself when tied), as the checkpoint holds it or in 8 bits."""
-        if is_quantized(ckpt, "lm_head"):
-            return as_layer([read_linear(ckpt, "lm_head", (cfg.vocab_size, d))], "lm_head")
-        return vocab_matrix("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight")
-
-    def take(key: str):
-        if key == "embed_tokens.weight":  # tied: looked up in the head (quantized: its rows)
-            return head() if cfg.tie_word_embeddings else vocab_matrix("model.embed_tokens.weight")
-        if key == "lm_head.weight":
-            return head()
-        if key == "norm.weight":
-            return ckpt.dense("model.norm.weight", (d,)).to(device=device, dtype=dtype)
-        if key == "rope_freqs":
-            return None
-        _, i, leaf = key.split(".", 2)
-        prefix = f"model.layers.{i}."
-        name, _, kind = leaf.rpartition(".")
-        if name in NORMS:  # q/k norms are one head wide
-            width = cfg.head_dim if name in ("q_norm", "k_norm") else d
-            return ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (width,)).to(device=device, dtype=dtype)
-        modules = FUSED[name][1]
-        if kind == "bias":
-            if not cfg.attention_bias:
-                return None
-            return torch.cat([ckpt.dense(prefix + f"{m}.bias", (out_in[m][0],)) for m in modules]).to(device)
-        return as_layer([read_linear(ckpt, prefix + m, out_in[m]) for m in modules], f"layer {i} {name}")
-
+    weights = HFWeights(ckpt, dtype, device, quantized)
     try:
-        return assemble(cfg, take, dtype, ckpt.path, dense_reasons)
+        return assemble(ckpt.config, weights.take, dtype, ckpt.path, weights.dense_reasons)
     finally:
         ckpt.close()
