@@ -23,7 +23,7 @@ if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip(f"Ember's CPU kernels are x86-64 only (this machine: {platform.machine()})", allow_module_level=True)
 
 from engine.kernels import CpuPath, available_paths, default_path
-from engine.kernels.pack import pack
+from engine.kernels.tiles import to_tiles
 from engine.layers.quant_linear import QuantLinear
 from engine.weights.quant_weight import QuantWeight
 from test_repack import ops_or_skip
@@ -33,7 +33,7 @@ PATHS = available_paths()
 EPS32 = torch.finfo(torch.float32).eps
 FORMATS = {"w4g32m": (4, 32, True), "w8g32": (8, 32, False), "w8g32m": (8, 32, True),
            "w8g16": (8, 16, False), "w8g16m": (8, 16, True),
-           # 8-bit codes in -32..31 (Q6_K's, the Q5 types'), which pack() stores in 6 bits
+           # 8-bit codes in -32..31 (Q6_K's, the Q5 types'), which to_tiles() stores in 6 bits
            "w6g16": (6, 16, False), "w6g16m": (6, 16, True), "w6g32m": (6, 32, True)}
 SHAPES = [(N, K) for N in (40, 960, 1) for K in (32, 576, 1536)]
 _cache: dict = {}
@@ -54,12 +54,12 @@ def make_weight(fmt: str, N: int, K: int, half: bool) -> tuple[QuantWeight, obje
         scale = torch.rand(N, K // G, generator=g) * 0.02 + 1e-3
         d = scale * torch.randn(N, K // G, generator=g).sign()
         m = (torch.randn(N, K // G, generator=g) * 0.05) if has_min else None
-        if half:  # float16-exact values, as legacy GGUF scales are: pack() keeps them float16
+        if half:  # float16-exact values, as legacy GGUF scales are: to_tiles() keeps them float16
             d = d.half().float()
             d[0, 0] = 2.0 ** -20  # a float16 subnormal
             m = None if m is None else m.half().float()
         w = QuantWeight(4 if bits == 4 else 8, G, q, d, m)
-        p = pack(w)
+        p = to_tiles(w)
         assert p.d.dtype == (torch.float16 if half else torch.float32) and p.bits == bits
         _cache[key] = w, p
     return _cache[key]
@@ -165,7 +165,7 @@ def test_batch_invariance(path, fmt):
 def test_six_bit_storage_gives_the_eight_bit_bits(path, fmt):
     """The same codes stored in 6 bits or in 8: the same integers, the same float epilogue."""
     w, p6 = make_weight(fmt, 40, 576, False)
-    p8 = pack(w, narrow=False)
+    p8 = to_tiles(w, narrow=False)
     assert p8.bits == 8 and p6.qw.numel() * 8 == p8.qw.numel() * 6
     for M in (1, 2, 7, 33):  # one row, a few, and enough rows for prepared tiles
         x = make_x(M, 576, 200 + M)

@@ -1,9 +1,9 @@
-"""GGUF blocks -> QuantWeight (engine/loaders/repack.py) and its tile packing (engine/kernels/pack.py).
+"""GGUF blocks -> QuantWeight (engine/loaders/gguf_blocks.py) and its tile packing (engine/kernels/tiles.py).
 
 The oracle is gguf.quants.dequantize: a repacked weight must dequantize to exactly its values,
 on random bytes (every bit pattern of codes and sub-scales; finite f16 scales over the whole f16
 range, subnormals included) and on blocks gguf-py quantizes from real floats. Then the
-QuantWeight operations (cat_rows of mixed formats, rows) and pack() + the qrows op must keep
+QuantWeight operations (cat_rows of mixed formats, rows) and to_tiles() + the qrows op must keep
 those values exactly.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from engine.kernels import kernels
-from engine.kernels.pack import pack
-from engine.loaders.repack import REPACKABLE, repack
+from engine.kernels.tiles import to_tiles
+from engine.loaders.gguf_blocks import REPACKABLE, from_gguf_blocks
 from engine.weights.quant_weight import QuantWeight, cat_rows
 
 TYPES = sorted(REPACKABLE, key=lambda t: t.name)
@@ -62,7 +62,7 @@ def random_blocks(rng: np.random.Generator, qtype: QT, N: int, K: int) -> np.nda
 
 
 def check_exact(raw: np.ndarray, qtype: QT, N: int, K: int) -> QuantWeight:
-    w = repack(torch.from_numpy(raw.copy()), qtype, (N, K))
+    w = from_gguf_blocks(torch.from_numpy(raw.copy()), qtype, (N, K))
     got = w.dequantize()
     expect = gguf_dequantize(raw.reshape(N, -1), qtype).reshape(N, K)
     assert got.dtype == torch.float32 and got.shape == (N, K)
@@ -98,7 +98,7 @@ def test_quantized_floats_dequantize_exactly(qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_format_of_each_type(qtype):
     N, K = 40, 512
-    w = repack(torch.from_numpy(random_blocks(np.random.default_rng(7), qtype, N, K)), qtype, (N, K))
+    w = from_gguf_blocks(torch.from_numpy(random_blocks(np.random.default_rng(7), qtype, N, K)), qtype, (N, K))
     bits, group, dtype, (lo, hi), has_min = FORMATS[qtype]
     assert (w.bits, w.group, w.q.dtype, w.shape) == (bits, group, dtype, (N, K))
     # random bytes reach both ends of the code range
@@ -111,12 +111,12 @@ def test_format_of_each_type(qtype):
 
 def test_repack_rejects_unknown_types():
     with pytest.raises(NotImplementedError, match="Q2_K"):
-        repack(torch.zeros(84, dtype=torch.uint8), QT.Q2_K, (1, 256))
+        from_gguf_blocks(torch.zeros(84, dtype=torch.uint8), QT.Q2_K, (1, 256))
 
 
 def _weight(qtype: QT, N: int, K: int, seed: int) -> tuple[QuantWeight, torch.Tensor]:
     raw = random_blocks(np.random.default_rng([seed, int(qtype)]), qtype, N, K)
-    return repack(torch.from_numpy(raw), qtype, (N, K)), torch.from_numpy(gguf_dequantize(raw, qtype).reshape(N, K))
+    return from_gguf_blocks(torch.from_numpy(raw), qtype, (N, K)), torch.from_numpy(gguf_dequantize(raw, qtype).reshape(N, K))
 
 
 @pytest.mark.parametrize("parts,fmt", [((QT.Q4_K, QT.Q6_K), (8, 16, True)), ((QT.Q4_1, QT.Q8_0), (8, 32, True)),
@@ -144,9 +144,9 @@ def test_rows_permute_exactly(qtype):
 def test_pack_keeps_float16_scales_only_when_exact():
     legacy, _ = _weight(QT.Q4_1, 40, 256, 0)
     kquant, _ = _weight(QT.Q4_K, 40, 256, 0)
-    assert pack(legacy).d.dtype == pack(legacy).m.dtype == torch.float16
+    assert to_tiles(legacy).d.dtype == to_tiles(legacy).m.dtype == torch.float16
     # K-quants pack as the file factors them: float16 per 256 values times an 8-bit code per group
-    k = pack(kquant)
+    k = to_tiles(kquant)
     assert k.d.dtype == k.m.dtype == torch.int8 and k.d_super.dtype == k.m_super.dtype == torch.float16
     assert k.d_super.shape == (3, 1, 16) and k.d.shape == (3, 8, 16)
     sup = kquant.sup
@@ -154,25 +154,25 @@ def test_pack_keeps_float16_scales_only_when_exact():
     assert torch.equal(sup.m.repeat_interleave(8, 1) * sup.m_code.float(), kquant.m)
     # without the factoring, d sc needs float32
     plain = QuantWeight(4, 32, kquant.q, kquant.d, kquant.m)
-    assert pack(plain).d.dtype == pack(plain).m.dtype == torch.float32
+    assert to_tiles(plain).d.dtype == to_tiles(plain).m.dtype == torch.float32
     # one scale that float16 cannot hold makes the whole weight float32
     d = legacy.d.clone()
     d[3, 1] = 1 + 2 ** -12
-    assert pack(QuantWeight(4, 32, legacy.q, d, legacy.m)).d.dtype == torch.float32
+    assert to_tiles(QuantWeight(4, 32, legacy.q, d, legacy.m)).d.dtype == torch.float32
     # padded to 16 columns: [N/16, K/G, 16]
-    assert pack(legacy).d.shape == (3, 8, 16) and pack(legacy).qw.shape == (3, 8, 4, 64)
+    assert to_tiles(legacy).d.shape == (3, 8, 16) and to_tiles(legacy).qw.shape == (3, 8, 4, 64)
 
 
 def test_pack_rejects_bad_shapes():
     w, _ = _weight(QT.Q8_0, 2, 64, 0)
     with pytest.raises(ValueError, match="multiple of 32"):
-        pack(QuantWeight(8, 16, w.q[:, :48], w.d.repeat_interleave(2, 1)[:, :3], None))
+        to_tiles(QuantWeight(8, 16, w.q[:, :48], w.d.repeat_interleave(2, 1)[:, :3], None))
     with pytest.raises(ValueError, match="6-bit"):
-        pack(QuantWeight(6, 32, w.q, w.d, None))
+        to_tiles(QuantWeight(6, 32, w.q, w.d, None))
 
 
 def _qrows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
-    p = pack(w)
+    p = to_tiles(w)
     return ops_or_skip().qrows(p.qw, p.d, p.m, ids, p.in_features, p.bits, p.group, p.d_super, p.m_super,
                                p.out_features)
 
@@ -185,7 +185,7 @@ def test_factored_k_quant_scales_give_the_bits_of_float32_ones(qtype):
 
     ops = ops_or_skip()
     w, _ = _weight(qtype, 40, 512, 4)
-    factored, plain = pack(w), pack(QuantWeight(w.bits, w.group, w.q, w.d, w.m))
+    factored, plain = to_tiles(w), to_tiles(QuantWeight(w.bits, w.group, w.q, w.d, w.m))
     assert factored.d_super is not None and plain.d_super is None and factored.nbytes() < plain.nbytes()
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
     for path in available_paths():

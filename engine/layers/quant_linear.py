@@ -16,7 +16,7 @@ import copy
 import torch
 
 from engine.kernels import CpuPath, default_path, kernels
-from engine.kernels.pack import TILE, pack
+from engine.kernels.tiles import TILE, to_tiles
 from engine.layers.linear import LinearBase
 from engine.weights.quant_weight import QuantWeight, widen
 
@@ -30,7 +30,7 @@ class QuantLinear(LinearBase):
             raise RuntimeError("QuantLinear needs Ember's CPU kernels (engine/kernels), which are not available")
         if weight.group not in (16, 32):  # GPTQ/AWQ groups of 64, 128, K: the kernels' 32 (exact)
             weight = widen(weight, weight.bits, 32, weight.m is not None)
-        p = pack(weight)
+        p = to_tiles(weight)
         # act-order GPTQ: the tiles hold the columns in group order; x is put in it per call
         self.perm = None if weight.perm is None else torch.nn.Parameter(weight.perm, requires_grad=False)
         self.out_features, self.in_features = p.out_features, p.in_features

@@ -24,7 +24,7 @@ from engine.layers.rotary import partial_rotary_order
 from engine.loaders.assemble import assemble
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.gguf_config import GGUFError, config_from_file, open_gguf
-from engine.loaders.repack import REPACKABLE, repack
+from engine.loaders.gguf_blocks import REPACKABLE, from_gguf_blocks
 from engine.loaders.weight_names import FUSED, FUSED_IN_FILE, GLOBALS, NORMS
 from engine.model_files.families import FAMILIES
 from engine.model_files.gguf_file import GGUFFile, TensorInfo
@@ -135,7 +135,7 @@ class GGUFWeights:
     def get(self, tname: str, quant: bool):
         t = self.tensors[tname]
         if quant and QT(t.qtype) in REPACKABLE:
-            return repack(byte_tensor(self.f.raw(t)), QT(t.qtype), t.shape)
+            return from_gguf_blocks(byte_tensor(self.f.raw(t)), QT(t.qtype), t.shape)
         if quant:
             self.held_dense.add(f"{t.type_name} tensors (Ember's kernels have no repack for them)")
         return dequantize(self.f.raw(t), QT(t.qtype), t.shape, self.device)
@@ -183,7 +183,7 @@ class GGUFWeights:
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", quantized: bool = False) -> LlamaForCausalLM:
     """Read, check and assemble the model on `device`. Dense weights end up in `dtype`; with
-    `quantized`, every matrix of a repackable type (engine/loaders/repack.py) stays 4/8-bit."""
+    `quantized`, every matrix of a repackable type (engine/loaders/gguf_blocks.py) stays 4/8-bit."""
     f = open_gguf(path)
     cfg = config_from_file(f)
     weights = GGUFWeights(f, cfg, check_tensors(f, cfg), dtype, device, quantized)

@@ -19,7 +19,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.kernels.pack import TILE
+from engine.kernels.tiles import TILE
 from engine.layers.quant_linear import QuantLinear
 from engine.sampling.sampler import argmax_rows
 from engine.sampling_params import SamplingParams

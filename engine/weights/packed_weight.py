@@ -1,4 +1,4 @@
-"""PackedWeight: a QuantWeight cut into qlinear.cpp's tiles (engine/kernels/pack.py makes it)."""
+"""PackedWeight: a QuantWeight cut into qlinear.cpp's tiles (engine/kernels/tiles.py makes it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

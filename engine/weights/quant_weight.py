@@ -1,9 +1,9 @@
 """QuantWeight: the exact content of a quantized matrix [N, K] as the kernels take it: integer
 codes q, one scale d per group of G input values and an optional min m, so that
     w[n, k] = d[n, k // G] q[n, k] + m.
-The GGUF block readers (engine/loaders/repack.py) and IntWeight.to_quant_weight produce it;
+The GGUF block readers (engine/loaders/gguf_blocks.py) and IntWeight.to_quant_weight produce it;
 rows can be concatenated (fused qkv, gate_up) and permuted (RoPE rows) before it is cut into the
-kernels' tiles (engine/kernels/pack.py), exactly as a dense weight would be.
+kernels' tiles (engine/kernels/tiles.py), exactly as a dense weight would be.
 
 Formats (the ones engine/kernels/csrc/qlinear.cpp runs):
   bits 4, G 32: q uint8 in 0..15, m present        (Q4_0 with m = -8d, Q4_1, Q4_K)

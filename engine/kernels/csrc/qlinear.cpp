@@ -9,7 +9,7 @@
 // the same sequence of fma's on every code path, lane by lane, so the AVX2, AVX-VNNI and
 // AVX-512 VNNI paths give the same bits, and a row's bits never depend on the batch around it.
 //
-// Layouts (built by engine/kernels/pack.py, columns padded to a multiple of 16):
+// Layouts (built by engine/kernels/tiles.py, columns padded to a multiple of 16):
 //   4-bit: qw uint8 [N/16, K/32, 4, 64]; chunk g byte 4c+j holds column c's weights
 //          k = 4g+j (low nibble) and k = 16+4g+j (high nibble) of the block; d, m [N/16, K/32, 16].
 //   8-bit: qw int8 [N/16, K/4, 64]; byte 4c+j of k-group t is column c's weight 4t+j;

@@ -30,7 +30,7 @@ def _exact_in_half(s: torch.Tensor | None) -> bool:
     return s is None or torch.equal(s.half().float(), s)
 
 
-def pack(w: QuantWeight, narrow: bool = True) -> PackedWeight:
+def to_tiles(w: QuantWeight, narrow: bool = True) -> PackedWeight:
     """Interleave a QuantWeight into tiles (see the layout comment in qlinear.cpp); narrow:
     8-bit codes that fit in 6 bits are stored in 6."""
     N, K = w.shape

@@ -72,7 +72,7 @@ REPACKERS = {QT.Q4_0: _q4_0, QT.Q4_1: _q4_1, QT.Q4_K: _q4_k, QT.Q5_0: _q5_0, QT.
 REPACKABLE = frozenset(REPACKERS)
 
 
-def repack(raw: torch.Tensor, qtype: QT, shape: tuple[int, int]) -> QuantWeight:
+def from_gguf_blocks(raw: torch.Tensor, qtype: QT, shape: tuple[int, int]) -> QuantWeight:
     """The raw bytes of a [N, K] tensor of `qtype` -> its QuantWeight (rows in file order)."""
     fn = REPACKERS.get(QT(qtype))
     if fn is None:
