@@ -3,11 +3,17 @@ the same text on every run (seeded), follow the chat template, and make half of 
 calibration text; a file or --no-self-calibration leaves them out."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.kernels import available_paths
 from engine.loaders.chat_template import ChatTemplate
 from engine.quant.calibration import default_calibration_text
 from engine.quant.pipeline import calibration_text
 from engine.quant.quantize_config import Method, QuantizeConfig
-from engine.quant.self_calibration import REQUESTS, interleave, self_generated_text
+from engine.quant.self_calibration import REQUESTS, float32_bytes, interleave, self_generated_text
 from engine.quant.source import open_source
 
 
@@ -47,3 +53,33 @@ def test_default_calibration_mixes_the_models_replies_into_the_standard_librarys
     assert plain == stdlib and own == "only this text"
     assert REQUESTS[0] in mixed and len(mixed) > len(stdlib)
     assert mixed[:2048] != stdlib[:2048] and stdlib[:2048] in mixed
+
+
+WRITE = ("import sys; from engine.quant.self_calibration import self_generated_text; "
+         "sys.stdout.write(self_generated_text(sys.argv[1], 8, max_tokens=96))")
+
+
+def test_the_models_replies_are_the_same_text_on_every_cpu_path_and_under_torchs_plain_kernels(
+        bundled_model_path, monkeypatch):
+    """The calibration text does not depend on where `ember quantize` runs (issue 44): the same
+    on each of Ember's kernel paths this CPU runs, and with torch's vectorized kernels turned off
+    (ATEN_CPU_CAPABILITY=default, another rounding of the same float32 maths, as another
+    machine's CPU gives), which every machine can run."""
+    texts = {}
+    for path in available_paths():
+        monkeypatch.setenv("EMBER_CPU_PATH", path.name.lower())
+        texts[path.name] = self_generated_text(bundled_model_path, 8, max_tokens=96)
+    monkeypatch.delenv("EMBER_CPU_PATH")
+    env = os.environ | {"ATEN_CPU_CAPABILITY": "default"}
+    texts["torch default"] = subprocess.run([sys.executable, "-c", WRITE, str(bundled_model_path)], env=env,
+                                            cwd=Path(__file__).parent.parent, capture_output=True, text=True,
+                                            check=True, timeout=600).stdout
+    first = next(iter(texts.values()))
+    assert len(first) > 2000 and REQUESTS[7] in first
+    assert all(t == first for t in texts.values()), {k: len(t) for k, t in texts.items()}
+
+
+def test_float32_bytes_counts_four_bytes_a_parameter(bundled_model_path):
+    from engine.model_files.meta import read_gguf_meta
+
+    assert float32_bytes(Path(bundled_model_path)) == 4 * read_gguf_meta(bundled_model_path).parameter_count > 4 * 10**8

@@ -9,13 +9,27 @@ languages 198 against RTN's 92, CJK 51 against 25). Samples drawn from the model
 the distribution it was trained for, whatever its languages, with no download and no licence
 question (Williams et al. 2025, "Self-calibration for language model quantization and
 pruning"). Here the model answers a fixed set of requests, in several languages and kinds of
-text, through its own chat template, sampled at temperature 1 with a fixed seed, so the same
-model gives the same calibration text; the chat-formatted prompt is kept, since that is what the
-model reads in use.
+text, through its own chat template, sampled at temperature 1 with a fixed seed; the
+chat-formatted prompt is kept, since that is what the model reads in use.
+
+The same model must give the same text on every machine, or the quality of `ember quantize`
+depends on where it runs (issue 44: GPTQ beat RTN on one machine and lost on another). Two things
+make it so. The replies come from float32 copies of the weights on torch's kernels, not from
+Ember's quantized kernels, whose AVX-512 path rounds its activations differently from the AVX2
+one; torch's float32 differs between machines only in the last bits. And the sampler's noise is
+keyed by token id (engine/sampling/race_noise.py), so last-bit differences change a token only
+where the race itself ties. A model whose float32 copy does not fit in half the free memory
+runs on its quantized weights, and the log says its text may then differ between CPU paths.
 """
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
 
 # Requests whose answers spread over languages, prose, code and markup (written for Ember).
 REQUESTS = (
@@ -47,8 +61,13 @@ def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, se
 
     if num_replies < 1:
         return ""
+    dense = float32_bytes(Path(model)) < psutil.virtual_memory().available // 2
+    if not dense:
+        log.warning("%s: a float32 copy does not fit in half the free memory; the model writes its "
+                    "calibration replies on its quantized weights, which may differ between CPU paths", model)
     engine = LLMEngine(EngineConfig(model_path=str(model), max_num_seqs=num_replies, enable_prefix_caching=False,
-                                    max_model_len=512 + max_tokens))
+                                    max_model_len=512 + max_tokens,
+                                    **(dict(weights="dense", dtype="float32") if dense else {})))
     try:
         prompts = [engine.chat_template.render([{"role": "user", "content": REQUESTS[i % len(REQUESTS)]}],
                                                add_generation_prompt=True) for i in range(num_replies)]
@@ -58,6 +77,22 @@ def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, se
     finally:
         engine.close()
     return "\n\n".join(p + o.text for p, o in zip(prompts, outs))
+
+
+def float32_bytes(model: Path) -> int:
+    """What the model's weights take as float32: 4 bytes a parameter (a GGUF file, or a folder
+    of safetensors)."""
+    if model.is_dir():
+        from safetensors import safe_open
+
+        n = 0
+        for f in sorted(model.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+        return 4 * n
+    from engine.model_files.meta import read_gguf_meta
+
+    return 4 * read_gguf_meta(model).parameter_count
 
 
 def interleave(a: str, b: str, step: int = 2048) -> str:

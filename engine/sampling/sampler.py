@@ -8,8 +8,8 @@ common, and this one makes top-p act on the distribution that is actually sample
 
 Cost on a CPU decides the shape: a full sort of a 49k-151k vocab costs tens of ms and noise for
 every token about a millisecond, so the batch works on one `topk` window per row (see
-`sample_rows`) and draws noise only inside it. `truncate` + `race` is the same thing for one
-row, written plainly; it is the fallback and the reference.
+`sample_rows`) and draws noise only inside it, keyed by token id (race_noise.py). `truncate` +
+`race` is the same thing for one row, written plainly; it is the fallback and the reference.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.runner import TokenLogprobs
+from engine.sampling.race_noise import step_key, token_noise
 from engine.sampling_params import SamplingParams
 
 REPETITION_WINDOW = 64  # llama.cpp's penalty_last_n default
@@ -110,20 +111,16 @@ def truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float
 
 
 # ---- drawing ----------------------------------------------------------------------------------
-def _exp_noise(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    gdev = generator.device if generator is not None else device
-    e = torch.empty(n, device=gdev).exponential_(generator=generator)
-    return e.clamp_min_(torch.finfo(e.dtype).tiny).to(device)  # E = 0 would divide by zero
-
-
-def race(vals: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Index of a sample from softmax(vals) [n] by the exponential race argmax_i p_i / E_i.
+def race(vals: torch.Tensor, generator: torch.Generator | None, ids: torch.Tensor | None = None) -> int:
+    """Index of a sample from softmax(vals) [n] by the exponential race argmax_i p_i / E_i, E_i
+    the noise of token ids[i] (ids None: vals is indexed by token id).
 
     Why it works: E_i/p_i ~ Exp(rate p_i), independent; the smallest of independent exponentials
     is i with probability p_i / Σp, so p need not be normalized.
     """
     p = torch.exp(vals - vals.max())
-    return int(torch.argmax(p / _exp_noise(p.shape[0], generator, p.device)))
+    ids = torch.arange(p.shape[0], device=p.device) if ids is None else ids
+    return int(torch.argmax(p / token_noise(ids, step_key(generator)).to(p.device)))
 
 
 def _top_p_keep(x: torch.Tensor, vals: torch.Tensor, valid: torch.Tensor, params: list[SamplingParams],
@@ -186,12 +183,12 @@ def sample_rows(x: torch.Tensor, params: list[SamplingParams],
         kept_x = x if line is None else x.masked_fill(x < line, -inf)
         p_head = torch.exp(torch.logsumexp(vals.masked_fill(~keep, -inf), -1)
                            - torch.logsumexp(kept_x, -1)).tolist()
-    noise = torch.ones_like(vals)
+    keys = [0] * n  # per row, the key of its noise (race_noise.py)
     tokens: list[int | None] = [None] * n
     for r, (p, g) in enumerate(zip(params, gens)):
         if not covered[r]:  # top-p needs more than the window: the plain per-row path
             t_vals, t_ids = truncate(x[r], p.top_k, p.top_p, p.min_p)
-            j = race(t_vals, g)
+            j = race(t_vals, g, t_ids)
             tokens[r] = j if t_ids is None else int(t_ids[j])
             continue
         if two_stage[r]:
@@ -201,7 +198,8 @@ def sample_rows(x: torch.Tensor, params: list[SamplingParams],
                 tail[ids[r, :W[r]]] = -inf
                 tokens[r] = race(tail, g)
                 continue
-        noise[r, :W[r]] = _exp_noise(W[r], g, dev)
+        keys[r] = step_key(g)
+    noise = token_noise(ids, torch.tensor(keys, device=dev)[:, None])
     score = torch.exp(vals - vals[:, :1]).masked_fill(~keep, -1.0) / noise
     choice = ids.gather(1, score.argmax(-1, keepdim=True)).squeeze(1).tolist()
     return [c if t is None else t for c, t in zip(choice, tokens)]
