@@ -19,6 +19,9 @@ from pathlib import Path
 from app.bench import add_model_args
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "corpus"
+# what a kept checkpoint's self-calibration was made with: older ones (replies on the quantized
+# kernels, noise by rank) differ between machines and are made again
+CALIBRATION = "stdlib+self (float32 replies, noise by token id)"
 
 
 def eval_text(paths: list[Path] | None) -> str:
@@ -40,7 +43,7 @@ def checkpoint(src: Path, work: Path, cfg) -> tuple[Path, float]:
     out = work / key
     stamp = out / "ember-bench.json"
     want = {"src": str(src), "size": src.stat().st_size, "samples": cfg.num_samples, "seq_len": cfg.seq_len,
-            "calibration": "stdlib+self" if cfg.self_calibration else "stdlib", "damp": cfg.damp}
+            "calibration": CALIBRATION if cfg.self_calibration else "stdlib", "damp": cfg.damp}
     if stamp.is_file() and json.loads(stamp.read_text()).get("want") == want:
         return out, json.loads(stamp.read_text())["seconds"]
     if out.exists():
@@ -112,7 +115,7 @@ def variant_config(name: str, group: int, args):
     return QuantizeConfig(method=m, bits=4, group_size=group, sym=sym, desc_act=act, static_groups=act,
                           awq_clip=extra and m is Method.AWQ,
                           format=CheckpointFormat.AWQ if m is Method.AWQ else CheckpointFormat.GPTQ,
-                          num_samples=args.samples, seq_len=args.seq_len)
+                          num_samples=args.samples, seq_len=args.seq_len, damp=args.damp)
 
 
 def run(args) -> int:
@@ -153,6 +156,8 @@ def run(args) -> int:
 
 
 def register(bench_sub) -> None:
+    from engine.quant.quantize_config import QuantizeConfig
+
     p = bench_sub.add_parser("quant", help="perplexity, size and decode speed of RTN, GPTQ and AWQ int4")
     add_model_args(p)
     p.add_argument("--variants", default="rtn,rtn-asym,gptq,gptq-act,awq,awq-clip",
@@ -161,6 +166,8 @@ def register(bench_sub) -> None:
     p.add_argument("--groups", default="128,32")
     p.add_argument("--samples", type=int, default=32, help="calibration samples")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per calibration sample")
+    p.add_argument("--damp", type=float, default=QuantizeConfig.damp,
+                   help="GPTQ's dampening, a fraction of mean(diag H)")
     p.add_argument("--text", type=Path, nargs="*", help="the 'corpus' text files (default: tests/data/corpus)")
     p.add_argument("--eval-tokens", type=int, default=4096, help="tokens of each text to score")
     p.add_argument("--work", default="~/.cache/ember/bench-quant", help="where the checkpoints are kept")
