@@ -83,3 +83,12 @@ def test_float32_bytes_counts_four_bytes_a_parameter(bundled_model_path):
     from engine.model_files.meta import read_gguf_meta
 
     assert float32_bytes(Path(bundled_model_path)) == 4 * read_gguf_meta(bundled_model_path).parameter_count > 4 * 10**8
+
+
+def test_float32_bytes_of_a_safetensors_folder(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7)}, str(tmp_path / "m-1.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2, dtype=torch.float16)}, str(tmp_path / "m-2.safetensors"))
+    assert float32_bytes(tmp_path) == 4 * (15 + 7 + 8)
