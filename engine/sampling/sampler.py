@@ -120,7 +120,7 @@ def race(vals: torch.Tensor, generator: torch.Generator | None, ids: torch.Tenso
     """
     p = torch.exp(vals - vals.max())
     ids = torch.arange(p.shape[0], device=p.device) if ids is None else ids
-    return int(torch.argmax(p / token_noise(ids, step_key(generator)).to(p.device)))
+    return int(torch.argmax(p / token_noise(ids, step_key(generator))))
 
 
 def _top_p_keep(x: torch.Tensor, vals: torch.Tensor, valid: torch.Tensor, params: list[SamplingParams],
