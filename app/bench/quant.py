@@ -38,7 +38,7 @@ def checkpoint(src: Path, work: Path, cfg) -> tuple[Path, float]:
     from engine.quant.writer import CheckpointWriter
 
     key = (f"{cfg.method}-b{cfg.bits}-g{cfg.group_size}-{'sym' if cfg.sym else 'asym'}"
-           f"{'-act' if cfg.desc_act else ''}{'-static' if cfg.static_groups else ''}{'-clip' if cfg.awq_clip else ''}"
+           f"{'-act' if cfg.desc_act else ''}{'-static' if cfg.static_groups else ''}{'-clip' if cfg.awq_clip else ''}{'-mse' if cfg.mse_scales else ''}"
            f"-{cfg.format}")
     out = work / key
     stamp = out / "ember-bench.json"
@@ -102,7 +102,7 @@ def size_of(path: Path) -> int:
 VARIANTS = {  # name -> (method, symmetric, desc_act + static_groups or AWQ's clip); AWQ's format is
     # asymmetric, so its fair baseline is rtn-asym
     "rtn": ("rtn", True, False), "rtn-asym": ("rtn", False, False), "gptq": ("gptq", True, False),
-    "gptq-act": ("gptq", True, True), "awq": ("awq", False, False), "awq-clip": ("awq", False, True)}
+    "gptq-act": ("gptq", True, True), "gptq-mse": ("gptq", True, "mse"), "awq": ("awq", False, False), "awq-clip": ("awq", False, True)}
 
 
 def variant_config(name: str, group: int, args):
@@ -111,9 +111,9 @@ def variant_config(name: str, group: int, args):
 
     method, sym, extra = VARIANTS[name]
     m = Method(method)
-    act = extra and m is Method.GPTQ
+    act = extra is True and m is Method.GPTQ
     return QuantizeConfig(method=m, bits=4, group_size=group, sym=sym, desc_act=act, static_groups=act,
-                          awq_clip=extra and m is Method.AWQ,
+                          awq_clip=extra and m is Method.AWQ, mse_scales=extra == "mse",
                           format=CheckpointFormat.AWQ if m is Method.AWQ else CheckpointFormat.GPTQ,
                           num_samples=args.samples, seq_len=args.seq_len, damp=args.damp)
 

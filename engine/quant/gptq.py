@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.weights.rtn import group_params, quantize_codes
+from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
 
 CHUNK = 4096  # tokens per Hessian matmul: bounds the float32 product's rounding and its memory
@@ -59,7 +59,8 @@ class GPTQ:
         return self.xtx * (2.0 / self.n_samples)
 
     def quantize(self, w: torch.Tensor, bits: int, group_size: int, sym: bool, desc_act: bool = False,
-                 damp: float = 0.01, block_size: int = 128, static_groups: bool = False) -> IntWeight:
+                 damp: float = 0.01, block_size: int = 128, static_groups: bool = False,
+                 mse: bool = False) -> IntWeight:
         """Quantize w [N, K] (left unchanged). desc_act: columns in order of decreasing H_ii, and
         g_idx (original column order) says which group each column joined. static_groups: group
         parameters from the original W, by original column (g_idx then is k // G).
@@ -77,7 +78,8 @@ class GPTQ:
         H[dead, dead] = 1
         W[:, dead] = 0
 
-        scales, zeros = _group_table(W, G, bits, sym, static_groups)
+        params = search_group_params if mse else group_params
+        scales, zeros = _group_table(W, G, bits, sym, static_groups, params)
 
         perm = None
         if desc_act:
@@ -103,7 +105,7 @@ class GPTQ:
                     cur = W1[:, i:end - i1]
                     if end > i2:  # the rest of the group has yet to receive this block's errors
                         cur = torch.cat([cur, W[:, i2:end] - E1[:, :i] @ U[i1:c, i2:end]], dim=1)
-                    scales[:, c // G], zeros[:, c // G] = group_params(cur, bits, sym)
+                    scales[:, c // G], zeros[:, c // G] = params(cur, bits, sym)
                 g = col_group[c]
                 s, z = scales[:, g], zeros[:, g]
                 col = W1[:, i]
@@ -136,7 +138,8 @@ def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
     return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
 
 
-def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool,
+                 params=group_params) -> tuple[torch.Tensor, torch.Tensor]:
     """scales, zeros [N, groups]: filled now from the original W (static groups), else empty,
     each group filled when the sweep reaches its first column."""
     n_groups = -(-W.shape[1] // G)
@@ -144,7 +147,7 @@ def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool) ->
     zeros = torch.empty_like(scales)
     if static:
         for g in range(n_groups):
-            scales[:, g], zeros[:, g] = group_params(W[:, g * G:(g + 1) * G], bits, sym)
+            scales[:, g], zeros[:, g] = params(W[:, g * G:(g + 1) * G], bits, sym)
     return scales, zeros
 
 

@@ -167,7 +167,7 @@ class LayerQuantizer:
                 self._float_out = h
             for m in modules:  # q, k, v (and gate, up) share one input, so one Hessian
                 out[m] = g.quantize(W[f"{m}.weight"], c.bits, c.group_size, c.sym, c.desc_act, c.damp,
-                                    static_groups=c.static_groups)
+                                    static_groups=c.static_groups, mse=c.mse_scales)
                 W[f"{m}.weight"] = out[m].dequantize()
         return LayerResult(out, self._dense(W))
 

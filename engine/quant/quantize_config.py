@@ -36,6 +36,7 @@ class QuantizeConfig:
     # (damp -> infinity is round-to-nearest). At 0.01 GPTQ lost to RTN on held-out multilingual
     # text; at 0.2 it beats RTN on both texts of `ember bench quant`, on both test models.
     damp: float = 0.2
+    mse_scales: bool = False  # GPTQ: each group's range from a clip search (rtn.search_group_params)
     awq_clip: bool = False  # AWQ's clip search (AutoAWQ's apply_clip): opt-in, see the docstring
 
     @property
