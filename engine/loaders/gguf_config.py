@@ -141,20 +141,29 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
 
 
 def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_layers: int) -> dict:
-    """The ModelConfig fields a family's description and the header decide together: which layers
-    slide and with which RoPE, the query scale, the embedding scale."""
+    """The family's ModelConfig fields as the GGUF header says: its window and pattern, and the
+    query scale by layer count (llama.cpp's rule)."""
     arch = family.name
-    window = 0 if family.ignores_sliding_window else _int(f, f"{arch}.attention.sliding_window", 0)
-    slides = sliding_layers(arch, window, f.get(f"{arch}.attention.sliding_window_pattern"), num_layers)
+    scale = (hidden / n_heads) ** -0.5 if num_layers in family.attention_scale_by_layers else None
+    return layer_fields(family, hidden, num_layers, _int(f, f"{arch}.attention.sliding_window", 0),
+                        f.get(f"{arch}.attention.sliding_window_pattern"), scale, family.local_rope_base)
+
+
+def layer_fields(family: Family, hidden: int, num_layers: int, window: int, pattern,
+                 attention_scale: float | None, local_base: float | None) -> dict:
+    """The ModelConfig fields a family's description and a file's header (GGUF or config.json)
+    decide together: which layers slide and with which RoPE, the query scale, the embedding scale."""
+    if family.ignores_sliding_window:
+        window = 0
+    slides = sliding_layers(family.name, window, pattern, num_layers)
     rope = [1 if s and family.local_rope_base else 0 for s in slides]
     if family.no_rope_period:
         rope = [-1 if (i + 1) % family.no_rope_period == 0 else r for i, r in enumerate(rope)]
-    scale = (hidden / n_heads) ** -0.5 if num_layers in family.attention_scale_by_layers else None
     # ggml scales by sqrtf(n_embd): the float32 value, kept exactly
     embed_scale = torch.tensor(math.sqrt(hidden), dtype=torch.float32).item() if family.embed_scale_sqrt_hidden else 1.0
     return dict(qk_norm=family.qk_norm, post_norms=family.post_norms, activation=family.activation,
-                embed_scale=embed_scale,
-                attention_scale=scale, rope_theta_local=family.local_rope_base,
+                embed_scale=embed_scale, attention_scale=attention_scale,
+                rope_theta_local=float(local_base) if family.local_rope_base else None,
                 layer_windows=tuple(window if s else 0 for s in slides) if any(slides) else (),
                 layer_rope=tuple(rope) if any(rope) else ())
 

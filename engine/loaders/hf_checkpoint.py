@@ -20,9 +20,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.layers.rope_scaling import RopeScaling
-from engine.loaders.gguf_config import MAX_DIM
+from engine.loaders.gguf_config import MAX_DIM, layer_fields
 from engine.model_files.families import FAMILIES
-from engine.model_files.meta import HF_MODEL_TYPES, quantization_config_of, read_json
+from engine.model_files.meta import HF_MODEL_TYPES, SWA_PERIOD, quantization_config_of, read_json
 from engine.models.config import ModelConfig
 from engine.model_files.quant_config import CheckpointError, QuantSpec, parse_quantization_config
 
@@ -65,9 +65,46 @@ def _layer_rope(config: dict, arch: str, where: Path) -> tuple[int, ...]:
     return tuple(0 if f else -1 for f in flags) if 0 in flags else ()
 
 
+def _flat_rope(config: dict) -> dict:
+    """transformers 5's per-layer-type rope_parameters as the flat keys older configs have
+    (rope_theta, rope_scaling, Gemma 3's rope_local_base_freq)."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or not isinstance(params.get("full_attention"), dict):
+        return config
+    full, local = params["full_attention"], params.get("sliding_attention") or {}
+    out = dict(config, rope_theta=full.get("rope_theta", config.get("rope_theta")),
+               rope_scaling=full if full.get("rope_type", "default") != "default" else None)
+    if "rope_theta" in local:
+        out["rope_local_base_freq"] = local["rope_theta"]
+    return out
+
+
+def _family_fields(config: dict, arch: str, hidden: int, head_dim: int, where: Path) -> dict:
+    """The family's switches and what config.json says of its layers: Gemma 3's windows
+    (layer_types, else sliding_window_pattern), query_pre_attn_scalar and rope_local_base_freq;
+    SmolLM3's RoPE-less layers."""
+    family, n = FAMILIES[arch], config.get("num_hidden_layers")
+    window, pattern = 0, None
+    if arch in SWA_PERIOD:  # the families whose windows llama.cpp runs (Qwen2's configs carry an unused one)
+        window = _dim(config, "sliding_window", where, MAX_DIM["context_length"])
+        types = config.get("layer_types")
+        pattern = config.get("sliding_window_pattern")
+        if types is not None:
+            if not isinstance(types, list) or len(types) != n:
+                raise CheckpointError(f"{where}: layer_types must list {n} layers")
+            pattern = [t == "sliding_attention" for t in types]
+    qpas = config.get("query_pre_attn_scalar")
+    scale = None if qpas in (None, head_dim) else float(qpas) ** -0.5
+    fields = layer_fields(family, hidden, n, window, pattern, scale,
+                          config.get("rope_local_base_freq", family.local_rope_base))
+    if family.no_rope_period or "no_rope_layers" in config:
+        fields["layer_rope"] = _layer_rope(config, arch, where)
+    return fields
+
+
 def model_config(config: dict, where: Path) -> ModelConfig:
     """ModelConfig from config.json (the tensors are checked against it by the loader)."""
-    mtype = config.get("model_type")
+    mtype, config = config.get("model_type"), _flat_rope(config)
     if mtype not in HF_MODEL_TYPES:
         raise CheckpointError(f"{where}: unsupported model_type {mtype!r} (supported: {', '.join(HF_MODEL_TYPES)})")
     hidden = _dim(config, "hidden_size", where, MAX_DIM["hidden_size"])
@@ -89,8 +126,8 @@ def model_config(config: dict, where: Path) -> ModelConfig:
         rope_scaling=_rope_scaling(config, where),
         context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", arch == "qwen2")), qk_norm=FAMILIES[arch].qk_norm,
-        layer_rope=_layer_rope(config, arch, where))
+        attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
+        **_family_fields(config, arch, hidden, head_dim, where))
 
 
 class HFCheckpoint:
@@ -102,6 +139,7 @@ class HFCheckpoint:
             raise CheckpointError(f"{self.path}: not a directory")
         self.config_json = read_json(self.path / "config.json", required=True)
         self.config = model_config(self.config_json, self.path / "config.json")
+        self.norm_offset = FAMILIES[self.config.arch].hf_norm_offset  # Gemma's (1 + w) norms store w
         q = quantization_config_of(self.path, self.config_json)
         self.quant: QuantSpec | None = None if q is None else parse_quantization_config(q, str(self.path / "config.json"))
         self.shards = self._shards()
@@ -169,6 +207,10 @@ class HFCheckpoint:
         if not t.is_floating_point():
             raise CheckpointError(f"{self._shard(name)}: tensor {name} is {t.dtype}, expected a float type")
         return t.float()
+
+    def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A norm's weight as the engine's plain RMSNorm takes it (Gemma's: 1 + the stored w)."""
+        return self.dense(name, shape) + self.norm_offset if self.norm_offset else self.dense(name, shape)
 
     def group(self, prefix: str, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The tensors `prefix.suffix` that exist (a format checks which it needs)."""

@@ -16,7 +16,7 @@ import torch
 
 from engine.loaders.assemble import assemble
 from engine.loaders.hf_checkpoint import HFCheckpoint
-from engine.loaders.weight_names import FUSED, NORMS
+from engine.loaders.weight_names import FUSED, NORMS, hf_norms
 from engine.models.llama import LlamaForCausalLM
 from engine.checkpoint_formats.registry import decode_linear, tensor_names
 from engine.weights.rtn import rtn
@@ -90,7 +90,7 @@ class HFWeights:
         if key == "lm_head.weight":
             return self.head()
         if key == "norm.weight":
-            norm = self.ckpt.dense("model.norm.weight", (self.cfg.hidden_size,))
+            norm = self.ckpt.norm("model.norm.weight", (self.cfg.hidden_size,))
             return norm.to(device=self.device, dtype=self.dtype)
         if key == "rope_freqs":
             return None
@@ -103,7 +103,7 @@ class HFWeights:
         name, _, kind = leaf.rpartition(".")
         if name in NORMS:  # q/k norms are one head wide
             width = self.cfg.head_dim if name in ("q_norm", "k_norm") else self.cfg.hidden_size
-            norm = self.ckpt.dense(prefix + f"{NORMS[name][1]}.weight", (width,))
+            norm = self.ckpt.norm(prefix + f"{hf_norms(self.cfg.arch)[name]}.weight", (width,))
             return norm.to(device=self.device, dtype=self.dtype)
         modules = FUSED[name][1]
         if kind == "bias":

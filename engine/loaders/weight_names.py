@@ -16,8 +16,8 @@ FUSED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # the same as the files of fused_projections families store them
 FUSED_IN_FILE = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
-# our per-layer norm -> (GGUF stem, Hugging Face module: None where no checkpoint Ember reads has
-# it; Gemma's differ, its post_attention_layernorm being our attn_output_norm)
+# our per-layer norm -> (GGUF stem, Hugging Face module as Llama-style checkpoints name it; None
+# where they have none: Gemma's sandwich norms, named in HF_NORM_RENAMES)
 NORMS: dict[str, tuple[str, str | None]] = {
     "input_layernorm": ("attn_norm", "input_layernorm"),
     "post_attention_layernorm": ("ffn_norm", "post_attention_layernorm"),
@@ -26,10 +26,23 @@ NORMS: dict[str, tuple[str, str | None]] = {
     "attn_output_norm": ("post_attention_norm", None),
     "mlp_output_norm": ("post_ffw_norm", None),
 }
+# Families whose Hugging Face norms are named otherwise: Gemma's post_attention_layernorm is the
+# norm on the attention OUTPUT (our attn_output_norm); its FFN input norm is pre_feedforward_layernorm.
+HF_NORM_RENAMES: dict[str, dict[str, str]] = {"gemma3": {
+    "post_attention_layernorm": "pre_feedforward_layernorm", "attn_output_norm": "post_attention_layernorm",
+    "mlp_output_norm": "post_feedforward_layernorm"}}
 # our global weights -> GGUF tensors
 GLOBALS = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
-# Hugging Face module (per layer) -> GGUF tensor stem, linears and norms
-HF_TO_GGUF: dict[str, str] = {hf: g for gguf, hfs in FUSED.values() for g, hf in zip(gguf, hfs)} | {
-    hf: g for g, hf in NORMS.values() if hf is not None}
 HF_LINEARS: tuple[str, ...] = tuple(m for _, hfs in FUSED.values() for m in hfs)
+
+
+def hf_norms(arch: str) -> dict[str, str]:
+    """Our per-layer norm -> its Hugging Face module in `arch`'s checkpoints."""
+    return {ours: hf for ours, (_, hf) in NORMS.items() if hf is not None} | HF_NORM_RENAMES.get(arch, {})
+
+
+def hf_to_gguf(arch: str) -> dict[str, str]:
+    """Hugging Face module (per layer) -> GGUF tensor stem, linears and norms, for `arch`."""
+    linears = {hf: g for gguf, hfs in FUSED.values() for g, hf in zip(gguf, hfs)}
+    return linears | {hf: NORMS[ours][0] for ours, hf in hf_norms(arch).items()}

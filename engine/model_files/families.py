@@ -25,9 +25,10 @@ What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp)
   (Phi-3's, disabled in llama.cpp's phi3 loader), so Ember does too.
 - fused_projections: the file holds q|k|v as one attn_qkv matrix and gate|up as one ffn_up of
   2 * n_ff rows (Phi-3/Phi-4), which are our fused weights as they stand.
-
-Gemma's (1 + w) RMSNorm needs no switch: its converter stores 1 + w, so the file's weight is
-the plain norm's.
+- hf_norm_offset: what a Hugging Face checkpoint's norm weights lack of the plain norm's.
+  Gemma's RMSNorm computes x * (1 + w) and stores w; its GGUF converter adds the 1, so the
+  engine (and a GGUF) need no switch, but the Hugging Face loader adds it and `ember quantize`'s
+  writer takes it off (every norm of the family: the layers', q/k's and the final one).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Family:
     attention_scale_by_layers: frozenset[int] = frozenset()
     fused_projections: bool = False
     ignores_sliding_window: bool = False
+    hf_norm_offset: float = 0.0
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -56,7 +58,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("smollm3", rope_interleaved=True, no_rope_period=4),
     Family("gemma3", rope_interleaved=False, qk_norm=True, post_norms=True, activation="gelu_tanh",
            embed_scale_sqrt_hidden=True, local_rope_base=10000.0,
-           attention_scale_by_layers=frozenset({62})),
+           attention_scale_by_layers=frozenset({62}), hf_norm_offset=1.0),
     # Phi-3, Phi-4 and Phi-4-mini (partial rotary and LongRoPE: the loader and rotary.py);
     # llama.cpp ignores their sliding window, and so does Ember.
     Family("phi3", rope_interleaved=False, fused_projections=True, ignores_sliding_window=True),

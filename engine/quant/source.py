@@ -13,12 +13,12 @@ from typing import Protocol
 
 import torch
 
-from engine.loaders.weight_names import HF_LINEARS, HF_TO_GGUF
+from engine.loaders.weight_names import HF_LINEARS, hf_norms, hf_to_gguf
 from engine.models.config import ModelConfig
 from engine.quant.hf_config import HF_ARCHITECTURES
 
-# Hugging Face module (per layer) -> GGUF tensor stem, and the linears: engine/loaders/weight_names.py
-GGUF_NAMES, LINEARS = HF_TO_GGUF, HF_LINEARS
+# the Hugging Face linears of a layer, and the names of both kinds: engine/loaders/weight_names.py
+LINEARS = HF_LINEARS
 
 
 class Source(Protocol):
@@ -52,6 +52,7 @@ class GGUFSource:
                              f"{self.config.arch} is not one of them yet")
         self.tensors = check_tensors(self.file, self.config)
         self.permuted = FAMILIES[self.config.arch].rope_interleaved
+        self.gguf_names = hf_to_gguf(self.config.arch)
 
     def _gguf_name(self, name: str) -> str:
         if name == "model.embed_tokens.weight":
@@ -62,7 +63,7 @@ class GGUFSource:
             return "token_embd.weight" if self.config.tie_word_embeddings else "output.weight"
         _, _, i, rest = name.split(".", 3)
         module, kind = rest.rsplit(".", 1)
-        return f"blk.{i}.{GGUF_NAMES[module]}.{kind}"
+        return f"blk.{i}.{self.gguf_names[module]}.{kind}"
 
     def has(self, name: str) -> bool:
         try:
@@ -106,6 +107,8 @@ class HFSource:
     def tensor(self, name: str) -> torch.Tensor:
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
+        if name.endswith("norm.weight"):  # as the engine (and a GGUF) takes it: Gemma's 1 + w
+            return self.ckpt.norm(name, self.ckpt.shape(name))
         return self.ckpt.dense(name, self.ckpt.shape(name))
 
     def close(self) -> None:
@@ -121,12 +124,18 @@ def open_source(path: str | Path) -> GGUFSource | HFSource:
     raise FileNotFoundError(f"{p}: no such file or directory")
 
 
+def norm_modules(config: ModelConfig) -> list[str]:
+    """The Hugging Face modules of a layer's norms in this family (Gemma's four and q/k's)."""
+    ours = ["input_layernorm", "post_attention_layernorm"] + (["q_norm", "k_norm"] if config.qk_norm else [])
+    ours += ["attn_output_norm", "mlp_output_norm"] if config.post_norms else []
+    return [hf_norms(config.arch)[n] for n in ours]
+
+
 def layer_weights(src: Source, i: int) -> dict[str, torch.Tensor]:
-    """Layer i's float32 tensors by Hugging Face module name ("mlp.up_proj.weight", ...)."""
+    """Layer i's float32 tensors by Hugging Face module name ("mlp.up_proj.weight", ...); norms
+    as the engine's plain RMSNorm takes them (engine/model_files/families.py hf_norm_offset)."""
     p = f"model.layers.{i}."
-    names = [f"{m}.weight" for m in LINEARS] + ["input_layernorm.weight", "post_attention_layernorm.weight"]
-    if src.config.qk_norm:
-        names += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    names = [f"{m}.weight" for m in LINEARS] + [f"{m}.weight" for m in norm_modules(src.config)]
     if src.config.attention_bias:
         names += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
     return {n: src.tensor(p + n) for n in names}
