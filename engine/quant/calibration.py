@@ -63,8 +63,12 @@ class LayerRun:
 
     def __post_init__(self) -> None:
         c = self.config
-        rot = RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling)
-        self.cos, self.sin = rot(torch.arange(self.seq_len).repeat(self.batch))  # one batch's positions
+        positions = torch.arange(self.seq_len).repeat(self.batch)  # one batch's positions
+        # the tables a layer's config.rope(i) picks, as the model's rotations(): global, then local
+        # (Gemma 3's sliding layers: their own base, unscaled)
+        self.tables = [RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling)(positions)]
+        if c.rope_theta_local is not None:
+            self.tables.append(RotaryEmbedding(c.head_dim, c.rope_theta_local)(positions))
         nb = -(-self.seq_len // BLOCK)
         shape = (self.batch * nb, BLOCK, c.num_kv_heads, c.head_dim)
         self.kv = (torch.zeros(shape), torch.zeros(shape))
@@ -77,16 +81,22 @@ class LayerRun:
         return AttentionMetadata(slot_mapping=slots, query_start_loc=[i * T for i in range(S + 1)],
                                  seq_lens=[T] * S, block_tables=table, num_decodes=0)
 
+    def _rotation(self, rope: int, S: int):
+        """The rotation of S sequences for a layer whose config.rope is `rope` (-1: none, SmolLM3's NoPE)."""
+        if rope < 0:
+            return None
+        cos, sin = self.tables[rope]
+        return cos[: S * self.seq_len], sin[: S * self.seq_len]
+
     @torch.no_grad()
     def __call__(self, layer: LlamaDecoderLayer, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, T, d] (the residual stream entering the layer) -> the stream leaving it."""
         n, T, d = hidden.shape
         out = torch.empty_like(hidden)
-        cos, sin = self.cos, self.sin
         for s in range(0, n, self.batch):
             h = hidden[s:s + self.batch]
             S = h.shape[0]
-            rotation = (cos[: S * T], sin[: S * T]) if layer.rope >= 0 else None  # SmolLM3's NoPE layers: none
+            rotation = self._rotation(layer.rope, S)
             mlp, residual = layer(h.reshape(S * T, d), None, rotation, self.kv, self._meta(S))
             out[s:s + S] = (residual + mlp).view(S, T, d)
         return out
@@ -94,13 +104,13 @@ class LayerRun:
     @torch.no_grad()
     def attention(self, attn: LlamaAttention, x: torch.Tensor, rope: int = 0) -> torch.Tensor:
         """x [n, T, d] (the normed stream q/k/v read) -> the attention block's output [n, T, d];
-        rope -1: the layer turns no q and k (SmolLM3's NoPE layers)."""
+        rope: the layer's config.rope (-1: it turns no q and k)."""
         n, T, d = x.shape
         out = torch.empty_like(x)  # o_proj maps back to the hidden size
         for s in range(0, n, self.batch):
             h = x[s:s + self.batch]
             S = h.shape[0]
-            rotation = (self.cos[: S * T], self.sin[: S * T]) if rope >= 0 else None
+            rotation = self._rotation(rope, S)
             out[s:s + S] = attn(h.reshape(S * T, d), rotation, self.kv, self._meta(S)).view(S, T, d)
         return out
 

@@ -6,7 +6,10 @@ from engine.model_files.quant_config import QuantSpec, quantization_config
 from engine.models.config import ModelConfig
 
 HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM")}
+                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
+                    "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+# our activation -> Hugging Face's name for it
+HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
 def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
@@ -17,12 +20,27 @@ def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
            "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
            "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
            "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
-           "hidden_act": "silu", "torch_dtype": "float16", "quantization_config": quantization_config(spec)}
-    if config.arch in ("llama", "qwen3", "smollm3"):
+           "hidden_act": HF_ACTIVATIONS[config.activation], "torch_dtype": "float16",
+           "quantization_config": quantization_config(spec)}
+    if config.arch in ("llama", "qwen3", "smollm3", "gemma3"):
         out["attention_bias"] = config.attention_bias
-    if config.layer_rope:  # SmolLM3: 1 where a layer turns its q and k, 0 where it does not
+    if config.layer_rope and config.rope_theta_local is None:  # SmolLM3: 1 where a layer turns q and k
         out["no_rope_layers"] = [int(config.rope(i) >= 0) for i in range(config.num_layers)]
     if config.rope_scaling is not None:
         out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
                                "factor": config.rope_scaling.factor}
+    if config.arch == "gemma3":
+        out |= gemma3_keys(config)
     return out
+
+
+def gemma3_keys(config: ModelConfig) -> dict:
+    """Gemma 3's own keys: its activation's key, the query scale's divisor, the window and which
+    layers slide (layer_types), the local layers' RoPE base, and no softcapping (Gemma 3 has none)."""
+    windows = [config.window(i) for i in range(config.num_layers)]
+    return {"hidden_activation": HF_ACTIVATIONS[config.activation],
+            "query_pre_attn_scalar": round(config.scale ** -2),
+            "sliding_window": max(windows) or config.context_length,
+            "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
+            "rope_local_base_freq": config.rope_theta_local,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None}

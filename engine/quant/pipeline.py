@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from engine.loaders.weight_names import FUSED, NORMS
+from engine.loaders.weight_names import FUSED, hf_norms
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
@@ -60,11 +60,13 @@ Progress = Callable[[int, int, str], None]  # (layers done, layers, what is runn
 
 def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
     """Our weight names for one layer (engine/models/llama.py) from Hugging Face module tensors."""
+    norms = hf_norms(config.arch)
+
     def take(key: str):
         leaf = key.split(".", 2)[2]
         name, _, kind = leaf.rpartition(".")
-        if name in NORMS:
-            return W[f"{NORMS[name][1]}.weight"]
+        if name in norms:
+            return W[f"{norms[name]}.weight"]
         modules = dict(GROUPS)[name]
         if kind == "bias":
             return torch.cat([W[f"{m}.bias"] for m in modules]) if config.attention_bias else None
@@ -182,8 +184,8 @@ class LayerQuantizer:
 
         def block(effective: list[torch.Tensor]) -> torch.Tensor:
             weights = attn_w | {f"{m}.weight": e for m, e in zip(modules, effective)}
-            return self.run.attention(LlamaAttention(self.config, f"layers.{i}.", fused_take(self.config, weights)), xa,
-                                      self.config.rope(i))
+            attn = LlamaAttention(self.config, f"layers.{i}.", fused_take(self.config, weights), self.config.window(i))
+            return self.run.attention(attn, xa, self.config.rope(i))
 
         ref = block([attn_w[f"{m}.weight"] for m in modules])
         return lambda effective: float(((block(effective) - ref) ** 2).sum())
@@ -195,8 +197,10 @@ class LayerQuantizer:
         X: dict[str, list[torch.Tensor]] = {name: [] for name, _ in GROUPS}
         self._float_out = self._capture(self.layer(i, W), list(X), lambda n, x: X[n].append(x))
         x = {n: torch.cat(v) for n, v in X.items()}
-        # (group, the op before it whose output channels absorb 1/s)
-        before = {"qkv_proj": "input_layernorm.weight", "gate_up_proj": "post_attention_layernorm.weight",
+        # (group, the op before it whose output channels absorb 1/s); the norms by the family's names
+        norms = hf_norms(cfgm.arch)
+        before = {"qkv_proj": f"{norms['input_layernorm']}.weight",
+                  "gate_up_proj": f"{norms['post_attention_layernorm']}.weight",
                   "down_proj": "mlp.up_proj", "o_proj": "self_attn.v_proj" if cfgm.q_size == cfgm.kv_size else None}
         # Every scale is searched on the float inputs and folded before anything is rounded:
         # down_proj's 1/s lands in up_proj's rows, which must not be quantized yet.
@@ -240,6 +244,8 @@ def quantize_model(src: Source, cfg: QuantizeConfig, on_layer: Callable[[int, La
                      else "tokenizing the calibration text")
         ids = calibration_ids(src, cfg)
         hidden = torch.nn.functional.embedding(ids, src.tensor("model.embed_tokens.weight"))
+        if src.config.embed_scale != 1.0:  # Gemma's sqrt(hidden), in float32 as the engine's embed
+            hidden = hidden * src.config.embed_scale
     q = LayerQuantizer(src.config, cfg, hidden)
     report = Report(n_layers, 0.0, 0 if hidden is None else hidden.shape[0] * hidden.shape[1])
     for i in range(n_layers):

@@ -4,6 +4,8 @@ loaders read (config.json with its quantization_config, model.safetensors, the t
 Nothing appears at OUT until everything is written: the files go to a hidden sibling folder
 that is renamed into place at the end, and removed on any failure or Ctrl-C. Unquantized tensors
 (embeddings, norms, biases, the LM head) are stored float16, as GPTQ and AWQ checkpoints do.
+Norms are stored as the family's Hugging Face code reads them: Gemma's x * (1 + w) stores w, so
+the 1 the GGUF holds is taken off (engine/model_files/families.py hf_norm_offset).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.checkpoint_formats.registry import encode_linear
+from engine.model_files.families import FAMILIES
 from engine.model_files.quant_config import QuantSpec
 from engine.quant.hf_config import hf_config
 from engine.quant.pipeline import LayerResult
@@ -34,6 +37,13 @@ class CheckpointWriter:
             raise FileExistsError(f"{self.out} exists; choose a new output folder")
         self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
         self.tensors: dict[str, torch.Tensor] = {}
+        self.norm_offset = FAMILIES[src.config.arch].hf_norm_offset
+
+    def _dense(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """float16, a norm as Hugging Face's code for the family reads it."""
+        if name.endswith("norm.weight"):
+            t = t - self.norm_offset
+        return t.to(torch.float16).contiguous()
 
     def add_layer(self, i: int, result: LayerResult) -> None:
         p = f"model.layers.{i}."
@@ -41,7 +51,7 @@ class CheckpointWriter:
             for suffix, t in encode_linear(w, self.spec).items():
                 self.tensors[f"{p}{module}.{suffix}"] = t.contiguous()
         for name, t in result.dense.items():
-            self.tensors[p + name] = t.to(torch.float16).contiguous()
+            self.tensors[p + name] = self._dense(name, t)
 
     def finish(self) -> Path:
         """Write everything to the hidden folder, then rename it to OUT."""
@@ -49,7 +59,7 @@ class CheckpointWriter:
             self.tmp.mkdir(parents=True)
             src, cfg = self.src, self.src.config
             self.tensors["model.embed_tokens.weight"] = src.tensor("model.embed_tokens.weight").half()
-            self.tensors["model.norm.weight"] = src.tensor("model.norm.weight").half()
+            self.tensors["model.norm.weight"] = self._dense("model.norm.weight", src.tensor("model.norm.weight"))
             if not cfg.tie_word_embeddings:
                 self.tensors["lm_head.weight"] = src.tensor("lm_head.weight").half()
             save_file(self.tensors, str(self.tmp / "model.safetensors"), metadata={"format": "pt"})
