@@ -95,6 +95,12 @@ def _pre_tokenizer_of(path: Path, meta) -> PreTokenizer:
     return pre
 
 
+def check_hf_tokenizer(path: Path, meta) -> None:
+    """Raise ValueError now if the file's tokenizer cannot be written as tokenizer.json (say,
+    SentencePiece's, as Gemma's and Llama 2's files hold), before anything is quantized."""
+    _pre_tokenizer_of(path, meta)
+
+
 def _token_kinds(path: Path, meta) -> tuple[list[str], list[TokenType]]:
     """The tokens and their types as llama.cpp sees them after its load-time fix-ups."""
     tokens = list(meta.get("tokenizer.ggml.tokens") or [])

@@ -36,6 +36,10 @@ class CheckpointWriter:
         if self.out.exists():
             raise FileExistsError(f"{self.out} exists; choose a new output folder")
         self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
+        if isinstance(src, GGUFSource):  # refused now, not after every layer is quantized
+            from engine.loaders.gguf_vocab import check_hf_tokenizer
+
+            check_hf_tokenizer(src.path, src.file)
         self.tensors: dict[str, torch.Tensor] = {}
         self.norm_offset = FAMILIES[src.config.arch].hf_norm_offset
 
