@@ -74,10 +74,7 @@ class GPTQ:
         H = self.H.to(w.device)
         W = w.to(dt).clone()
 
-        dead = torch.diag(H) == 0  # inputs that are always 0: any weight is exact, use 0
-        H[dead, dead] = 1
-        W[:, dead] = 0
-
+        _drop_dead_inputs(H, W)
         params = search_group_params if mse else group_params
         scales, zeros = _group_table(W, G, bits, sym, static_groups, params)
 
@@ -126,6 +123,14 @@ class GPTQ:
             raise ValueError(f"weight has {w.shape[1]} input columns, the Hessian {self.in_features}")
         if not 1 <= bits <= 8:
             raise ValueError(f"bits must be 1..8, got {bits}")
+
+
+def _drop_dead_inputs(H: torch.Tensor, W: torch.Tensor) -> None:
+    """Inputs that are always 0 make any weight exact: use 0, and a unit diagonal so H stays
+    invertible (both in place)."""
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
 
 
 def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
