@@ -154,7 +154,7 @@ def test_directory_configs_written_by_hand(tmp_path, smol):
 def test_unsupported_vocabularies_are_refused_with_the_file_name(tmp_path):
     import gguf
 
-    for model, pre in (("llama", None), ("gpt2", "falcon")):
+    for model, pre in (("bert", None), ("t5", None), ("gpt2", "falcon")):  # WordPiece, Unigram
         path = tmp_path / f"{model}-{pre}.gguf"
         w = gguf.GGUFWriter(str(path), "llama")
         w.add_tokenizer_model(model)

@@ -1,7 +1,8 @@
 """A GGUF's vocabulary as Hugging Face tokenizer files, so a directory checkpoint tokenizes like the GGUF.
 
 `write_hf_tokenizer(gguf, out_dir)` writes tokenizer.json (a `tokenizers` byte-level BPE over the
-file's tokens and merges), tokenizer_config.json and generation_config.json. The oracle is
+file's tokens and merges, or for SentencePiece files, tokenizer.ggml.model "llama", the BPE of
+engine/loaders/gguf_spm_vocab.py), tokenizer_config.json and generation_config.json. The oracle is
 llama.cpp: its pre-tokenizer regexes are keyed by `tokenizer.ggml.pre` (llama-vocab.cpp); the HF
 tokenizer.json of the same models says the same thing in `tokenizers`' terms (SmolLM2/StarCoder:
 single digits, then GPT-2's ByteLevel regex; Qwen2 and Llama 3: one Split regex, then a
@@ -20,6 +21,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
+from engine.loaders.gguf_spm_vocab import spm_tokenizer
 from engine.loaders.hf_tokenizer import EOG_TEXTS, EOT_TEXTS, FIM_EOG_TEXTS
 
 
@@ -81,12 +83,15 @@ def _control_by_text(tokens: list[str]) -> set[int]:
     return {i for i, t in enumerate(tokens) if t in names}
 
 
-def _pre_tokenizer_of(path: Path, meta) -> PreTokenizer:
-    """The file's pre-tokenizer; only byte-level BPE files (tokenizer.ggml.model 'gpt2') have one here."""
+def _pre_tokenizer_of(path: Path, meta) -> PreTokenizer | None:
+    """The file's pre-tokenizer for byte-level BPE (tokenizer.ggml.model 'gpt2'); None for
+    SentencePiece ('llama'), which has none (llama.cpp's SPM splits nothing before merging)."""
     model = meta.get("tokenizer.ggml.model")
+    if model == "llama":
+        return None
     if model != "gpt2":
         raise ValueError(f"{path}: tokenizer model {model!r} cannot be written as tokenizer.json "
-                         "(only byte-level BPE, tokenizer.ggml.model 'gpt2', is supported)")
+                         "(supported: byte-level BPE 'gpt2' and SentencePiece 'llama')")
     pre_name = meta.get("tokenizer.ggml.pre") or ""
     pre = PRE_TOKENIZERS.get(pre_name)
     if pre is None:
@@ -97,7 +102,7 @@ def _pre_tokenizer_of(path: Path, meta) -> PreTokenizer:
 
 def check_hf_tokenizer(path: Path, meta) -> None:
     """Raise ValueError now if the file's tokenizer cannot be written as tokenizer.json (say,
-    SentencePiece's, as Gemma's and Llama 2's files hold), before anything is quantized."""
+    a WordPiece or Unigram one, or an unknown pre-tokenizer), before anything is quantized."""
     _pre_tokenizer_of(path, meta)
 
 
@@ -112,8 +117,8 @@ def _token_kinds(path: Path, meta) -> tuple[list[str], list[TokenType]]:
 
 
 def _bpe(path: Path, meta, pre: PreTokenizer, tokens: list[str], kinds: list[TokenType]
-         ) -> tuple[tokenizers.Tokenizer, list[AddedToken]]:
-    """The byte-level BPE over the file's tokens and merges, and its added (special) tokens."""
+         ) -> tokenizers.Tokenizer:
+    """The byte-level BPE over the file's tokens and merges."""
     vocab = {t: i for i, t in enumerate(tokens) if kinds[i] is not TokenType.UNUSED}
     pairs = []
     for m in list(meta.get("tokenizer.ggml.merges") or []):
@@ -125,6 +130,34 @@ def _bpe(path: Path, meta, pre: PreTokenizer, tokens: list[str], kinds: list[Tok
     tk.pre_tokenizer = _pre_tokenizer(pre)
     tk.decoder = decoders.ByteLevel()
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tk
+
+
+# llama.cpp's special ids for a SentencePiece file whose metadata names none.
+SPM_DEFAULTS = {"tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+                "tokenizer.ggml.unknown_token_id": 0}
+
+
+def _spm(path: Path, meta, tokens: list[str]) -> tokenizers.Tokenizer:
+    """The SentencePiece BPE over every token (llama.cpp's SPM merges into any of them)."""
+    scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    if len(scores) != len(tokens):
+        raise ValueError(f"{path}: tokenizer.ggml.scores and tokens disagree in length")
+
+    def text(key: str) -> str | None:
+        i = meta.get(key, SPM_DEFAULTS.get(key))
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    add_bos = meta.get("tokenizer.ggml.add_bos_token") is not False  # llama.cpp: on for SPM
+    return spm_tokenizer({t: i for i, t in enumerate(tokens)}, scores,
+                         unk=text("tokenizer.ggml.unknown_token_id"),
+                         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                         bos=text("tokenizer.ggml.bos_token_id") if add_bos else None)
+
+
+def _add_specials(path: Path, tk: tokenizers.Tokenizer, tokens: list[str], kinds: list[TokenType]
+                  ) -> list[AddedToken]:
+    """Control/user-defined/unknown tokens as added tokens (never split), keeping their ids."""
     added = [AddedToken(tokens[i], special=k is not TokenType.USER_DEFINED, normalized=False)
              for i, k in enumerate(kinds) if k in (TokenType.CONTROL, TokenType.USER_DEFINED,
                                                    TokenType.UNKNOWN)]
@@ -136,18 +169,20 @@ def _bpe(path: Path, meta, pre: PreTokenizer, tokens: list[str], kinds: list[Tok
     moved = [t.content for t in added if check.get(t.content) != first[t.content]]
     if moved:
         raise ValueError(f"{path}: added tokens {moved[:5]} are duplicated in tokenizer.ggml.tokens")
-    return tk, added
+    return added
 
 
-def _configs(meta, pre: PreTokenizer, tokens: list[str], added: list[AddedToken],
+def _configs(meta, pre: PreTokenizer | None, tokens: list[str], added: list[AddedToken],
              ids: dict[str, int]) -> tuple[dict, dict]:
     """tokenizer_config.json and generation_config.json from the file's special token ids."""
+    defaults = SPM_DEFAULTS if pre is None else {}
+
     def text(key: str) -> str | None:
-        i = meta.get(key)
+        i = meta.get(key, defaults.get(key))
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
     def tid(key: str) -> int | None:
-        i = meta.get(key)
+        i = meta.get(key, defaults.get(key))
         return i if isinstance(i, int) and 0 <= i < len(tokens) else None
 
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
@@ -155,13 +190,14 @@ def _configs(meta, pre: PreTokenizer, tokens: list[str], added: list[AddedToken]
                            tid("tokenizer.ggml.eom_token_id")) if i is not None]
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(add_bos) if add_bos is not None else pre.ignore_merges,  # llama3: BOS
+        # llama.cpp's default: BOS for SentencePiece and llama3
+        "add_bos_token": bool(add_bos) if add_bos is not None else pre is None or pre.ignore_merges,
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token") or False),
         "bos_token": text("tokenizer.ggml.bos_token_id"),
         "eos_token": text("tokenizer.ggml.eos_token_id"),
         "pad_token": text("tokenizer.ggml.padding_token_id"),
         "unk_token": text("tokenizer.ggml.unknown_token_id"),
-        "clean_up_tokenization_spaces": pre.clean_spaces,
+        "clean_up_tokenization_spaces": pre is not None and pre.clean_spaces,
         "added_tokens_decoder": {str(ids[t.content]): {
             "content": t.content, "special": t.special, "normalized": False, "lstrip": False,
             "rstrip": False, "single_word": False} for t in added},
@@ -179,7 +215,8 @@ def build_hf_tokenizer(path: Path, meta) -> tuple[tokenizers.Tokenizer, dict, di
     """(tokenizer.json, tokenizer_config.json, generation_config.json) for a GGUF's metadata."""
     pre = _pre_tokenizer_of(path, meta)
     tokens, kinds = _token_kinds(path, meta)
-    tk, added = _bpe(path, meta, pre, tokens, kinds)
+    tk = _bpe(path, meta, pre, tokens, kinds) if pre else _spm(path, meta, tokens)
+    added = _add_specials(path, tk, tokens, kinds)
     config, generation = _configs(meta, pre, tokens, added, tk.get_vocab(with_added_tokens=True))
     return tk, config, generation
 

@@ -215,9 +215,10 @@ class HFTokenizer(TokenIds):
     # ---- ids -> text ---------------------------------------------------------------------------
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         """The tokens' bytes joined; control tokens as their text unless skip_special."""
-        data = b"".join(self.token_bytes(t, special=not skip_special) for t in self._check(ids))
-        if self._strip_first_space and data.startswith(b" "):
-            data = data[1:]
+        pieces = [self.token_bytes(t, special=not skip_special) for t in self._check(ids)]
+        if self._strip_first_space and pieces and pieces[0].startswith(b" "):
+            pieces[0] = pieces[0][1:]  # llama.cpp: the first token's space only (not after BOS)
+        data = b"".join(pieces)
         if self._clean_spaces:
             data = clean_spaces(data)
         return data.decode("utf-8", errors="replace")
