@@ -3,7 +3,8 @@ tokenize like llama.cpp on the same file (issue 38: real Gemma 3 files hold one)
 
 Oracle: llama.cpp itself, through llama-cpp-python (`Llama(vocab_only=True).tokenize`) for ids and
 engine/loaders/tokenizer.py for bytes and decode. Checked on the raw `tokenizers` file (what
-transformers users get) and through Ember's HFTokenizer (what the engine uses)."""
+transformers users get) and through Ember's HFTokenizer (what the engine uses). The real Gemma 3
+270M tests (slow) also run `ember quantize --method rtn --bits 8` on it end to end."""
 from __future__ import annotations
 
 import json
@@ -164,3 +165,31 @@ def test_real_gemma3_vocab_tokenizes_the_corpus_like_llama_cpp(gemma, tmp_path):
     assert hf.is_special(212) and hf.encode("</s>", add_bos=False) == [212]  # llama.cpp retypes "</s>"
     for i in [*range(7000), *range(7000, ref.vocab_size, 7)]:  # every tag and byte token, then a sample
         assert hf.token_bytes(i) == ref.token_bytes(i) and hf.is_special(i) == ref.is_special(i), i
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ember_quantize_of_real_gemma3_writes_a_checkpoint_that_tokenizes_and_runs_as_the_gguf(gemma, tmp_path):
+    """`ember quantize` (RTN, 8 bits) of the real file no longer refuses its vocabulary; Ember loads
+    the checkpoint, its tokenizer gives llama.cpp's ids, and it predicts as the GGUF does."""
+    import numpy as np
+    import torch
+
+    from app.cli import main
+    from engine.loaders.gguf_loader import load_model
+    from engine.loaders.load import load_model as load_any
+    from engine.loaders.tokenizer import load_tokenizer
+    from model_oracles import our_logits
+
+    out = tmp_path / "gemma-rtn8"
+    assert main(["quantize", str(gemma), str(out), "--method", "rtn", "--bits", "8", "--no-progress"]) == 0
+    hf, ref = load_tokenizer(out), Tokenizer(gemma)
+    assert isinstance(hf, HFTokenizer)
+    for text in [f.read_text(encoding="utf-8") for f in CORPUS]:
+        assert hf.encode(text) == ref.encode(text)  # BOS included, as the file says
+    ids = ref.encode("The capital of France is Paris. The capital of Germany is")
+    got = np.asarray(our_logits(load_any(out, torch.float32, "cpu"), ids), np.float64)
+    want = np.asarray(our_logits(load_model(gemma), ids), np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() < 5e-2  # 8-bit rounding of the file's weights
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert hf.decode([int(got[-1].argmax())]) == " Berlin"
