@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--damp", type=float, default=None,
                    help="GPTQ's dampening, a fraction of the Hessian's mean diagonal (damp_percent; "
                         "default: QuantizeConfig.damp in engine/quant/pipeline.py)")
+    p.add_argument("--minmax-scales", dest="mse_scales", action="store_false",
+                   help="GPTQ: each group's range from its min and max, without the clip search")
     p.add_argument("--awq-clip", action="store_true", help="AWQ: also search a clip ratio per group (AutoAWQ's "
                    "apply_clip; helped SmolLM2-135M, hurt Qwen2.5-Coder-0.5B on held-out text)")
     p.add_argument("--threads", "-t", type=int, default=None)
@@ -58,6 +60,7 @@ def config_from_args(args):
                           desc_act=args.desc_act, static_groups=args.static_groups, format=fmt, calibration=args.calibration,
                           self_calibration=args.self_calibration,
                           num_samples=args.samples, seq_len=args.seq_len, awq_clip=args.awq_clip,
+                          mse_scales=args.mse_scales,
                           **({} if args.damp is None else {"damp": args.damp}))
 
 

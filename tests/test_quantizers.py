@@ -8,7 +8,7 @@ import torch
 
 from engine.quant.awq import awq_quantize, search_clip, search_scales
 from engine.quant.gptq import GPTQ
-from engine.weights.rtn import group_params, rtn, search_group_params
+from engine.weights.rtn import as_groups, group_params, rtn, search_group_params
 
 
 def correlated(T: int, K: int, seed: int, tokens: int = 0) -> torch.Tensor:
@@ -178,6 +178,11 @@ def test_gptq_with_uncorrelated_inputs_is_rtn(sym, group_size):
     gq.add_batch(x)
     got, want = gq.quantize(w, 4, group_size, sym, block_size=5), rtn(w, 4, group_size, sym)
     assert torch.equal(got.q, want.q) and torch.equal(got.scales, want.scales) and torch.equal(got.zeros, want.zeros)
+    # with the range search, each group's scale and zero are search_group_params' of its values
+    got = gq.quantize(w, 4, group_size, sym, block_size=5, mse=True)
+    scale, zero = search_group_params(as_groups(w, group_size), 4, sym)
+    assert torch.equal(got.scales, scale.float()) and torch.equal(got.zeros, zero.to(torch.uint8))
+    assert not torch.equal(got.scales, want.scales)
 
 
 @pytest.mark.parametrize("sym", [True, False])
