@@ -14,6 +14,7 @@ permutation is llama.cpp's own), so nothing is un-permuted here.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -38,16 +39,31 @@ def _dim(config: dict, key: str, where: Path, bound: int, default: int | None = 
     return value
 
 
-def _rope_scaling(config: dict, where: Path) -> RopeScaling | None:
-    rs = config.get("rope_scaling")
-    if not rs:
-        return None
-    kind = rs.get("rope_type", rs.get("type"))
+def _rope_fields(config: dict, head_dim: int, where: Path) -> dict:
+    """RoPE beyond its base: the share of each head it turns (partial_rotary_factor), linear
+    scaling, LongRoPE (Phi-3's: factor sets the checkpoint's rope_factors gives, the original
+    context, attention_factor, else transformers' sqrt(1 + ln(ratio) / ln(original)))."""
+    rs = config.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    rotary = int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
+    if rotary % 2 or not 0 < rotary <= head_dim:
+        raise CheckpointError(f"{where}: partial_rotary_factor turns {rotary} of {head_dim} dims (need an even count)")
+    out = {"rope_scaling": None, "rotary_dim": 0 if rotary == head_dim else rotary}
     if kind == "linear":
-        return RopeScaling("linear", float(rs["factor"]), config.get("max_position_embeddings"))
-    if kind == "default":
-        return None
-    raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear)")
+        out["rope_scaling"] = RopeScaling("linear", float(rs["factor"]), config.get("max_position_embeddings"))
+    elif kind in ("longrope", "su"):
+        original = rs.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        context = config.get("max_position_embeddings", 4096)
+        if not isinstance(original, int) or original <= 0 or any(
+                len(rs.get(k) or ()) != rotary // 2 for k in ("short_factor", "long_factor")):
+            raise CheckpointError(f"{where}: LongRoPE needs original_max_position_embeddings and "
+                                  f"short_factor and long_factor of {rotary // 2} values each")
+        ratio = context / original
+        attn = rs.get("attention_factor") or (math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0)
+        out |= {"rope_long_factors": True, "rope_original_context": original, "rope_attn_factor": float(attn)}
+    elif kind != "default":
+        raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear, longrope)")
+    return out
 
 
 def _layer_rope(config: dict, arch: str, where: Path) -> tuple[int, ...]:
@@ -69,11 +85,14 @@ def _flat_rope(config: dict) -> dict:
     """transformers 5's per-layer-type rope_parameters as the flat keys older configs have
     (rope_theta, rope_scaling, Gemma 3's rope_local_base_freq)."""
     params = config.get("rope_parameters")
+    if isinstance(params, dict) and "rope_type" in params:  # one set for every layer
+        params = {"full_attention": params}
     if not isinstance(params, dict) or not isinstance(params.get("full_attention"), dict):
         return config
     full, local = params["full_attention"], params.get("sliding_attention") or {}
     out = dict(config, rope_theta=full.get("rope_theta", config.get("rope_theta")),
-               rope_scaling=full if full.get("rope_type", "default") != "default" else None)
+               rope_scaling=full if full.get("rope_type", "default") != "default" else None,
+               partial_rotary_factor=full.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
     if "rope_theta" in local:
         out["rope_local_base_freq"] = local["rope_theta"]
     return out
@@ -123,11 +142,10 @@ def model_config(config: dict, where: Path) -> ModelConfig:
         num_layers=_dim(config, "num_hidden_layers", where, MAX_DIM["num_layers"]),
         num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 10000.0)),
-        rope_scaling=_rope_scaling(config, where),
         context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
-        **_family_fields(config, arch, hidden, head_dim, where))
+        **_rope_fields(config, head_dim, where), **_family_fields(config, arch, hidden, head_dim, where))
 
 
 class HFCheckpoint:
@@ -211,6 +229,13 @@ class HFCheckpoint:
     def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A norm's weight as the engine's plain RMSNorm takes it (Gemma's: 1 + the stored w)."""
         return self.dense(name, shape) + self.norm_offset if self.norm_offset else self.dense(name, shape)
+
+    def rope_factors(self) -> dict[str, torch.Tensor]:
+        """LongRoPE's factor sets from config.json, float32, under the GGUF's tensor names."""
+        if not self.config.rope_long_factors:
+            return {}
+        rs = _flat_rope(self.config_json)["rope_scaling"]
+        return {f"rope_factors_{k}": torch.tensor(rs[f"{k}_factor"], dtype=torch.float32) for k in ("short", "long")}
 
     def group(self, prefix: str, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The tensors `prefix.suffix` that exist (a format checks which it needs)."""

@@ -16,7 +16,8 @@ import torch
 
 from engine.loaders.assemble import assemble
 from engine.loaders.hf_checkpoint import HFCheckpoint
-from engine.loaders.weight_names import FUSED, NORMS, hf_norms
+from engine.loaders.gguf_loader import ROTARY_ROWS, rotary_rows
+from engine.loaders.weight_names import NORMS, hf_norms, hf_stored
 from engine.models.llama import LlamaForCausalLM
 from engine.checkpoint_formats.registry import decode_linear, tensor_names
 from engine.weights.rtn import rtn
@@ -52,7 +53,8 @@ class HFWeights:
         d, q, kv, f = self.cfg.hidden_size, self.cfg.q_size, self.cfg.kv_size, self.cfg.intermediate_size
         self.out_in = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d),
                        "self_attn.o_proj": (d, q), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d),
-                       "mlp.down_proj": (d, f)}
+                       "mlp.down_proj": (d, f), "self_attn.qkv_proj": (q + 2 * kv, d), "mlp.gate_up_proj": (2 * f, d)}
+        self.stored = hf_stored(self.cfg.arch)  # Phi-3's fused modules, others' parts
         self.dense_reasons: set[str] = set()
 
     def as_layer(self, parts: list[IntWeight | torch.Tensor], name: str) -> torch.Tensor | QuantWeight:
@@ -92,9 +94,14 @@ class HFWeights:
         if key == "norm.weight":
             norm = self.ckpt.norm("model.norm.weight", (self.cfg.hidden_size,))
             return norm.to(device=self.device, dtype=self.dtype)
-        if key == "rope_freqs":
-            return None
-        return self.layer_weight(key)
+        if key in ("rope_freqs", "rope_factors_short", "rope_factors_long"):
+            return self.ckpt.rope_factors().get(key)
+        _, _, leaf = key.split(".", 2)
+        w = self.layer_weight(key)
+        if w is not None and self.cfg.rotary_dim and leaf in ROTARY_ROWS:  # as the GGUF loader moves them
+            order = rotary_rows(self.cfg, leaf)
+            w = w.rows(order.to(w.q.device)) if isinstance(w, QuantWeight) else w[order.to(w.device)]
+        return w
 
     def layer_weight(self, key: str):
         """layers.{i}.{name}.{kind}: a norm, a (fused) linear or its bias."""
@@ -105,7 +112,7 @@ class HFWeights:
             width = self.cfg.head_dim if name in ("q_norm", "k_norm") else self.cfg.hidden_size
             norm = self.ckpt.norm(prefix + f"{hf_norms(self.cfg.arch)[name]}.weight", (width,))
             return norm.to(device=self.device, dtype=self.dtype)
-        modules = FUSED[name][1]
+        modules = self.stored[name]
         if kind == "bias":
             if not self.cfg.attention_bias:
                 return None

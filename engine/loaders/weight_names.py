@@ -16,6 +16,9 @@ FUSED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # the same as the files of fused_projections families store them
 FUSED_IN_FILE = {"qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
+# Families whose Hugging Face checkpoints store a fused weight as one module too (Phi3ForCausalLM's
+# qkv_proj and gate_up_proj), rows in FUSED's order; elsewhere they are FUSED's parts.
+HF_FUSED: dict[str, dict[str, str]] = {"phi3": {"qkv_proj": "self_attn.qkv_proj", "gate_up_proj": "mlp.gate_up_proj"}}
 # our per-layer norm -> (GGUF stem, Hugging Face module as Llama-style checkpoints name it; None
 # where they have none: Gemma's sandwich norms, named in HF_NORM_RENAMES)
 NORMS: dict[str, tuple[str, str | None]] = {
@@ -42,7 +45,24 @@ def hf_norms(arch: str) -> dict[str, str]:
     return {ours: hf for ours, (_, hf) in NORMS.items() if hf is not None} | HF_NORM_RENAMES.get(arch, {})
 
 
+def hf_stored(arch: str) -> dict[str, tuple[str, ...]]:
+    """Our fused per-layer weight -> the Hugging Face modules `arch`'s checkpoints store it as."""
+    fused = HF_FUSED.get(arch, {})
+    return {ours: (fused[ours],) if ours in fused else hfs for ours, (_, hfs) in FUSED.items()}
+
+
+def hf_part(arch: str, module: str) -> tuple[str, str, int] | None:
+    """A linear (self_attn.k_proj) that `arch`'s files store inside a fused one: (our fused
+    weight, the stored module, its index among the parts); None when it is stored as itself."""
+    for ours, stored in HF_FUSED.get(arch, {}).items():
+        parts = FUSED[ours][1]
+        if module in parts:
+            return ours, stored, parts.index(module)
+    return None
+
+
 def hf_to_gguf(arch: str) -> dict[str, str]:
     """Hugging Face module (per layer) -> GGUF tensor stem, linears and norms, for `arch`."""
     linears = {hf: g for gguf, hfs in FUSED.values() for g, hf in zip(gguf, hfs)}
+    linears |= {stored: FUSED_IN_FILE[ours] for ours, stored in HF_FUSED.get(arch, {}).items()}
     return linears | {hf: NORMS[ours][0] for ours, hf in hf_norms(arch).items()}

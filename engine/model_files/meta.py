@@ -17,7 +17,7 @@ from engine.model_files.quant_config import parse_quantization_config
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
 # config.json model_type -> the architecture the model code runs (Hugging Face stores Q/K unpermuted for all)
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
-                  "gemma3_text": "gemma3"}
+                  "gemma3_text": "gemma3", "phi3": "phi3"}
 # general.architecture -> llama.cpp's sliding-window period where the header has no
 # {arch}.attention.sliding_window_pattern: layer i is windowed when i % period < period - 1
 # (llama.cpp's set_swa_pattern; Gemma 3: 5 windowed layers, then a global one).

@@ -52,6 +52,17 @@ WEIGHT_NAMES = (
 Rotation = "tuple[torch.Tensor, torch.Tensor] | None"  # (C, S) tables of apply_rope; None: no RoPE
 
 
+def global_rotary(config: ModelConfig, take: Take) -> RotaryEmbedding:
+    """The RoPE of the config's global layers, its frequency factors (llama3's rope_freqs,
+    LongRoPE's short and long sets) by name from `take`; the calibration forward builds the same."""
+    long = config.rope_long_factors
+    return RotaryEmbedding(
+        config.head_dim, config.rope_theta, config.rope_scaling,
+        take("rope_factors_short") if long else take("rope_freqs") if config.rope_freq_factors else None,
+        config.rotary_dim, config.rope_attn_factor, take("rope_factors_long") if long else None,
+        config.rope_original_context)
+
+
 def _norm(config: ModelConfig, weight: torch.Tensor) -> RMSNorm:
     norm = RMSNorm(weight.shape[0], config.rms_norm_eps)
     norm.weight = torch.nn.Parameter(weight, requires_grad=False)
@@ -151,12 +162,7 @@ class LlamaForCausalLM(torch.nn.Module):
             self.lm_head = make_linear(self.embed_tokens if config.tie_word_embeddings else head)
             self._table = None
         self.norm = _norm(config, take("norm.weight"))
-        long = config.rope_long_factors
-        self.rotary = RotaryEmbedding(
-            config.head_dim, config.rope_theta, config.rope_scaling,
-            take("rope_factors_short") if long else take("rope_freqs") if config.rope_freq_factors else None,
-            config.rotary_dim, config.rope_attn_factor, take("rope_factors_long") if long else None,
-            config.rope_original_context).to(self.device)
+        self.rotary = global_rotary(config, take).to(self.device)
         # Sliding-window layers of some families turn at their own base, unscaled (gemma3).
         self.rotary_local = (RotaryEmbedding(config.head_dim, config.rope_theta_local).to(self.device)
                              if config.rope_theta_local is not None else None)

@@ -11,7 +11,7 @@ calibration set is not the test set.
 from __future__ import annotations
 
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +20,7 @@ import torch
 from engine.layers.attention import AttentionMetadata
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import ModelConfig
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, global_rotary
 
 BLOCK = 16  # the scratch KV pool's block size
 
@@ -60,13 +60,17 @@ class LayerRun:
     config: ModelConfig
     seq_len: int
     batch: int = 4
+    rope_factors: dict[str, torch.Tensor] = field(default_factory=dict)  # source.ROPE_FACTORS it has
 
     def __post_init__(self) -> None:
         c = self.config
         positions = torch.arange(self.seq_len).repeat(self.batch)  # one batch's positions
         # the tables a layer's config.rope(i) picks, as the model's rotations(): global, then local
-        # (Gemma 3's sliding layers: their own base, unscaled)
-        self.tables = [RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling)(positions)]
+        # (Gemma 3's sliding layers: their own base, unscaled). LongRoPE's factors are those a
+        # context of one sample takes (the short set unless samples pass the original context).
+        rotary = global_rotary(c, self.rope_factors.get)
+        rotary.use_context(self.seq_len)
+        self.tables = [rotary(positions)]
         if c.rope_theta_local is not None:
             self.tables.append(RotaryEmbedding(c.head_dim, c.rope_theta_local)(positions))
         nb = -(-self.seq_len // BLOCK)

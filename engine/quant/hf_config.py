@@ -2,17 +2,20 @@
 Face names, with the model's dimensions and the format's quantization_config."""
 from __future__ import annotations
 
+import torch
+
 from engine.model_files.quant_config import QuantSpec, quantization_config
 from engine.models.config import ModelConfig
 
 HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
                     "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
-                    "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+                    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"), "phi3": ("phi3", "Phi3ForCausalLM")}
 # our activation -> Hugging Face's name for it
 HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
-def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
+def hf_config(config: ModelConfig, spec: QuantSpec, rope_factors: dict[str, torch.Tensor] | None = None) -> dict:
+    """config.json; rope_factors: the model's RoPE frequency factors by GGUF name (source.ROPE_FACTORS)."""
     model_type, arch = HF_ARCHITECTURES[config.arch]
     out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
@@ -31,6 +34,24 @@ def hf_config(config: ModelConfig, spec: QuantSpec) -> dict:
                                "factor": config.rope_scaling.factor}
     if config.arch == "gemma3":
         out |= gemma3_keys(config)
+    if config.arch == "phi3":
+        out |= phi3_keys(config, rope_factors or {})
+    return out
+
+
+def phi3_keys(config: ModelConfig, factors: dict[str, torch.Tensor]) -> dict:
+    """Phi-3's: the share of each head RoPE turns, LongRoPE's factor sets with the file's cos/sin
+    scale as attention_factor (else transformers derives it from the context ratio, in float64),
+    and no sliding window: llama.cpp runs Phi's layers full, and so does Ember (families.py)."""
+    out = {"partial_rotary_factor": (config.rotary_dim or config.head_dim) / config.head_dim,
+           "sliding_window": None}
+    if config.rope_long_factors:
+        out["original_max_position_embeddings"] = config.rope_original_context
+        out["rope_scaling"] = {"type": "longrope", "rope_type": "longrope",
+                               "short_factor": factors["rope_factors_short"].tolist(),
+                               "long_factor": factors["rope_factors_long"].tolist(),
+                               "attention_factor": config.rope_attn_factor,
+                               "original_max_position_embeddings": config.rope_original_context}
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from engine.loaders.gguf_loader import ROTARY_ROWS, rotary_rows
 from engine.loaders.weight_names import FUSED, hf_norms
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
@@ -59,11 +60,11 @@ Progress = Callable[[int, int, str], None]  # (layers done, layers, what is runn
 
 
 def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
-    """Our weight names for one layer (engine/models/llama.py) from Hugging Face module tensors."""
+    """Our weight names for one layer (engine/models/llama.py) from Hugging Face module tensors;
+    a partial rotary's q/k rows moved as the loaders move them (gguf_loader.rotary_rows)."""
     norms = hf_norms(config.arch)
 
-    def take(key: str):
-        leaf = key.split(".", 2)[2]
+    def fetch(leaf: str):
         name, _, kind = leaf.rpartition(".")
         if name in norms:
             return W[f"{norms[name]}.weight"]
@@ -71,6 +72,13 @@ def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
         if kind == "bias":
             return torch.cat([W[f"{m}.bias"] for m in modules]) if config.attention_bias else None
         return torch.cat([W[f"{m}.weight"] for m in modules])
+
+    def take(key: str):
+        leaf = key.split(".", 2)[2]
+        w = fetch(leaf)
+        if w is not None and config.rotary_dim and leaf in ROTARY_ROWS:
+            w = w[rotary_rows(config, leaf)]
+        return w
     return take
 
 
@@ -113,9 +121,10 @@ def calibration_ids(src: Source, cfg: QuantizeConfig) -> torch.Tensor:
 class LayerQuantizer:
     """Quantizes one layer at a time and carries the calibration stream to the next."""
 
-    def __init__(self, config: ModelConfig, cfg: QuantizeConfig, hidden: torch.Tensor | None) -> None:
+    def __init__(self, config: ModelConfig, cfg: QuantizeConfig, hidden: torch.Tensor | None,
+                 rope_factors: dict[str, torch.Tensor] | None = None) -> None:
         self.config, self.cfg, self.hidden = config, cfg, hidden
-        self.run = None if hidden is None else LayerRun(config, hidden.shape[1])
+        self.run = None if hidden is None else LayerRun(config, hidden.shape[1], rope_factors=rope_factors or {})
 
     def layer(self, i: int, W: dict[str, torch.Tensor]) -> LlamaDecoderLayer:
         return LlamaDecoderLayer(self.config, i, fused_take(self.config, {k: v.float() for k, v in W.items()})).eval()
@@ -246,7 +255,7 @@ def quantize_model(src: Source, cfg: QuantizeConfig, on_layer: Callable[[int, La
         hidden = torch.nn.functional.embedding(ids, src.tensor("model.embed_tokens.weight"))
         if src.config.embed_scale != 1.0:  # Gemma's sqrt(hidden), in float32 as the engine's embed
             hidden = hidden * src.config.embed_scale
-    q = LayerQuantizer(src.config, cfg, hidden)
+    q = LayerQuantizer(src.config, cfg, hidden, src.rope_factors())
     report = Report(n_layers, 0.0, 0 if hidden is None else hidden.shape[0] * hidden.shape[1])
     for i in range(n_layers):
         if progress:

@@ -4,6 +4,9 @@ under Hugging Face names, one at a time.
 A GGUF's blocks are dequantized exactly (gguf's own formulas: engine/loaders/dequant.py) and
 its llama Q/K rows un-permuted back to Hugging Face's rotate-half order, so the reference
 weights of a GGUF source are the file's quantized values, not the original float model's.
+Families whose files fuse q|k|v and gate|up (Phi-3: attn_qkv, qkv_proj) hand out each part's
+rows under its own name, so every family is quantized linear by linear; the writer stacks them
+back (writer.py, weight_names.HF_FUSED).
 """
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ from typing import Protocol
 
 import torch
 
-from engine.loaders.weight_names import HF_LINEARS, hf_norms, hf_to_gguf
+from engine.loaders.weight_names import HF_LINEARS, hf_norms, hf_part, hf_to_gguf
 from engine.models.config import ModelConfig
 from engine.quant.hf_config import HF_ARCHITECTURES
 
 # the Hugging Face linears of a layer, and the names of both kinds: engine/loaders/weight_names.py
 LINEARS = HF_LINEARS
+# the tensors RoPE's frequencies are divided by, under the GGUF's names (llama3's, LongRoPE's)
+ROPE_FACTORS = ("rope_freqs", "rope_factors_short", "rope_factors_long")
 
 
 class Source(Protocol):
@@ -30,7 +35,26 @@ class Source(Protocol):
 
     def has(self, name: str) -> bool: ...
 
+    def rope_factors(self) -> dict[str, torch.Tensor]:
+        """The ROPE_FACTORS the model has, float32."""
+
     def close(self) -> None: ...
+
+
+def fused_part(config: ModelConfig, name: str) -> tuple[str, list[int], int] | None:
+    """A linear's tensor that the family stores inside a fused one (Phi-3's q_proj in qkv_proj):
+    (the stored tensor's Hugging Face name, the parts' row counts, this part's index); else None."""
+    if not name.startswith("model.layers."):
+        return None
+    _, _, i, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    part = hf_part(config.arch, module)
+    if part is None:
+        return None
+    ours, stored, index = part
+    rows = {"qkv_proj": [config.q_size, config.kv_size, config.kv_size],
+            "gate_up_proj": [config.intermediate_size] * 2}[ours]
+    return f"model.layers.{i}.{stored}.{kind}", rows, index
 
 
 @dataclass
@@ -66,19 +90,31 @@ class GGUFSource:
         return f"blk.{i}.{self.gguf_names[module]}.{kind}"
 
     def has(self, name: str) -> bool:
+        if part := fused_part(self.config, name):
+            return self.has(part[0])
         try:
             return self._gguf_name(name) in self.tensors
         except (KeyError, ValueError):
             return False
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def rope_factors(self) -> dict[str, torch.Tensor]:
+        return {n: self._read(f"{n}.weight") for n in ROPE_FACTORS if f"{n}.weight" in self.tensors}
+
+    def _read(self, gguf_name: str) -> torch.Tensor:
         from gguf import GGMLQuantizationType as QT
 
         from engine.loaders.dequant import dequantize
+
+        t = self.tensors[gguf_name]
+        return dequantize(self.file.raw(t), QT(t.qtype), t.shape, "cpu").float()
+
+    def tensor(self, name: str) -> torch.Tensor:
         from engine.loaders.gguf_loader import unpermute_rows
 
-        t = self.tensors[self._gguf_name(name)]
-        w = dequantize(self.file.raw(t), QT(t.qtype), t.shape, "cpu").float()
+        if part := fused_part(self.config, name):  # Phi-3's q, k, v: rows of attn_qkv
+            stored, rows, index = part
+            return self.tensor(stored).split(rows)[index].contiguous()
+        w = self._read(self._gguf_name(name))
         if self.permuted and (".q_proj." in name or ".k_proj." in name):
             heads = self.config.num_heads if ".q_proj." in name else self.config.num_kv_heads
             w = unpermute_rows(w, heads)
@@ -102,9 +138,16 @@ class HFSource:
         self.config = self.ckpt.config
 
     def has(self, name: str) -> bool:
-        return name in self.ckpt
+        part = fused_part(self.config, name)
+        return (part[0] if part else name) in self.ckpt
+
+    def rope_factors(self) -> dict[str, torch.Tensor]:
+        return self.ckpt.rope_factors()
 
     def tensor(self, name: str) -> torch.Tensor:
+        if part := fused_part(self.config, name):  # Phi-3's q, k, v: rows of qkv_proj
+            stored, rows, index = part
+            return self.tensor(stored).split(rows)[index].contiguous()
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "model.embed_tokens.weight"
         if name.endswith("norm.weight"):  # as the engine (and a GGUF) takes it: Gemma's 1 + w

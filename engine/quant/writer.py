@@ -18,11 +18,13 @@ import torch
 from safetensors.torch import save_file
 
 from engine.checkpoint_formats.registry import encode_linear
+from engine.loaders.weight_names import FUSED, HF_FUSED
 from engine.model_files.families import FAMILIES
 from engine.model_files.quant_config import QuantSpec
 from engine.quant.hf_config import hf_config
 from engine.quant.pipeline import LayerResult
 from engine.quant.source import GGUFSource, Source
+from engine.weights.int_weight import IntWeight, cat_int_rows
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
@@ -51,11 +53,22 @@ class CheckpointWriter:
 
     def add_layer(self, i: int, result: LayerResult) -> None:
         p = f"model.layers.{i}."
-        for module, w in result.weights.items():
+        weights, dense = self._stored(dict(result.weights), dict(result.dense))
+        for module, w in weights.items():
             for suffix, t in encode_linear(w, self.spec).items():
                 self.tensors[f"{p}{module}.{suffix}"] = t.contiguous()
-        for name, t in result.dense.items():
+        for name, t in dense.items():
             self.tensors[p + name] = self._dense(name, t)
+
+    def _stored(self, weights: dict[str, IntWeight], dense: dict[str, torch.Tensor]):
+        """The family's fused modules from their parts (Phi-3: q|k|v as qkv_proj, gate|up as
+        gate_up_proj; engine/loaders/weight_names.py HF_FUSED), weights and biases."""
+        for ours, stored in HF_FUSED.get(self.src.config.arch, {}).items():
+            parts = FUSED[ours][1]
+            weights[stored] = cat_int_rows([weights.pop(m) for m in parts])
+            if f"{parts[0]}.bias" in dense:
+                dense[f"{stored}.bias"] = torch.cat([dense.pop(f"{m}.bias") for m in parts])
+        return weights, dense
 
     def finish(self) -> Path:
         """Write everything to the hidden folder, then rename it to OUT."""
@@ -67,7 +80,7 @@ class CheckpointWriter:
             if not cfg.tie_word_embeddings:
                 self.tensors["lm_head.weight"] = src.tensor("lm_head.weight").half()
             save_file(self.tensors, str(self.tmp / "model.safetensors"), metadata={"format": "pt"})
-            (self.tmp / "config.json").write_text(json.dumps(hf_config(cfg, self.spec), indent=2) + "\n")
+            (self.tmp / "config.json").write_text(json.dumps(hf_config(cfg, self.spec, src.rope_factors()), indent=2) + "\n")
             self._tokenizer()
             os.replace(self.tmp, self.out)
         except BaseException:

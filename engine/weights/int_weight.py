@@ -84,3 +84,17 @@ class IntWeight:
         if self.bits == 8 and not m.any():
             m = None
         return QuantWeight(self.bits, G, codes.contiguous(), s.float().contiguous(), m, perm=perm)
+
+
+def cat_int_rows(parts: list[IntWeight]) -> IntWeight:
+    """Weights of one input stacked by rows as one (Phi-3's qkv_proj from q, k and v): GPTQ
+    rounds each row alone under the input's one Hessian, so the parts share bits, groups and
+    act-order, and the stack is the fused linear quantized."""
+    first = parts[0]
+    for p in parts[1:]:
+        same_g = (p.g_idx is None and first.g_idx is None) or (
+            p.g_idx is not None and first.g_idx is not None and torch.equal(p.g_idx, first.g_idx))
+        if (p.bits, p.group_size, p.shape[1]) != (first.bits, first.group_size, first.shape[1]) or not same_g:
+            raise ValueError("cannot stack weights of other bits, groups, widths or act-order as one linear")
+    return IntWeight(first.bits, first.group_size, torch.cat([p.q for p in parts]),
+                     torch.cat([p.scales for p in parts]), torch.cat([p.zeros for p in parts]), first.g_idx)
