@@ -145,7 +145,7 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layers: int = 2, h
                      pre: str = "smollm", rope_scaling: tuple[str, float] | None = None,
                      extra_tokens: int = 0, embd_qtype: QT | None = None,
                      tensor_types: dict[str, QT] | None = None, drop_tensors: tuple[str, ...] = (),
-                     metadata: dict[str, int | float] | None = None, rope_freqs: bool = False) -> Path:
+                     metadata: dict[str, int | float] | None = None, rope_freqs: bool | tuple = False) -> Path:
     """Write a random tiny `arch` ("llama" or "qwen2") model with a real BPE tokenizer; return path.
 
     Weights are N(0, 0.02²)-ish, norms ~1, so logits are well-spread but finite. `qtype` applies to
@@ -153,7 +153,8 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layers: int = 2, h
     biases stay F32 as in real files. `extra_tokens` pads the vocabulary with plain tokens.
     For bad-input tests: `tensor_types` overrides the type of named tensors, `drop_tensors` leaves
     tensors out, and `metadata` overrides numeric `{arch}.*` keys (e.g. {"block_count": 10**9}).
-    `rope_freqs` adds a llama3-style `rope_freqs.weight` (per-frequency divisors in [1, 8]).
+    `rope_freqs` adds a llama3-style `rope_freqs.weight` (per-frequency divisors in [1, 8]; a
+    tuple: those divisors).
     """
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"unsupported arch {arch!r}")
@@ -225,7 +226,8 @@ def write_tiny_model(path: str | Path, arch: str = "llama", n_layers: int = 2, h
         put(p + "ffn_down.weight", mat(hidden, ffn, 0.1), qtype)
     put("output_norm.weight", vec(hidden), QT.F32)
     if rope_freqs:
-        put("rope_freqs.weight", rng.uniform(1.0, 8.0, size=hd // 2).astype(np.float32), QT.F32)
+        divisors = np.array(rope_freqs, np.float32) if isinstance(rope_freqs, tuple) else rng.uniform(1.0, 8.0, size=hd // 2)
+        put("rope_freqs.weight", divisors.astype(np.float32), QT.F32)
     if not tied:
         put("output.weight", mat(vocab, hidden, 0.1), qtype)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from engine.layers.llama3_rope import llama3_factors
 from engine.layers.rope_scaling import RopeScaling
 from engine.loaders.gguf_config import MAX_DIM, layer_fields
 from engine.model_files.families import FAMILIES
@@ -61,8 +62,11 @@ def _rope_fields(config: dict, head_dim: int, where: Path) -> dict:
         ratio = context / original
         attn = rs.get("attention_factor") or (math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0)
         out |= {"rope_long_factors": True, "rope_original_context": original, "rope_attn_factor": float(attn)}
+    elif kind == "llama3":  # divisors per frequency, as a GGUF's rope_freqs (HFCheckpoint.rope_factors)
+        out["rope_freq_factors"] = True
     elif kind != "default":
-        raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear, longrope)")
+        raise CheckpointError(f"{where}: RoPE scaling {kind!r} is unsupported (supported: none, linear, "
+                              "longrope, llama3)")
     return out
 
 
@@ -231,10 +235,16 @@ class HFCheckpoint:
         return self.dense(name, shape) + self.norm_offset if self.norm_offset else self.dense(name, shape)
 
     def rope_factors(self) -> dict[str, torch.Tensor]:
-        """LongRoPE's factor sets from config.json, float32, under the GGUF's tensor names."""
-        if not self.config.rope_long_factors:
+        """LongRoPE's factor sets or llama3's divisors from config.json, float32, under the GGUF's
+        tensor names (engine/layers/llama3_rope.py)."""
+        cfg, rs = self.config, _flat_rope(self.config_json).get("rope_scaling") or {}
+        if cfg.rope_freq_factors:
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            if any(not isinstance(rs.get(k), (int, float)) for k in keys):
+                raise CheckpointError(f"{self.path / 'config.json'}: llama3 RoPE scaling needs {', '.join(keys)}")
+            return {"rope_freqs": llama3_factors(cfg.head_dim, cfg.rope_theta, **{k: rs[k] for k in keys})}
+        if not cfg.rope_long_factors:
             return {}
-        rs = _flat_rope(self.config_json)["rope_scaling"]
         return {f"rope_factors_{k}": torch.tensor(rs[f"{k}_factor"], dtype=torch.float32) for k in ("short", "long")}
 
     def group(self, prefix: str, suffixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

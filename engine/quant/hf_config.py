@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers.llama3_rope import llama3_params
 from engine.model_files.quant_config import QuantSpec, quantization_config
 from engine.models.config import ModelConfig
 
@@ -32,6 +33,9 @@ def hf_config(config: ModelConfig, spec: QuantSpec, rope_factors: dict[str, torc
     if config.rope_scaling is not None:
         out["rope_scaling"] = {"rope_type": config.rope_scaling.type, "type": config.rope_scaling.type,
                                "factor": config.rope_scaling.factor}
+    if config.rope_freq_factors:  # Llama 3.x: the numbers the file's rope_freqs was made from
+        out["rope_scaling"] = {"rope_type": "llama3", "type": "llama3"} | llama3_params(
+            (rope_factors or {})["rope_freqs"], config.head_dim, config.rope_theta)
     if config.arch == "gemma3":
         out |= gemma3_keys(config)
     if config.arch == "phi3":

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from engine.layers.llama3_rope import llama3_params
 from engine.loaders.weight_names import HF_LINEARS, hf_norms, hf_part, hf_to_gguf
 from engine.models.config import ModelConfig
 from engine.quant.hf_config import HF_ARCHITECTURES
@@ -68,13 +69,15 @@ class GGUFSource:
 
         self.file = open_gguf(self.path)
         self.config = config_from_file(self.file)
-        if self.config.rope_freq_factors:
-            raise ValueError(f"{self.path}: rope_freqs (llama3 RoPE scaling) cannot be written to a "
-                             "Hugging Face config by Ember yet")
         if self.config.arch not in HF_ARCHITECTURES:
             raise ValueError(f"{self.path}: `ember quantize` writes {', '.join(HF_ARCHITECTURES)} checkpoints; "
                              f"{self.config.arch} is not one of them yet")
         self.tensors = check_tensors(self.file, self.config)
+        if self.config.rope_freq_factors:  # refused now, not after quantizing, when config.json cannot say it
+            try:
+                llama3_params(self._read("rope_freqs.weight"), self.config.head_dim, self.config.rope_theta)
+            except ValueError as e:
+                raise ValueError(f"{self.path}: {e}; Hugging Face's config.json cannot hold it") from e
         self.permuted = FAMILIES[self.config.arch].rope_interleaved
         self.gguf_names = hf_to_gguf(self.config.arch)
 
