@@ -40,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--damp", type=float, default=None,
                    help="GPTQ's dampening, a fraction of the Hessian's mean diagonal (damp_percent; "
                         "default: QuantizeConfig.damp in engine/quant/pipeline.py)")
-    p.add_argument("--minmax-scales", dest="mse_scales", action="store_false",
-                   help="GPTQ: each group's range from its min and max, without the clip search")
+    p.add_argument("--mse-scales", action="store_true",
+                   help="GPTQ: each group's range from a clip search (quant.py's mse) rather than its min and max; "
+                        "helped SmolLM2-135M, not Qwen2.5-Coder-0.5B at g128 on held-out text")
     p.add_argument("--awq-clip", action="store_true", help="AWQ: also search a clip ratio per group (AutoAWQ's "
                    "apply_clip; helped SmolLM2-135M, hurt Qwen2.5-Coder-0.5B on held-out text)")
     p.add_argument("--threads", "-t", type=int, default=None)

@@ -102,7 +102,7 @@ def size_of(path: Path) -> int:
 VARIANTS = {  # name -> (method, symmetric, desc_act + static_groups or AWQ's clip); AWQ's format is
     # asymmetric, so its fair baseline is rtn-asym
     "rtn": ("rtn", True, False), "rtn-asym": ("rtn", False, False), "gptq": ("gptq", True, False),
-    "gptq-act": ("gptq", True, True), "gptq-minmax": ("gptq", True, "minmax"), "awq": ("awq", False, False), "awq-clip": ("awq", False, True)}
+    "gptq-act": ("gptq", True, True), "gptq-mse": ("gptq", True, "mse"), "awq": ("awq", False, False), "awq-clip": ("awq", False, True)}
 
 
 def variant_config(name: str, group: int, args):
@@ -113,7 +113,7 @@ def variant_config(name: str, group: int, args):
     m = Method(method)
     act = extra is True and m is Method.GPTQ
     return QuantizeConfig(method=m, bits=4, group_size=group, sym=sym, desc_act=act, static_groups=act,
-                          awq_clip=extra and m is Method.AWQ, mse_scales=m is Method.GPTQ and extra != "minmax",
+                          awq_clip=extra and m is Method.AWQ, mse_scales=extra == "mse",
                           format=CheckpointFormat.AWQ if m is Method.AWQ else CheckpointFormat.GPTQ,
                           num_samples=args.samples, seq_len=args.seq_len, damp=args.damp)
 
@@ -161,7 +161,7 @@ def register(bench_sub) -> None:
     p = bench_sub.add_parser("quant", help="perplexity, size and decode speed of RTN, GPTQ and AWQ int4")
     add_model_args(p)
     p.add_argument("--variants", default="rtn,rtn-asym,gptq,gptq-act,awq,awq-clip",
-                   help="rtn (symmetric), rtn-asym, gptq, gptq-minmax (ranges without the clip search), gptq-act "
+                   help="rtn (symmetric), rtn-asym, gptq, gptq-mse (ranges from a clip search), gptq-act "
                         "(act-order with static groups), awq, "
                         "awq-clip (with AutoAWQ's clip search)")
     p.add_argument("--groups", default="128,32")

@@ -37,10 +37,11 @@ class QuantizeConfig:
     # text; at 0.2 it beats RTN on both texts of `ember bench quant`, on both test models.
     damp: float = 0.2
     # GPTQ: each group's range from the clip search of GPTQ's quant.py (rtn.search_group_params)
-    # rather than its min and max. `ember bench quant`, bundled SmolLM2-135M, out-of-domain corpus
-    # ppl, g128 / g32: RTN 22.73 / 19.70, GPTQ min/max 22.39 / 19.68 (a margin calibration noise
-    # can undo), GPTQ with the search 21.84 / 18.62. RTN and AWQ keep min/max.
-    mse_scales: bool = True
+    # rather than its min and max; opt-in. `ember bench quant`, out-of-domain corpus ppl, g128 / g32:
+    # bundled SmolLM2-135M: RTN 22.73 / 19.70, GPTQ min/max 22.39 / 19.68, with the search 21.84 / 18.62;
+    # Qwen2.5-Coder-0.5B: RTN 14.53 / 14.45, min/max 14.32 / 14.25, with the search 14.56 / 14.26 (loses
+    # to RTN at g128). The search weighs each weight alike; GPTQ's loss weighs them by the Hessian.
+    mse_scales: bool = False
     awq_clip: bool = False  # AWQ's clip search (AutoAWQ's apply_clip): opt-in, see the docstring
 
     @property
