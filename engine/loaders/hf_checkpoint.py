@@ -232,7 +232,7 @@ class HFCheckpoint:
 
     def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A norm's weight as the engine's plain RMSNorm takes it (Gemma's: 1 + the stored w)."""
-        return self.dense(name, shape) + self.norm_offset if self.norm_offset else self.dense(name, shape)
+        return self.dense(name, shape) + self.norm_offset
 
     def rope_factors(self) -> dict[str, torch.Tensor]:
         """LongRoPE's factor sets or llama3's divisors from config.json, float32, under the GGUF's

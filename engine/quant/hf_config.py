@@ -36,11 +36,8 @@ def hf_config(config: ModelConfig, spec: QuantSpec, rope_factors: dict[str, torc
     if config.rope_freq_factors:  # Llama 3.x: the numbers the file's rope_freqs was made from
         out["rope_scaling"] = {"rope_type": "llama3", "type": "llama3"} | llama3_params(
             (rope_factors or {})["rope_freqs"], config.head_dim, config.rope_theta)
-    if config.arch == "gemma3":
-        out |= gemma3_keys(config)
-    if config.arch == "phi3":
-        out |= phi3_keys(config, rope_factors or {})
-    return out
+    own_keys = FAMILY_KEYS.get(config.arch)
+    return out | own_keys(config, rope_factors or {}) if own_keys else out
 
 
 def phi3_keys(config: ModelConfig, factors: dict[str, torch.Tensor]) -> dict:
@@ -59,7 +56,7 @@ def phi3_keys(config: ModelConfig, factors: dict[str, torch.Tensor]) -> dict:
     return out
 
 
-def gemma3_keys(config: ModelConfig) -> dict:
+def gemma3_keys(config: ModelConfig, _factors: dict[str, torch.Tensor]) -> dict:
     """Gemma 3's own keys: its activation's key, the query scale's divisor, the window and which
     layers slide (layer_types), the local layers' RoPE base, and no softcapping (Gemma 3 has none)."""
     windows = [config.window(i) for i in range(config.num_layers)]
@@ -69,3 +66,7 @@ def gemma3_keys(config: ModelConfig) -> dict:
             "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],
             "rope_local_base_freq": config.rope_theta_local,
             "final_logit_softcapping": None, "attn_logit_softcapping": None}
+
+
+# the families whose config.json holds keys of their own, and what writes them
+FAMILY_KEYS = {"gemma3": gemma3_keys, "phi3": phi3_keys}
