@@ -153,6 +153,36 @@ def test_batch_invariance(path, dtype):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "q8_0"], ids=str)
+@pytest.mark.parametrize("window", [0, 40, 400])
+def test_rows_of_one_sequence_share_tasks_and_keep_each_rows_bits(path, dtype, window):
+    """A sequence's consecutive rows (a prompt chunk, or a decode and its drafts) read the same
+    blocks, so the kernel runs them as one task per KV head; each row's output must have the
+    bits it has alone, whatever the run's length or the threads, with tile and window edges
+    inside the run (rows at 60..69 cross 64; a window of 40 is full for some and not others)."""
+    lens = [70]
+    q1, k_cache, v_cache, tables, _ = make_case(lens, 9, 3, 64, torch.float32 if dtype == "q8_0" else dtype, seed=5)
+    if dtype == "q8_0":
+        k_cache, v_cache = kernels().kv_q8(k_cache), kernels().kv_q8(v_cache)
+    g = torch.Generator().manual_seed(6)
+    for first, rows in ((1, 5), (30, 20), (60, 10), (3, 40)):
+        seq_lens = torch.arange(first, first + rows, dtype=torch.long)
+        q = torch.randn(rows, 9, 64, generator=g)
+        run = paged_decode(q, k_cache, v_cache, tables.expand(rows, -1), seq_lens, 0.125, path, window=window)
+        for i in range(rows):
+            alone = paged_decode(q[i:i + 1], k_cache, v_cache, tables[:1], seq_lens[i:i + 1], 0.125, path,
+                                 window=window)
+            assert torch.equal(alone[0], run[i]), (first, rows, i)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            one = paged_decode(q, k_cache, v_cache, tables.expand(rows, -1), seq_lens, 0.125, path, window=window)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(one, run)
+
+
 def test_bad_inputs_are_refused():
     q, k_cache, v_cache, tables, seq_lens = make_case([20, 40], 4, 2, 64, torch.float32)
     op = kernels().paged_attention_decode

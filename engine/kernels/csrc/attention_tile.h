@@ -13,9 +13,10 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 enum Kind { F32 = 0, BF16 = 1, F16 = 2, Q8 = 3 };
 
 struct Tile {
-  const float* q;          // [G, D] the group's query heads
+  const float* q;          // [G, D] the task's query heads
   const void* k[T];        // the tile's rows; lanes past n repeat the last real row
   const void* v[T];
+  const int* nh;           // [G] the real keys of each head in this tile (<= n; < 0: none)
   int n, G, D;
   float scale;
   float *m, *l, *acc;      // [G], [G], [G, D] running max, sum, accumulator
@@ -42,6 +43,9 @@ struct Tile {
 //     hsum (lane j = q . k_j);
 // (2) each head's online-softmax update;
 // (3) a += w V: the accumulator panel in registers, even and odd rows on two chains of FMAs.
+// A head whose row ends before the tile's n (a task of several query rows) scores the keys past
+// its end -inf, so their weights are 0: e^0 = 1 rescales and 0 * v adds leave its sums as a
+// task of its row alone computes them, bit for bit.
 // A macro, not a template: GCC inlines target-specific intrinsics only into functions of the
 // same target, and one template cannot carry both targets.
 #define TILE_BODY(V, W, ROWS)                                                                       \
@@ -53,7 +57,8 @@ struct Tile {
     if (r > 0 && (W * u) % 16 == 0) ROWS(t.k + W * u, std::min(r, 16), t.buf, D, rows);             \
     const float* const* sub = rows + (W * u) % 16;                                                  \
     for (int g = 0; g < G; ++g) {                                                                   \
-      if (r <= 0) { store(x + g * T + W * u, set1<V>(NEG_INF)); continue; }                         \
+      const int rg = t.nh[g] - W * u; /* this head's real keys in these lanes */                    \
+      if (rg <= 0) { store(x + g * T + W * u, set1<V>(NEG_INF)); continue; }                        \
       V dot[W];                                                                                     \
       for (int j = 0; j < W; ++j) dot[j] = set1<V>(0.f);                                            \
       for (int i0 = 0; i0 < D; i0 += W * P) {                                                       \
@@ -62,7 +67,7 @@ struct Tile {
         _Pragma("GCC unroll 16") for (int j = 0; j < W; ++j)                                        \
           for (int c = 0; c < P; ++c) dot[j] = fma(qv[c], load<V>(sub[j] + i0 + W * c), dot[j]);     \
       }                                                                                             \
-      store(x + g * T + W * u, masked(mul(hsum(dot), set1<V>(t.scale)), r));                        \
+      store(x + g * T + W * u, masked(mul(hsum(dot), set1<V>(t.scale)), rg));                       \
     }                                                                                               \
   }                                                                                                 \
   for (int g = 0; g < G; ++g) {                                                                     \

@@ -12,11 +12,12 @@
 // the context (flash attention's online softmax). Every term is rescaled to the same m, so this
 // is the softmax above exactly, up to float32 rounding.
 //
-// One task is a (sequence, KV head) pair. Its G query heads share each sub-tile of 16 rows, so a
-// K/V row comes from memory once per group (bf16/fp16 rows are widened to float32 once, into L1
-// scratch), and q (for scores) or the accumulator (for a += w V) sits in registers while the
-// rows stream past. A task's arithmetic depends on its own sequence only, so a sequence's output
-// has the same bits in any batch. The AVX2 and AVX-512 paths add in different orders: close,
+// One task is a KV head of a run of query rows that read the same blocks (a prompt chunk's rows,
+// or a decode and its drafts: up to 16). Its heads, G per row, share each sub-tile of 16 rows,
+// so a K/V row comes from memory and is widened to float32 (bf16/fp16/q8, into L1 scratch) once
+// per task, and q (for scores) or the accumulator (for a += w V) sits in registers while the
+// rows stream past. A head's arithmetic is that of its own row alone, whichever rows share its
+// task (attention_tile.h), so a row's output has the same bits in any batch. The AVX2 and AVX-512 paths add in different orders: close,
 // not equal. tests/test_paged_attention_kernel.py checks all of it against float64.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -232,41 +233,73 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   const char *kb = static_cast<const char*>(k_cache.data_ptr()), *vb = static_cast<const char*>(v_cache.data_ptr());
   const float* qb = q.data_ptr<float>();
   float* ob = out.data_ptr<float>();
+  // A task is a KV head of a run of query rows that read the same blocks with the same tiles
+  // (rows of one sequence: a prompt chunk, or a decode and its drafts; full attention, or a
+  // window not yet full): its heads share every K/V sub-tile, widened once. Which rows share a
+  // task changes no bits (attention_tile.h), so the runs are cut to keep the threads busy.
+  const int threads = at::get_num_threads();
+  const int64_t want = (2 * threads + NKV - 1) / NKV;  // runs for two tasks a thread
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, (S + want - 1) / want));
+  std::vector<int64_t> run0;  // first row of each run
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t r0 = run0.empty() ? -1 : run0.back();
+    const bool joins = r0 >= 0 && s - r0 < cap && (window == 0 || lens[s] <= window) &&
+                       (window == 0 || lens[r0] <= window) &&
+                       std::equal(table + r0 * MB, table + r0 * MB + (lens[s] + B - 1) / B, table + s * MB);
+    if (!joins) run0.push_back(s);
+  }
+  run0.push_back(S);
+  const int64_t runs = (int64_t)run0.size() - 1;
   // Small steps stay on one thread: waking a second costs a few microseconds, which two threads
   // win back only from about 150k multiply-adds (total * H * D) on a 2-core machine.
-  const int64_t grain = total * H * D < (1 << 17) ? S * NKV : 1;
-  at::parallel_for(0, S * NKV, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(3 * G + G * D + G * T + 16 * D);
+  const int64_t grain = total * H * D < (1 << 17) ? runs * NKV : 1;
+  at::parallel_for(0, runs * NKV, grain, [&](int64_t t0, int64_t t1) {
+    const int64_t GM = cap * G;  // most heads a task holds
+    std::vector<float> scratch(3 * GM + 2 * GM * D + GM * T + 16 * D);
+    std::vector<int> nh(GM);
     Tile w;
-    w.G = (int)G, w.D = (int)D, w.scale = (float)scale;
-    w.m = scratch.data(), w.l = w.m + G, w.alpha = w.l + G, w.acc = w.alpha + G, w.x = w.acc + G * D;
-    w.buf = w.x + G * T;
+    w.D = (int)D, w.scale = (float)scale, w.nh = nh.data();
+    w.m = scratch.data(), w.l = w.m + GM, w.alpha = w.l + GM, w.acc = w.alpha + GM, w.x = w.acc + GM * D;
+    float* qg = w.x + GM * T;
+    w.buf = qg + GM * D;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t s = task / NKV, kvh = task % NKV, L = lens[s];
-      std::fill(w.m, w.m + G, NEG_INF);
-      std::fill(w.l, w.acc + G * D, 0.f);  // l, alpha and acc
-      w.q = qb + (s * H + kvh * G) * D;
+      const int64_t s0 = run0[task / NKV], R = run0[task / NKV + 1] - s0, kvh = task % NKV;
+      int64_t Lmax = 0;
+      for (int64_t r = 0; r < R; ++r) Lmax = std::max(Lmax, lens[s0 + r]);
+      w.G = (int)(R * G);
+      for (int64_t r = 0; r < R; ++r)  // the run's heads of this KV head, row by row
+        std::copy(qb + ((s0 + r) * H + kvh * G) * D, qb + ((s0 + r) * H + kvh * G + G) * D, qg + r * G * D);
+      w.q = qg;
+      std::fill(w.m, w.m + R * G, NEG_INF);
+      std::fill(w.l, w.l + R * G, 0.f);
+      std::fill(w.alpha, w.alpha + R * G, 0.f);
+      std::fill(w.acc, w.acc + R * G * D, 0.f);
       // A sliding window of W keys: the query at position L - 1 sees keys L - W .. L - 1.
-      for (int64_t p0 = window > 0 ? std::max<int64_t>(0, L - window) : 0; p0 < L; p0 += T) {
-        w.n = (int)std::min<int64_t>(T, L - p0);
+      for (int64_t p0 = window > 0 ? std::max<int64_t>(0, Lmax - window) : 0; p0 < Lmax; p0 += T) {
+        w.n = (int)std::min<int64_t>(T, Lmax - p0);
+        for (int64_t r = 0; r < R; ++r)
+          std::fill(nh.begin() + r * G, nh.begin() + (r + 1) * G, (int)std::min<int64_t>(T, lens[s0 + r] - p0));
         int64_t blk = p0 / B, in = p0 % B;  // position p0 + j = blk * B + in, stepped without divisions
         for (int j = 0; j < T; ++j) {
-          const int64_t off = ((table[s * MB + blk] * B + in) * NKV + kvh) * row_bytes;
+          const int64_t off = ((table[s0 * MB + blk] * B + in) * NKV + kvh) * row_bytes;
           w.k[j] = kb + off, w.v[j] = vb + off;
           if (j + 1 < w.n && ++in == B) in = 0, ++blk;  // lanes past n repeat the last real row
         }
         // The next tile's rows into L2 while this one computes: blocks are in no order, so the
         // hardware prefetchers lose the stream at every block boundary.
-        for (int64_t p = p0 + T; p < std::min(L, p0 + 2 * T); ++p) {
-          const int64_t off = ((table[s * MB + p / B] * B + p % B) * NKV + kvh) * row_bytes;
+        for (int64_t p = p0 + T; p < std::min(Lmax, p0 + 2 * T); ++p) {
+          const int64_t off = ((table[s0 * MB + p / B] * B + p % B) * NKV + kvh) * row_bytes;
           for (int64_t c = 0; c < row_bytes; c += 64)
             _mm_prefetch(kb + off + c, _MM_HINT_T1), _mm_prefetch(vb + off + c, _MM_HINT_T1);
         }
         fn(w);
       }
-      float* o = ob + (s * H + kvh * G) * D;
-      for (int64_t h = 0; h < G; ++h)
-        for (int64_t i = 0; i < D; ++i) o[h * D + i] = w.acc[h * D + i] / w.l[h];
+      for (int64_t r = 0; r < R; ++r) {
+        float* o = ob + ((s0 + r) * H + kvh * G) * D;
+        const float *acc = w.acc + r * G * D, *l = w.l + r * G;
+        for (int64_t h = 0; h < G; ++h)
+          for (int64_t i = 0; i < D; ++i) o[h * D + i] = acc[h * D + i] / l[h];
+      }
     }
   });
   return out;
