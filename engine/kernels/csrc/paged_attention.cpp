@@ -183,6 +183,26 @@ TileFn tile_fn(bool avx512, int64_t D) {
   return (D / 8) % 4 == 0 ? tile256<K, 4> : tile256<K, 2>;  // D / 8 is even
 }
 
+// The runs of query rows that share tasks, as the first row of each and then S: consecutive rows
+// that read the same blocks with the same tiles (rows of one sequence: a prompt chunk, or a
+// decode and its drafts; full attention, or a window not yet full). Which rows share a task
+// changes no bits (attention_tile.h), so runs are cut short (cap) to give each thread two tasks.
+std::vector<int64_t> row_runs(const int64_t* table, int64_t MB, int64_t B, const int64_t* lens, int64_t S,
+                              int64_t NKV, int64_t window, int64_t& cap) {
+  const int64_t want = (2 * at::get_num_threads() + NKV - 1) / NKV;
+  cap = std::max<int64_t>(1, std::min<int64_t>(16, (S + want - 1) / want));
+  const auto fits = [&](int64_t s) { return window == 0 || lens[s] <= window; };  // its tiles start at 0
+  std::vector<int64_t> run0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t r0 = run0.empty() ? -1 : run0.back();
+    const bool joins = r0 >= 0 && s - r0 < cap && fits(s) && fits(r0) &&
+                       std::equal(table + r0 * MB, table + r0 * MB + (lens[s] + B - 1) / B, table + s * MB);
+    if (!joins) run0.push_back(s);
+  }
+  run0.push_back(S);
+  return run0;
+}
+
 }  // namespace
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -233,28 +253,14 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   const char *kb = static_cast<const char*>(k_cache.data_ptr()), *vb = static_cast<const char*>(v_cache.data_ptr());
   const float* qb = q.data_ptr<float>();
   float* ob = out.data_ptr<float>();
-  // A task is a KV head of a run of query rows that read the same blocks with the same tiles
-  // (rows of one sequence: a prompt chunk, or a decode and its drafts; full attention, or a
-  // window not yet full): its heads share every K/V sub-tile, widened once. Which rows share a
-  // task changes no bits (attention_tile.h), so the runs are cut to keep the threads busy.
-  const int threads = at::get_num_threads();
-  const int64_t want = (2 * threads + NKV - 1) / NKV;  // runs for two tasks a thread
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, (S + want - 1) / want));
-  std::vector<int64_t> run0;  // first row of each run
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t r0 = run0.empty() ? -1 : run0.back();
-    const bool joins = r0 >= 0 && s - r0 < cap && (window == 0 || lens[s] <= window) &&
-                       (window == 0 || lens[r0] <= window) &&
-                       std::equal(table + r0 * MB, table + r0 * MB + (lens[s] + B - 1) / B, table + s * MB);
-    if (!joins) run0.push_back(s);
-  }
-  run0.push_back(S);
+  int64_t cap;  // the most rows a run holds
+  const std::vector<int64_t> run0 = row_runs(table, MB, B, lens, S, NKV, window, cap);
   const int64_t runs = (int64_t)run0.size() - 1;
   // Small steps stay on one thread: waking a second costs a few microseconds, which two threads
   // win back only from about 150k multiply-adds (total * H * D) on a 2-core machine.
   const int64_t grain = total * H * D < (1 << 17) ? runs * NKV : 1;
   at::parallel_for(0, runs * NKV, grain, [&](int64_t t0, int64_t t1) {
-    const int64_t GM = cap * G;  // most heads a task holds
+    const int64_t GM = cap * G;  // the most heads a task holds
     std::vector<float> scratch(3 * GM + 2 * GM * D + GM * T + 16 * D);
     std::vector<int> nh(GM);
     Tile w;
