@@ -17,8 +17,9 @@
 // so a K/V row comes from memory and is widened to float32 (bf16/fp16/q8, into L1 scratch) once
 // per task, and q (for scores) or the accumulator (for a += w V) sits in registers while the
 // rows stream past. A head's arithmetic is that of its own row alone, whichever rows share its
-// task (attention_tile.h), so a row's output has the same bits in any batch. The AVX2 and AVX-512 paths add in different orders: close,
-// not equal. tests/test_paged_attention_kernel.py checks all of it against float64.
+// task (attention_tile.h), so a row's output has the same bits in any batch. The AVX2 and
+// AVX-512 paths add in different orders: close, not equal. tests/test_paged_attention_kernel.py
+// checks all of it against float64.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -277,8 +278,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
         std::copy(qb + ((s0 + r) * H + kvh * G) * D, qb + ((s0 + r) * H + kvh * G + G) * D, qg + r * G * D);
       w.q = qg;
       std::fill(w.m, w.m + R * G, NEG_INF);
-      std::fill(w.l, w.l + R * G, 0.f);
-      std::fill(w.alpha, w.alpha + R * G, 0.f);
+      std::fill(w.l, w.l + R * G, 0.f);  // alpha is set by each tile before it is read
       std::fill(w.acc, w.acc + R * G * D, 0.f);
       // A sliding window of W keys: the query at position L - 1 sees keys L - W .. L - 1.
       for (int64_t p0 = window > 0 ? std::max<int64_t>(0, Lmax - window) : 0; p0 < Lmax; p0 += T) {
