@@ -44,6 +44,27 @@ struct Linear {
   }
 };
 
+// This step's keys (or values) into their pool slots: row t's NKV heads of HD floats at
+// src + t * ld, in the pool's type (bf16 and fp16 rounded to nearest even, as torch's .to();
+// int8: q8_0 rows, kv_quant.cpp). Plain loops: index_copy_ and .to() took 10 us a layer.
+void write_kv(const float* src, int64_t ld, int64_t T, int64_t NKV, int64_t HD, const int64_t* slots, at::Tensor& pool) {
+  const int64_t width = pool.size(3), row_bytes = width * pool.element_size();
+  const auto dt = pool.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf || dt == at::kChar,
+              "KV pool dtype ", dt, " is not supported");
+  TORCH_CHECK(width == (dt == at::kChar ? HD + HD / 16 : HD), "KV rows of ", width, " for head_dim ", HD);
+  char* base = static_cast<char*>(pool.data_ptr());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < NKV; ++h) {
+      const float* x = src + t * ld + h * HD;
+      char* dst = base + (slots[t] * NKV + h) * row_bytes;
+      if (dt == at::kFloat) std::copy(x, x + HD, reinterpret_cast<float*>(dst));
+      else if (dt == at::kBFloat16) std::copy(x, x + HD, reinterpret_cast<at::BFloat16*>(dst));
+      else if (dt == at::kHalf) std::copy(x, x + HD, reinterpret_cast<at::Half*>(dst));
+      else kv_q8_row(x, HD, reinterpret_cast<int8_t*>(dst));
+    }
+}
+
 }  // namespace
 
 struct DecoderStack : torch::CustomClassHolder {
@@ -112,6 +133,16 @@ struct DecoderStack : torch::CustomClassHolder {
         row_lens.data_ptr<int64_t>()[s0 + j] = L0 + j + 1;
       }
     }
+    const auto slots_c = slots.to(at::kLong).contiguous();
+    const int64_t* slot = slots_c.data_ptr<int64_t>();
+    TORCH_CHECK(slots_c.numel() == T, "slots must have one entry a row");
+    for (int64_t l = 0; l < L; ++l)
+      TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].size(2) == NKV && k_caches[l].is_contiguous() &&
+                      v_caches[l].sizes() == k_caches[l].sizes() && v_caches[l].is_contiguous(),
+                  "layer ", l, "'s pools must be contiguous [blocks, block_size, ", NKV, ", width], alike");
+    for (int64_t t = 0; t < T; ++t)
+      TORCH_CHECK(slot[t] >= 0 && slot[t] < k_caches[0].size(0) * k_caches[0].size(1), "slot ", slot[t],
+                  " is outside the pool");
     const auto row_tables = num_decodes == nseq ? block_tables : block_tables.index_select(0, row_seq);
     auto residual = hidden.contiguous().clone();
     auto x = at::empty_like(residual);
@@ -126,15 +157,13 @@ struct DecoderStack : torch::CustomClassHolder {
                         H + NKV, NKV, HD, (float)eps);
       if (const int64_t r = ropes[l]; r >= 0)
         rope_(qkv.data_ptr<float>(), qkv.size(1), Cc[r].data_ptr<float>(), Sc[r].data_ptr<float>(), T, H + NKV, HD);
-      auto q = qkv.slice(1, 0, qs).reshape({T, H, HD}).contiguous();
-      auto k = qkv.slice(1, qs, qs + kvs).reshape({T, NKV, HD});
-      auto v = qkv.slice(1, qs + kvs, qs + 2 * kvs).reshape({T, NKV, HD});
-      auto& kc = k_caches[l];
-      auto& vc = v_caches[l];
-      const bool q8 = kc.scalar_type() == at::kChar;  // q8_0 rows (kv_quant.cpp)
-      kc.view({-1, NKV, kc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(k) : k.to(kc.scalar_type()));
-      vc.view({-1, NKV, vc.size(3)}).index_copy_(0, slots, q8 ? kv_q8(v) : v.to(vc.scalar_type()));
-      auto o = paged_attention_decode(q, kc, vc, row_tables, row_lens, scale, path, windows[l]);
+      const float* qkvb = qkv.data_ptr<float>();
+      const int64_t ld = qkv.size(1);
+      auto q = at::empty({T, H, HD}, x.options());
+      for (int64_t t = 0; t < T; ++t) std::copy(qkvb + t * ld, qkvb + t * ld + qs, q.data_ptr<float>() + t * qs);
+      write_kv(qkvb + qs, ld, T, NKV, HD, slot, k_caches[l]);
+      write_kv(qkvb + qs + kvs, ld, T, NKV, HD, slot, v_caches[l]);
+      auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, scale, path, windows[l]);
       auto attn = linears[4 * l + 1](o.view({T, qs}), path);
       const at::Tensor* post = nl + 2 + 2 * qk_norm;  // attention out, MLP out
       if (post_norms)  // in place: a row's sum of squares is taken before its first write

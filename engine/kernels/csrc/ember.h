@@ -29,7 +29,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
                    const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super);
 
-// float [..., D] -> q8_0 rows int8 [..., D + D/16] (kv_quant.cpp), and back.
+// float [..., D] -> q8_0 rows int8 [..., D + D/16] (kv_quant.cpp), and back; one row of D.
+void kv_q8_row(const float* x, int64_t D, int8_t* out);
 at::Tensor kv_q8(const at::Tensor& x);
 at::Tensor kv_q8_dequant(const at::Tensor& rows);
 

@@ -7,21 +7,36 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "ember.h"
 
 namespace ember {
+
+void kv_q8_row(const float* x, int64_t D, int8_t* out) {
+  for (int64_t b = 0; b < D / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.f, id = d > 0 ? 1.f / d : 0.f;
+    for (int i = 0; i < 32; ++i) out[32 * b + i] = (int8_t)std::clamp(std::nearbyint(xb[i] * id), -127.f, 127.f);
+    const at::Half d16(d);  // round to nearest even, as torch's .to(float16)
+    std::memcpy(out + D + 2 * b, &d16, sizeof d16);
+  }
+}
 
 at::Tensor kv_q8(const at::Tensor& x) {
   const int64_t D = x.size(-1);
   TORCH_CHECK(D % 32 == 0, "q8_0 rows need a multiple of 32 values, not ", D);
   auto shape = x.sizes().vec();
-  const auto b = x.to(at::kFloat).contiguous().view({-1, D / 32, 32});
-  const auto d = b.abs().amax(-1, true) / 127.0;
-  const auto id = at::where(d > 0, d.reciprocal(), at::zeros_like(d));
-  const auto q = (b * id).round().clamp(-127, 127).to(at::kChar).view({-1, D});
-  const auto s = d.view({-1, D / 32}).to(at::kHalf).contiguous().view(at::kChar);  // [n, D/16] bytes
   shape.back() = D + D / 16;
-  return at::cat({q, s}, 1).view(shape);
+  const auto xf = x.to(at::kFloat).contiguous();
+  auto rows = at::empty(shape, x.options().dtype(at::kChar));
+  const int64_t n = D ? xf.numel() / D : 0;
+  for (int64_t r = 0; r < n; ++r) kv_q8_row(xf.data_ptr<float>() + r * D, D, rows.data_ptr<int8_t>() + r * (D + D / 16));
+  return rows;
 }
 
 at::Tensor kv_q8_dequant(const at::Tensor& rows) {

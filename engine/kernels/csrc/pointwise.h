@@ -100,7 +100,7 @@ TPW inline void gelu_mul_row(const float* g, const float* u, float* y, int64_t i
 
 // act(gate) * up over T rows of [gate | up] (2f wide) into y [T, f]; gelu: GeGLU, else SwiGLU.
 inline void gated_act(const float* gu, float* y, int64_t T, int64_t f, bool gelu) {
-  at::parallel_for(0, T * f, 1 << 14, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, T * f, 1024, [&](int64_t i0, int64_t i1) {
     for (int64_t t = i0 / f; t * f < i1; ++t) {
       const int64_t a = std::max(i0, t * f) - t * f, b = std::min(i1, (t + 1) * f) - t * f;
       if (gelu)
