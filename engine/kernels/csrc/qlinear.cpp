@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -109,24 +110,26 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   std::vector<RowChunk> chunks;
   for (int64_t row = 0, k = 0; k < 4; ++k)
     for (; M - row >= chunk[k]; row += chunk[k]) chunks.push_back({row, chunk[k]});
-  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
-  auto s = at::empty({M, K / 32}, x.options()), sm = at::empty({M, K / 32}, x.options());
-  auto sum16 = at::empty({M, K / 16}, x.options().dtype(at::kInt));
-  quantize_rows(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(),
-                sum16.data_ptr<int32_t>());
+  // The int8 activations in one allocation, twice over for many rows (then the chunk layout):
+  // at one row, four small allocations a call cost more than quantizing.
+  const int64_t KB = K / 32, act_bytes = M * (K + KB * 8 + KB * 8);  // q, s and sm, sum16
+  auto acts = at::empty({(M > 1 ? 2 : 1) * act_bytes}, x.options().dtype(at::kByte));
+  const auto carve = [&](uint8_t* p) {
+    return std::make_tuple(reinterpret_cast<int8_t*>(p), reinterpret_cast<float*>(p + M * K),
+                           reinterpret_cast<float*>(p + M * K + M * KB * 4), reinterpret_cast<int32_t*>(p + M * K + M * KB * 8));
+  };
+  auto [q, s, sm, sum16] = carve(acts.data_ptr<uint8_t>());
+  quantize_rows(x.data_ptr<float>(), M, K, q, s, sm, sum16);
   if (M > 1) {  // one row is its own chunk layout already
-    auto qi = at::empty_like(q), si = at::empty_like(s), smi = at::empty_like(sm), s16i = at::empty_like(sum16);
-    interleave_rows(q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K,
-                    chunks, qi.data_ptr<int8_t>(), si.data_ptr<float>(), smi.data_ptr<float>(),
-                    s16i.data_ptr<int32_t>());
+    const auto [qi, si, smi, s16i] = carve(acts.data_ptr<uint8_t>() + act_bytes);
+    interleave_rows(q, s, sm, sum16, K, chunks, qi, si, smi, s16i);
     q = qi, s = si, sm = smi, sum16 = s16i;
   }
   const bool prep = prepares(path, bits, chunks.size());
   at::Tensor qu;  // prepared 8-bit tiles take the codes as q + 128
   const bool prep8 = prep && bits != 4 && path == AVX512VNNI;  // the 8-bit U kernel: sums from wsum
-  if (prep8) qu = at::bitwise_xor(q.view(at::kByte), 0x80);
-  const Acts a{q.data_ptr<int8_t>(), s.data_ptr<float>(), sm.data_ptr<float>(), sum16.data_ptr<int32_t>(), K,
-               qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
+  if (prep8) qu = at::bitwise_xor(at::from_blob(q, {M * K}, x.options().dtype(at::kByte)), 0x80);
+  const Acts a{q, s, sm, sum16, K, qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
   TileFn fns[4];
   if (ksup) select_fns<KScales>(fns, path, bits, group, has_min, prep);
   else if (half) select_fns<at::Half>(fns, path, bits, group, has_min, prep);
