@@ -39,8 +39,9 @@ struct Linear {
   at::Tensor qw, d;
   c10::optional<at::Tensor> m, bias, d_super, m_super;
   int64_t n, bits, group;
-  at::Tensor operator()(const at::Tensor& x, int64_t path) const {
-    return qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super);
+  // into out [T, n], with the step's scratch for the int8 activations
+  void operator()(const at::Tensor& x, int64_t path, at::Tensor& out, at::Tensor& scratch) const {
+    qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super, &out, &scratch);
   }
 };
 
@@ -146,12 +147,18 @@ struct DecoderStack : torch::CustomClassHolder {
     const auto row_tables = num_decodes == nseq ? block_tables : block_tables.index_select(0, row_seq);
     auto residual = hidden.contiguous().clone();
     auto x = at::empty_like(residual);
-    auto h = residual;  // layer 0 adds nothing: its residual is the embedding itself
+    // One buffer per product for every layer: at one token a step, allocating them layer by
+    // layer cost more than some of the products.
+    const auto f32 = x.options();
+    auto qkv = at::empty({T, linears[0].n}, f32), attn = at::empty({T, linears[1].n}, f32);
+    auto gu = at::empty({T, linears[2].n}, f32), act = at::empty({T, F}, f32), h = at::empty({T, linears[3].n}, f32);
+    auto q = at::empty({T, H, HD}, f32);
+    auto scratch = at::empty({qlinear_scratch_bytes(T, std::max({D, F, qs}))}, f32.dtype(at::kByte));
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor* nl = &norms[per * l];  // input, post-attention, [q, k], [attention out, MLP out]
       if (l) add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[0].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
-      auto qkv = linears[4 * l](x, path);  // [T, qs + 2 kvs]
+      linears[4 * l](x, path, qkv, scratch);  // [T, qs + 2 kvs]
       if (qk_norm)
         rms_norm_heads_(qkv.data_ptr<float>(), qkv.size(1), nl[2].data_ptr<float>(), nl[3].data_ptr<float>(), T,
                         H + NKV, NKV, HD, (float)eps);
@@ -159,21 +166,19 @@ struct DecoderStack : torch::CustomClassHolder {
         rope_(qkv.data_ptr<float>(), qkv.size(1), Cc[r].data_ptr<float>(), Sc[r].data_ptr<float>(), T, H + NKV, HD);
       const float* qkvb = qkv.data_ptr<float>();
       const int64_t ld = qkv.size(1);
-      auto q = at::empty({T, H, HD}, x.options());
       for (int64_t t = 0; t < T; ++t) std::copy(qkvb + t * ld, qkvb + t * ld + qs, q.data_ptr<float>() + t * qs);
       write_kv(qkvb + qs, ld, T, NKV, HD, slot, k_caches[l]);
       write_kv(qkvb + qs + kvs, ld, T, NKV, HD, slot, v_caches[l]);
       auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, scale, path, windows[l]);
-      auto attn = linears[4 * l + 1](o.view({T, qs}), path);
+      linears[4 * l + 1](o.view({T, qs}), path, attn, scratch);
       const at::Tensor* post = nl + 2 + 2 * qk_norm;  // attention out, MLP out
       if (post_norms)  // in place: a row's sum of squares is taken before its first write
         rms_norm(attn.data_ptr<float>(), post[0].data_ptr<float>(), attn.data_ptr<float>(), T, D, (float)eps);
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
-      auto gu = linears[4 * l + 2](x, path);
-      auto act = at::empty({T, F}, x.options());
+      linears[4 * l + 2](x, path, gu, scratch);
       gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, gelu);
-      h = linears[4 * l + 3](act, path);
+      linears[4 * l + 3](act, path, h, scratch);
       if (post_norms)
         rms_norm(h.data_ptr<float>(), post[1].data_ptr<float>(), h.data_ptr<float>(), T, D, (float)eps);
     }

@@ -27,7 +27,10 @@ void interleave_rows(const int8_t* q, const float* s, const float* sm, const int
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
-                   const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super);
+                   const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super,
+                   at::Tensor* out = nullptr, at::Tensor* scratch = nullptr);
+// The bytes of qlinear's scratch for M rows of K (its int8 activations).
+inline int64_t qlinear_scratch_bytes(int64_t M, int64_t K) { return (M > 1 ? 2 : 1) * M * (K + K / 32 * 16); }
 
 // float [..., D] -> q8_0 rows int8 [..., D + D/16] (kv_quant.cpp), and back; one row of D.
 void kv_q8_row(const float* x, int64_t D, int8_t* out);

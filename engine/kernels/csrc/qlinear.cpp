@@ -83,7 +83,8 @@ static void select_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, b
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
-                   const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super) {
+                   const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super,
+                   at::Tensor* out, at::Tensor* scratch) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), NT = (n + 15) / 16;
   TORCH_CHECK(K % 32 == 0, "K = ", K, " is not a multiple of 32");
@@ -103,17 +104,19 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   TORCH_CHECK(bits != 4 || has_min, "4-bit weights need mins");
   if (path == 0) path = best_path();
   check_path(path);
-  auto y = at::empty({M, n}, x.options());
+  auto y = out ? *out : at::empty({M, n}, x.options());
+  TORCH_CHECK(!out || (y.scalar_type() == at::kFloat && y.is_contiguous() && y.numel() == M * n), "out must be float32 [M, n]");
   if (M == 0) return y;
   // Rows in chunks of 8 (AVX-512; 4 on 16 registers), then 4, 2, 1: each its kernel, the same ops.
   const int chunk[4] = {path == AVX512VNNI ? 8 : 4, 4, 2, 1};
   std::vector<RowChunk> chunks;
   for (int64_t row = 0, k = 0; k < 4; ++k)
     for (; M - row >= chunk[k]; row += chunk[k]) chunks.push_back({row, chunk[k]});
-  // The int8 activations in one allocation, twice over for many rows (then the chunk layout):
-  // at one row, four small allocations a call cost more than quantizing.
-  const int64_t KB = K / 32, act_bytes = M * (K + KB * 8 + KB * 8);  // q, s and sm, sum16
-  auto acts = at::empty({(M > 1 ? 2 : 1) * act_bytes}, x.options().dtype(at::kByte));
+  // The int8 activations in one allocation (the caller's scratch, or a new one), twice over for
+  // many rows (then the chunk layout): at one row, allocations cost more than quantizing.
+  const int64_t KB = K / 32, need = qlinear_scratch_bytes(M, K), act_bytes = M * (K + KB * 16);  // q, s, sm, sum16
+  TORCH_CHECK(!scratch || (scratch->scalar_type() == at::kByte && scratch->numel() >= need), "scratch needs ", need, " bytes");
+  auto acts = scratch ? *scratch : at::empty({need}, x.options().dtype(at::kByte));
   const auto carve = [&](uint8_t* p) {
     return std::make_tuple(reinterpret_cast<int8_t*>(p), reinterpret_cast<float*>(p + M * K),
                            reinterpret_cast<float*>(p + M * K + M * KB * 4), reinterpret_cast<int32_t*>(p + M * K + M * KB * 8));
@@ -183,5 +186,10 @@ TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("abi() -> int", &abi);
   lib.def("qlinear(Tensor x, Tensor qw, Tensor d, Tensor? m, Tensor? bias, int n, int bits, int group, int path, "
           "Tensor? d_super=None, Tensor? m_super=None) -> Tensor");
-  lib.impl("qlinear", c10::DispatchKey::CPU, &ember::qlinear);
+  lib.impl("qlinear", c10::DispatchKey::CPU,
+           [](const at::Tensor& x, const at::Tensor& qw, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+              const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
+              const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super) {
+             return ember::qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super);
+           });
 }
