@@ -137,13 +137,15 @@ struct DecoderStack : torch::CustomClassHolder {
     const auto slots_c = slots.to(at::kLong).contiguous();
     const int64_t* slot = slots_c.data_ptr<int64_t>();
     TORCH_CHECK(slots_c.numel() == T, "slots must have one entry a row");
-    for (int64_t l = 0; l < L; ++l)
+    int64_t pool_rows = INT64_MAX;  // checked here: write_kv trusts every slot
+    for (int64_t l = 0; l < L; ++l) {
       TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].size(2) == NKV && k_caches[l].is_contiguous() &&
                       v_caches[l].sizes() == k_caches[l].sizes() && v_caches[l].is_contiguous(),
                   "layer ", l, "'s pools must be contiguous [blocks, block_size, ", NKV, ", width], alike");
+      pool_rows = std::min(pool_rows, k_caches[l].size(0) * k_caches[l].size(1));
+    }
     for (int64_t t = 0; t < T; ++t)
-      TORCH_CHECK(slot[t] >= 0 && slot[t] < k_caches[0].size(0) * k_caches[0].size(1), "slot ", slot[t],
-                  " is outside the pool");
+      TORCH_CHECK(slot[t] >= 0 && slot[t] < pool_rows, "slot ", slot[t], " is outside the pool");
     const auto row_tables = num_decodes == nseq ? block_tables : block_tables.index_select(0, row_seq);
     auto residual = hidden.contiguous().clone();
     auto x = at::empty_like(residual);
