@@ -41,32 +41,42 @@ def gguf_bytes_per_token(path: str) -> int:
 
 
 def model_bytes_per_token(model) -> int:
-    """Bytes of Ember's loaded model that a decode step reads: every distinct storage of its
-    parameters and buffers, less the lookup table when it is not also the head."""
-    storages = {_key(t): _nbytes(t) for t in (*model.parameters(), *model.buffers())}
+    """Bytes of Ember's loaded model that a decode step reads: the memory its parameters and
+    buffers cover, each byte once (a tied head and its table are one), less the lookup table
+    when it is not also the head. Counted by tensor extent, not storage: the weight arena
+    (engine/weight_arena.py) puts every tensor, the table included, in one storage."""
+    import torch
+
     lookup_only = []
     if getattr(model, "embed_tokens", None) is not None:
         lookup_only.append(model.embed_tokens)
     table = getattr(model, "_table", None)
     if table is not None and table is not getattr(model, "lm_head", None):
         lookup_only += list(table.parameters())
-    head = {_key(p) for p in model.lm_head.parameters()}
-    for t in lookup_only:
-        if _key(t) not in head:
-            storages.pop(_key(t), None)
-    return sum(storages.values())
+    head = {id(p) for p in model.lm_head.parameters()}
+    skip = {id(t) for t in lookup_only} - head
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
+    # oneDNN's opaque tensors have no address: they are their own memory
+    opaque = [t for t in tensors.values() if t.is_mkldnn or t.layout != torch.strided]
+    plain = [t for t in tensors.values() if not (t.is_mkldnn or t.layout != torch.strided)]
+    return covered(map(_extent, plain)) + sum(t.numel() * t.element_size() for t in opaque)
 
 
-def _key(t) -> int:
-    """One key per distinct memory: the storage's address (oneDNN's opaque tensors have no
-    storage; they are their own)."""
-    import torch
+def covered(extents) -> int:
+    """Bytes in the union of [start, end) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(extents):
+        if reach is None or start >= reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
-    return id(t) if t.is_mkldnn or t.layout != torch.strided else t.untyped_storage().data_ptr()
 
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size() if _key(t) == id(t) else t.untyped_storage().nbytes()
+def _extent(t) -> tuple[int, int]:
+    """[first byte, past the last) of a strided tensor's elements."""
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+    return (t.data_ptr(), t.data_ptr() + span * t.element_size())
 
 
 def roofline_rows(decode: dict[str, float], per_token: dict[str, int], rate: float) -> list[str]:
