@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from app.bench import add_model_args
+from app.bench.lib.llamacpp_build import describe
 from app.bench.lib.roofline import gguf_bytes_per_token, model_bytes_per_token, read_rate, roofline_rows, stream
 from app.bench.lib.workloads import bench_ember, make_prompt
 
@@ -92,6 +93,7 @@ def run(args) -> int:
     med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rows.items()}
     print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new tokens, median of {args.runs} runs")
+    print(describe(llama_cpp))
     print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>15}")
     for k, (pp, tg) in med.items():
         print(f"{k:<12}{pp:>15.1f}{tg:>15.1f}")
