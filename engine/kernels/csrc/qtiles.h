@@ -87,19 +87,34 @@ T512 static inline void store16(float* y, __m512 v, const float* bias, int ncols
   _mm512_mask_storeu_ps(y, (__mmask16)((1u << ncols) - 1), v);
 }
 
+// Group g's K-quant scales from the float16 super-block scale already converted (sup, once per
+// super-block instead of once per group): the same product d * sc as scale16's, so the same bits.
+T512 static inline __m512 kscale16(__m512 sup, const KScales* p, int64_t g) {
+  return _mm512_mul_ps(sup, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p->code + g * 16)))));
+}
+
+T512 static inline __m512 ksup16(const KScales* p, int64_t g) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p->sup + (g >> p->shift) * 16)));
+}
+
 // U: the tile comes prepared (prepare_w4): per block the 4 low-nibble vectors, then the 4 high.
 template <int R, bool U, typename S>
 T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t KB = a.K / 32;
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 acc[R];
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+  constexpr bool KQ = std::is_same_v<S, KScales>;
+  __m512 acc[R], dsup = _mm512_setzero_ps(), msup = _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const Chunk<R> c(a, row0);
   for (int64_t b = 0; b < KB; ++b) {
     // Few rows: two chains of sums per row (low and high nibbles) so vpdpbusd's latency does
     // not idle the ports; int32 addition is exact in any order. Many rows hide it anyway.
     constexpr bool SPLIT = R < 4;
+    // With the chains split, the high nibbles go in where they are (16 h, at most 240: still
+    // unsigned bytes) and their chain, a multiple of 16, is shifted back once a block: one
+    // shift instead of four. |16 * 4 * 4 * 15 * 128| < 2^31: exact.
+    constexpr bool HI16 = SPLIT && !U;
     __m512i dot[R], dhi[R];
     for (int r = 0; r < R; ++r) dot[r] = dhi[r] = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) {
@@ -109,7 +124,8 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
       } else {
         prefetch_ahead(qw + b * 256 + g * 64);
         const __m512i v = _mm512_loadu_si512(qw + b * 256 + g * 64);
-        lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        lo = _mm512_and_si512(v, low);
+        hi = HI16 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
       for (int r = 0; r < R; ++r) {
         dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(c.codes4(8 * b + g, r)));
@@ -118,8 +134,15 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
       }
     }
     if constexpr (SPLIT)
-      for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dhi[r]);
-    const __m512 d = scale16(dw, b), m = scale16(mw, b);
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], HI16 ? _mm512_srai_epi32(dhi[r], 4) : dhi[r]);
+    __m512 d, m;
+    if constexpr (KQ) {
+      if ((b & ((int64_t{1} << dw->shift) - 1)) == 0) dsup = ksup16(dw, b);
+      if ((b & ((int64_t{1} << mw->shift) - 1)) == 0) msup = ksup16(mw, b);
+      d = kscale16(dsup, dw, b), m = kscale16(msup, mw, b);
+    } else {
+      d = scale16(dw, b), m = scale16(mw, b);
+    }
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(b, r))), acc[r]);
       acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.smin(b, r)), acc[r]);
