@@ -42,3 +42,18 @@ def test_cli_prints_a_row_per_kind_and_the_plain_read(capsys):
     for kind in ("qkv", "o", "gate_up", "down", "head", "all", "sum()"):
         assert re.search(rf"^{re.escape(kind)}\s", out, re.M), (kind, out)
     assert re.search(r"kernels / plain read: [0-9.]+x", out)
+    assert re.search(r"^matrices.*in cache$", out, re.M)
+    assert re.search(r"^in cache: ", out, re.M)
+
+
+def test_cached_rate_takes_the_matrices_that_fit():
+    from app.bench.gemm import cache_bytes, cached_rate, matrices, packed_bytes
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+    from engine.model_files.bundled import default_model_path
+
+    engine, _ = load_engine(EngineConfig(model_path=str(default_model_path()), num_threads=1), "torch", "cpu")
+    qkv = matrices(engine.runner.model)["qkv"]
+    assert cached_rate(qkv, rows=1, budget=packed_bytes(qkv[0]) - 1, repeats=1) is None
+    assert cached_rate(qkv, rows=1, budget=packed_bytes(qkv[0]), repeats=1) > 0
+    assert cache_bytes(index=99) == 0  # no such level: unknown, not an error

@@ -4,7 +4,12 @@ Decoding one token reads every weight once, so the bound is the machine's memory
 runs Ember's `qlinear` on `--rows` rows over the model's own packed matrices (each kind over all
 layers in turn, so no matrix is in cache when it runs) and, alternated with it in the same run,
 a `sum()` over as many bytes: the ratio says how much of the bus the kernels use, which the
-decode figures of `ember bench decode` cannot tell apart from attention and glue.
+decode figures of `ember bench decode` cannot tell apart from attention and glue. Then the same
+kernels on a kind's first matrices that fit in half the last-level cache, called over and over:
+their rate with the weights in cache (each call's dispatch from Python included), the bound
+their arithmetic sets. A step streaming from
+memory runs at neither rate alone; where the cached rate is not well above the plain read, the
+kernels' instructions, not the bus, are what to cut.
 """
 from __future__ import annotations
 
@@ -66,6 +71,41 @@ def time_kinds(kinds: dict[str, list], rows: int, repeats: int) -> tuple[list[Ki
     return timings, statistics.median(reads)
 
 
+def cache_bytes(index: int = 3) -> int:
+    """The size of cache level `index` of CPU 0 from sysfs ("32768K"), 0 where unknown."""
+    from pathlib import Path
+
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text().strip()
+    except OSError:
+        return 0
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG") or 0) * scale
+
+
+def cached_rate(lins: list, rows: int, budget: int, repeats: int) -> float | None:
+    """Bytes per second of the kind's first matrices that fit in `budget` bytes together, run
+    pass after pass (the first pass brings them into cache); None when not even one fits."""
+    import torch
+
+    chosen, total = [], 0
+    for lin in lins:
+        if total + packed_bytes(lin) > budget:
+            break
+        chosen.append(lin)
+        total += packed_bytes(lin)
+    if not chosen:
+        return None
+    x = torch.randn(rows, chosen[0].in_features)
+    passes = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for lin in chosen:
+            lin(x)
+        passes.append(time.perf_counter() - t0)
+    return total / statistics.median(passes[1:])
+
+
 def run(args) -> int:
     import torch
 
@@ -83,17 +123,23 @@ def run(args) -> int:
         return 1
     print(f"model {path}\nthreads {args.threads}, {args.rows} row(s), {default_path().name} path, "
           f"median of {args.repeats}")
-    print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}{'roofline':>10}")
+    print(f"{'matrices':<10}{'count':>6}{'bits':>6}{'MiB':>9}{'ms':>9}{'GB/s':>8}{'roofline':>10}{'in cache':>10}")
     timings, read = time_kinds(kinds, args.rows, args.repeats)
     total_b = sum(t.nbytes for t in timings)
     rate = total_b / read  # the plain read of all the kinds' bytes: no kernel streams faster
+    budget = cache_bytes() // 2
     for t in timings:
+        cached = cached_rate(kinds[t.kind], args.rows, budget, args.repeats) if budget else None
         print(f"{t.kind:<10}{t.count:>6}{t.bits:>6}{t.nbytes / 2**20:>9.1f}{t.seconds * 1e3:>9.2f}"
-              f"{t.nbytes / t.seconds / 1e9:>8.1f}{t.nbytes / t.seconds / rate:>10.0%}")
+              f"{t.nbytes / t.seconds / 1e9:>8.1f}{t.nbytes / t.seconds / rate:>10.0%}"
+              + (f"{cached / 1e9:>10.1f}" if cached else f"{'-':>10}"))
     total_s = sum(t.seconds for t in timings)
     print(f"{'all':<10}{'':>12}{total_b / 2**20:>9.1f}{total_s * 1e3:>9.2f}{total_b / total_s / 1e9:>8.1f}")
     print(f"{'sum()':<22}{total_b / 2**20:>9.1f}{read * 1e3:>9.2f}{total_b / read / 1e9:>8.1f}")
     print(f"kernels / plain read: {total_s / read:.2f}x the time")
+    print(f"in cache: GB/s of each kind's first matrices that fit in half the {budget * 2 / 2**20:.0f} MiB "
+          f"last-level cache, called pass after pass ('-': none fits)" if budget else
+          "in cache: not measured (the last-level cache's size is unknown)")
     return 0
 
 
