@@ -30,7 +30,7 @@ LLAMA_SERVER := $(LLAMA_SERVER_DIR)/build/bin/llama-server
 # llama-cpp-python built for AVX2 only (what a Zen 3 user's native build runs): the baseline for
 # Ember's AVX2 path on a newer CPU (`EMBER_CPU_PATH=avx2`), where the native wheel above would
 # use AVX-512 VNNI. Benchmarks only; not part of install or test. Prints a folder to put first on
-# PYTHONPATH: `PYTHONPATH=$$(make -s llama-cpp-avx2) EMBER_CPU_PATH=avx2 ember bench decode`.
+# PYTHONPATH: `PYTHONPATH=$(make -s llama-cpp-avx2) EMBER_CPU_PATH=avx2 ember bench decode`.
 LLAMA_AVX2_DIR ?= $(HOME)/.cache/ember/llama-cpp-avx2/$(subst ==,-,$(LLAMA_CPP))
 LLAMA_AVX2_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
@@ -77,11 +77,13 @@ bench: install
 llama-cpp-avx2: $(LLAMA_AVX2_DIR)/site/llama_cpp
 	@echo $(LLAMA_AVX2_DIR)/site
 
-$(LLAMA_AVX2_DIR)/site/llama_cpp: $(VENV)/.installed
+# (the Python that makes .venv builds it, so that a stale .venv does not print its own
+# set-up into the folder's name)
+$(LLAMA_AVX2_DIR)/site/llama_cpp:
 	rm -rf $(LLAMA_AVX2_DIR)/wheel $(LLAMA_AVX2_DIR)/site.tmp
-	CMAKE_ARGS="$(LLAMA_AVX2_CMAKE)" nice -n 19 $(PY) -m pip wheel -q --no-deps --no-cache-dir \
+	CMAKE_ARGS="$(LLAMA_AVX2_CMAKE)" nice -n 19 python3 -m pip wheel -q --no-deps --no-cache-dir \
 		-w $(LLAMA_AVX2_DIR)/wheel $(LLAMA_CPP)
-	$(PY) -m pip install -q --no-deps --target $(LLAMA_AVX2_DIR)/site.tmp $(LLAMA_AVX2_DIR)/wheel/*.whl
+	python3 -m pip install -q --no-deps --target $(LLAMA_AVX2_DIR)/site.tmp $(LLAMA_AVX2_DIR)/wheel/*.whl
 	rm -rf $(LLAMA_AVX2_DIR)/site && mv $(LLAMA_AVX2_DIR)/site.tmp $(LLAMA_AVX2_DIR)/site
 
 llama-server: $(LLAMA_SERVER)
