@@ -97,14 +97,31 @@ T512 static inline __m512 ksup16(const KScales* p, int64_t g) {
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p->sup + (g >> p->shift) * 16)));
 }
 
+// Group g's scales, or mins, in order of g: a K-quant tile's float16 super-block scale is
+// converted once per super-block (kscale16: the same bits as scale16's).
+template <typename S>
+struct GroupScales16 {
+  const S* p;
+  __m512 sup;
+  T512 GroupScales16(const S* p) : p(p), sup(_mm512_setzero_ps()) {}
+  T512 __m512 operator()(int64_t g) {
+    if constexpr (std::is_same_v<S, KScales>) {
+      if ((g & ((int64_t{1} << p->shift) - 1)) == 0) sup = ksup16(p, g);
+      return kscale16(sup, p, g);
+    } else {
+      return scale16(p, g);
+    }
+  }
+};
+
 // U: the tile comes prepared (prepare_w4): per block the 4 low-nibble vectors, then the 4 high.
 template <int R, bool U, typename S>
 T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts& a, int64_t row0,
                         float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t KB = a.K / 32;
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
-  constexpr bool KQ = std::is_same_v<S, KScales>;
-  __m512 acc[R], dsup = _mm512_setzero_ps(), msup = _mm512_setzero_ps();
+  GroupScales16<S> ds(dw), ms(mw);
+  __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const Chunk<R> c(a, row0);
   for (int64_t b = 0; b < KB; ++b) {
@@ -135,14 +152,7 @@ T512 static void w4_512(const uint8_t* qw, const S* dw, const S* mw, const Acts&
     }
     if constexpr (SPLIT)
       for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], HI16 ? _mm512_srai_epi32(dhi[r], 4) : dhi[r]);
-    __m512 d, m;
-    if constexpr (KQ) {
-      if ((b & ((int64_t{1} << dw->shift) - 1)) == 0) dsup = ksup16(dw, b);
-      if ((b & ((int64_t{1} << mw->shift) - 1)) == 0) msup = ksup16(mw, b);
-      d = kscale16(dsup, dw, b), m = kscale16(msup, mw, b);
-    } else {
-      d = scale16(dw, b), m = scale16(mw, b);
-    }
+    const __m512 d = ds(b), m = ms(b);
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(b, r))), acc[r]);
       acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(c.smin(b, r)), acc[r]);
@@ -220,14 +230,16 @@ T512 static inline void w6_pair512(const uint8_t* blk, int64_t b, const Chunk<R>
 // Group g's sums into the accumulators (32 * sum(q) out of the unsigned codes' sums): the
 // same fma's in the same order as w8_512's and the AVX2 paths', so the same bits; the sums restart.
 template <int R, int G, bool MIN, typename S>
-T512 static inline void w6_group512(const S* dw, const S* mw, int64_t g, const Chunk<R>& c, __m512i (&dot)[R],
-                                    __m512i (&odd)[R], __m512 (&acc)[R]) {
-  const __m512 d = scale16(dw, g);
+T512 static inline void w6_group512(GroupScales16<S>& ds, GroupScales16<S>& ms, int64_t g, const Chunk<R>& c,
+                                    __m512i (&dot)[R], __m512i (&odd)[R], __m512 (&acc)[R]) {
+  const __m512 d = ds(g);
+  __m512 m = _mm512_setzero_ps();
+  if constexpr (MIN) m = ms(g);
   for (int r = 0; r < R; ++r) {
     const int32_t sum = G == 16 ? c.sum(g, r) : c.sum(2 * g, r) + c.sum(2 * g + 1, r);
     const __m512i exact = _mm512_sub_epi32(R < 4 ? _mm512_add_epi32(dot[r], odd[r]) : dot[r], _mm512_set1_epi32(32 * sum));
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, _mm512_set1_ps(c.scale(g * G / 32, r))), acc[r]);
-    if (MIN) acc[r] = _mm512_fmadd_ps(scale16(mw, g), _mm512_set1_ps(min_term<G>(c, r, g)), acc[r]);
+    if (MIN) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(min_term<G>(c, r, g)), acc[r]);
     dot[r] = odd[r] = _mm512_setzero_si512();
   }
 }
@@ -239,6 +251,7 @@ T512 static void w6_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
                         float* y, int64_t ldy, const float* bias, int ncols, const void*) {
   const int64_t KB = a.K / 32;
   const Chunk<R> c(a, row0);
+  GroupScales16<S> ds(dw), ms(mw);
   __m512 acc[R];
   __m512i dot[R], odd[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), dot[r] = odd[r] = _mm512_setzero_si512();
@@ -247,10 +260,10 @@ T512 static void w6_512(const int8_t* qw, const S* dw, const S* mw, const Acts& 
     prefetch_w6_block(blk);
     w6_pair512<0, R>(blk, b, c, dot, odd);
     w6_pair512<2, R>(blk, b, c, dot, odd);
-    if constexpr (G == 16) w6_group512<R, G, MIN>(dw, mw, 2 * b, c, dot, odd, acc);
+    if constexpr (G == 16) w6_group512<R, G, MIN>(ds, ms, 2 * b, c, dot, odd, acc);
     w6_pair512<4, R>(blk, b, c, dot, odd);
     w6_pair512<6, R>(blk, b, c, dot, odd);
-    w6_group512<R, G, MIN>(dw, mw, G == 16 ? 2 * b + 1 : b, c, dot, odd, acc);
+    w6_group512<R, G, MIN>(ds, ms, G == 16 ? 2 * b + 1 : b, c, dot, odd, acc);
   }
   for (int r = 0; r < R; ++r) store16(y + (row0 + r) * ldy, acc[r], bias, ncols);
 }
