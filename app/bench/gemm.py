@@ -7,9 +7,8 @@ a `sum()` over as many bytes: the ratio says how much of the bus the kernels use
 decode figures of `ember bench decode` cannot tell apart from attention and glue. Then the same
 kernels on a kind's first matrices that fit in half the last-level cache, called over and over:
 their rate with the weights in cache (each call's dispatch from Python included), the bound
-their arithmetic sets. A step streaming from
-memory runs at neither rate alone; where the cached rate is not well above the plain read, the
-kernels' instructions, not the bus, are what to cut.
+their arithmetic sets. A step streaming from memory runs at neither rate alone; where the cached
+rate is not well above the plain read, the kernels' instructions, not the bus, are what to cut.
 """
 from __future__ import annotations
 
@@ -90,10 +89,11 @@ def cached_rate(lins: list, rows: int, budget: int, repeats: int) -> float | Non
 
     chosen, total = [], 0
     for lin in lins:
-        if total + packed_bytes(lin) > budget:
+        nbytes = packed_bytes(lin)
+        if total + nbytes > budget:
             break
         chosen.append(lin)
-        total += packed_bytes(lin)
+        total += nbytes
     if not chosen:
         return None
     x = torch.randn(rows, chosen[0].in_features)

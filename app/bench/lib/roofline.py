@@ -56,10 +56,13 @@ def model_bytes_per_token(model) -> int:
     head = {id(p) for p in model.lm_head.parameters()}
     skip = {id(t) for t in lookup_only} - head
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
-    # oneDNN's opaque tensors have no address: they are their own memory
-    opaque = [t for t in tensors.values() if t.is_mkldnn or t.layout != torch.strided]
-    plain = [t for t in tensors.values() if not (t.is_mkldnn or t.layout != torch.strided)]
-    return covered(map(_extent, plain)) + sum(t.numel() * t.element_size() for t in opaque)
+    plain, opaque = [], 0  # oneDNN's opaque tensors have no address: they are their own memory
+    for t in tensors.values():
+        if t.is_mkldnn or t.layout != torch.strided:
+            opaque += t.numel() * t.element_size()
+        else:
+            plain.append(t)
+    return covered(map(_extent, plain)) + opaque
 
 
 def covered(extents) -> int:
