@@ -265,7 +265,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
     std::vector<float> scratch(3 * GM + 2 * GM * D + GM * T + 16 * D);
     std::vector<int> nh(GM);
     Tile w;
-    w.D = (int)D, w.scale = (float)scale, w.nh = nh.data();
+    w.D = (int)D, w.scale = (float)scale, w.nh = nh.data(), w.lines = (int)((row_bytes + 63) / 64);
     w.m = scratch.data(), w.l = w.m + GM, w.alpha = w.l + GM, w.acc = w.alpha + GM, w.x = w.acc + GM * D;
     float* qg = w.x + GM * T;
     w.buf = qg + GM * D;
@@ -291,12 +291,10 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
           w.k[j] = kb + off, w.v[j] = vb + off;
           if (j + 1 < w.n && ++in == B) in = 0, ++blk;  // lanes past n repeat the last real row
         }
-        // The next tile's rows into L2 while this one computes: blocks are in no order, so the
-        // hardware prefetchers lose the stream at every block boundary.
+        w.next_n = 0;  // the next tile's rows, prefetched while this one computes
         for (int64_t p = p0 + T; p < std::min(Lmax, p0 + 2 * T); ++p) {
           const int64_t off = ((table[s0 * MB + p / B] * B + p % B) * NKV + kvh) * row_bytes;
-          for (int64_t c = 0; c < row_bytes; c += 64)
-            _mm_prefetch(kb + off + c, _MM_HINT_T1), _mm_prefetch(vb + off + c, _MM_HINT_T1);
+          w.next_k[w.next_n] = kb + off, w.next_v[w.next_n++] = vb + off;
         }
         fn(w);
       }
