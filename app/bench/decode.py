@@ -12,7 +12,8 @@ from pathlib import Path
 
 from app.bench import add_model_args
 from app.bench.lib.llamacpp_build import describe
-from app.bench.lib.roofline import gguf_bytes_per_token, model_bytes_per_token, read_rate, roofline_rows, stream
+from app.bench.lib.roofline import (gguf_bytes_per_token, kv_bytes_read, model_bytes_per_token, read_rate,
+                                   roofline_rows, stream)
 from app.bench.lib.workloads import bench_ember, make_prompt
 
 
@@ -46,6 +47,20 @@ def weight_bytes(runner) -> int:
     if model is None:
         return 0
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def decode_kv_bytes(runner, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
+    """K and V bytes a decoded token reads, per engine, at the decode's mean context: tokens 2..n
+    of a timed decode attend to prompt + 1 .. prompt + n - 1 keys, prompt + n/2 on average.
+    Ember's rows are its pool's; llama.cpp's cache is f16 (2 bytes a value)."""
+    model = getattr(runner, "model", None)
+    if model is None:
+        return {"ember": 0, "llama.cpp": 0}
+    config, context = model.config, prompt_tokens + new_tokens // 2
+    k_cache = runner.kv_caches[0][0]
+    row = k_cache.shape[-1] * k_cache.element_size()  # one KV head's row (q8_0: codes and scales)
+    return {"ember": kv_bytes_read(config, context, row),
+            "llama.cpp": kv_bytes_read(config, context, 2 * config.head_dim)}
 
 
 def kernel_note(runner) -> str:
@@ -83,9 +98,11 @@ def run(args) -> int:
     bench_llamacpp(llm, prompt[:32], 8)
     rows = {"ember": [], "llama.cpp": []}
     model = getattr(engine.runner, "model", None)
-    per_token = {"ember": model_bytes_per_token(model) if model is not None else 0,
-                 "llama.cpp": gguf_bytes_per_token(path)}
-    plain, rates = stream(max(per_token.values())), []  # the read rate, between the engines' runs
+    weights_read = {"ember": model_bytes_per_token(model) if model is not None else 0,
+                    "llama.cpp": gguf_bytes_per_token(path)}
+    plain, rates = stream(max(weights_read.values())), []  # the read rate, between the engines' runs
+    kv = decode_kv_bytes(engine.runner, args.prompt_tokens, args.new_tokens)
+    per_token = {k: v + kv[k] if v else 0 for k, v in weights_read.items()}
     for _ in range(args.runs):
         rows["ember"].append(bench_ember(engine, prompt, args.new_tokens))
         rates.append(read_rate(plain))
@@ -105,9 +122,10 @@ def run(args) -> int:
     e, l = med["ember"], med["llama.cpp"]
     print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
     rate = statistics.median(rates)
-    print(f"read rate {rate / 1e9:.1f} GB/s (sum() over {max(per_token.values()) / 2**20:.0f} MiB, "
-          f"{args.threads} threads, median of {args.runs}, between the runs): the decode roofline")
-    print("\n".join(roofline_rows({k: v[1] for k, v in med.items()}, per_token, rate)))
+    print(f"read rate {rate / 1e9:.1f} GB/s (sum() over {max(weights_read.values()) / 2**20:.0f} MiB, "
+          f"{args.threads} threads, median of {args.runs}, between the runs): the decode roofline, over the "
+          f"weights and K and V at the decode's mean context ({args.prompt_tokens + args.new_tokens // 2} tokens)")
+    print("\n".join(roofline_rows({k: v[1] for k, v in med.items()}, per_token, rate, kv)))
     return 0
 
 

@@ -1,9 +1,9 @@
 """The memory roofline of a decode step: what no engine can pass on this machine.
 
 One decoded token reads every weight matrix once (the embedding table only one row, unless it is
-also the head), so tok/s ≤ read rate / bytes per token. The read rate is measured here, on the
-same threads, as a sum() over as many bytes as the model's weights: a plain stream that the
-kernels' loads can match but not beat. KV reads (a few MiB at bench lengths) are left out.
+also the head) and every layer's keys and values of its context, so tok/s ≤ read rate / bytes
+per token. The read rate is measured here, on the same threads, as a sum() over as many bytes as
+the model's weights: a plain stream that the kernels' loads can match but not beat.
 """
 from __future__ import annotations
 
@@ -82,14 +82,25 @@ def _extent(t) -> tuple[int, int]:
     return (t.data_ptr(), t.data_ptr() + span * t.element_size())
 
 
-def roofline_rows(decode: dict[str, float], per_token: dict[str, int], rate: float) -> list[str]:
-    """The table's lines: per engine, MiB read per token, the roofline in tok/s and the fraction
-    of it the measured decode reached."""
-    lines = [f"{'engine':<12}{'MiB/token':>12}{'roofline tok/s':>16}{'reached':>9}"]
+def kv_bytes_read(config, context: int, row_bytes: float) -> int:
+    """Bytes of keys and values one decode step reads at `context` tokens: per layer, K and V
+    rows of `row_bytes` per KV head for each token it attends to (a sliding-window layer, its
+    window). row_bytes: head_dim * 2 for bf16/f16 (llama.cpp's f16 cache), more for q8_0."""
+    windows = [config.window(i) for i in range(config.num_layers)]
+    tokens = sum(min(context, w) if w else context for w in windows)
+    return int(tokens * 2 * config.num_kv_heads * row_bytes)
+
+
+def roofline_rows(decode: dict[str, float], per_token: dict[str, int], rate: float,
+                  kv: dict[str, int] | None = None) -> list[str]:
+    """The table's lines: per engine, MiB read per token (of which K and V, where given), the
+    roofline in tok/s and the fraction of it the measured decode reached."""
+    kv = kv or {}
+    lines = [f"{'engine':<12}{'MiB/token':>12}{'of it KV':>10}{'roofline tok/s':>16}{'reached':>9}"]
     for name, tok_s in decode.items():
         nbytes = per_token.get(name)
         if not nbytes:
             continue
         roof = rate / nbytes
-        lines.append(f"{name:<12}{nbytes / 2**20:>12.0f}{roof:>16.1f}{tok_s / roof:>9.0%}")
+        lines.append(f"{name:<12}{nbytes / 2**20:>12.0f}{kv.get(name, 0) / 2**20:>10.1f}{roof:>16.1f}{tok_s / roof:>9.0%}")
     return lines
