@@ -193,6 +193,15 @@ struct DecoderStack : torch::CustomClassHolder {
 }  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
+  // The stack's SwiGLU / GeGLU on its own: [T, 2f] gate | up -> [T, f] (tests/test_pointwise_kernels.py)
+  lib.def("gated_act(Tensor gate_up, bool gelu) -> Tensor", [](const at::Tensor& gu, bool gelu) {
+    TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.size(1) % 2 == 0,
+                "gate_up must be float32 [T, 2f]");
+    const auto x = gu.contiguous();
+    auto y = at::empty({x.size(0), x.size(1) / 2}, x.options());
+    ember::pointwise::gated_act(x.data_ptr<float>(), y.data_ptr<float>(), x.size(0), x.size(1) / 2, gelu);
+    return y;
+  });
   lib.class_<ember::DecoderStack>("DecoderStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_linear", &ember::DecoderStack::add_linear)
