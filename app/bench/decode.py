@@ -15,6 +15,7 @@ from app.bench.lib.llamacpp_build import describe
 from app.bench.lib.roofline import (gguf_bytes_per_token, kv_bytes_read, model_bytes_per_token, read_rate,
                                    roofline_rows, stream)
 from app.bench.lib.workloads import bench_ember, make_prompt
+from app.bench.step_profile import format_phases, stack_phases
 
 
 def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, float]:
@@ -126,6 +127,9 @@ def run(args) -> int:
           f"{args.threads} threads, median of {args.runs}, between the runs): the decode roofline, over the "
           f"weights and K and V at the decode's mean context ({args.prompt_tokens + args.new_tokens // 2} tokens)")
     print("\n".join(roofline_rows({k: v[1] for k, v in med.items()}, per_token, rate, kv)))
+    phases = stack_phases(engine, prompt, args.new_tokens)
+    if phases is not None:  # where the step's time goes, for a fraction short of the roofline
+        print(format_phases(phases))
     return 0
 
 

@@ -67,3 +67,38 @@ def format_profile(n: int, prof: dict) -> str:
                       if k not in ("step_ms", "profiled_ms"))
     return (f"profile, torch runner, {n} chats decoding: step {wall:.1f} ms ({n * 1e3 / wall:.0f} tok/s); "
             f"under the profiler {profiled:.1f} ms: {parts}")
+
+
+STACK_PHASES = ("norms and adds", "qkv", "rope and KV writes", "attention", "o", "gate_up and act", "down")
+
+
+def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
+    """ms per decode step of one greedy stream, split by the native decoder stack's own phase
+    timers (engine/kernels/csrc/decoder.cpp; the stack is one op, so no outside profiler sees
+    inside it), with `step` the whole engine step (head, sampling and Python included). None when
+    the model runs Python layers."""
+    from engine.sampling_params import SamplingParams
+
+    stack = getattr(getattr(engine.runner, "model", None), "stack", None)
+    if stack is None:
+        return None
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
+    while not any(o.new_token_ids for o in engine.step()):  # the prefill, untimed
+        pass
+    stack.set_profile(True)
+    steps, t0 = 0, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    wall = time.perf_counter() - t0
+    seconds = stack.phases()
+    stack.set_profile(False)
+    return {"step": wall * 1e3 / steps, **{name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}}
+
+
+def format_phases(phases: dict[str, float]) -> str:
+    step = phases["step"]
+    parts = ", ".join(f"{k} {v:.2f} ({100 * v / step:.0f}%)" for k, v in phases.items() if k != "step")
+    rest = step - sum(v for k, v in phases.items() if k != "step")
+    return (f"Ember's decode step {step:.2f} ms, by phase (ms): {parts}; "
+            f"head, sampling and Python {rest:.2f} ({100 * rest / step:.0f}%)")

@@ -20,6 +20,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -78,6 +79,10 @@ struct DecoderStack : torch::CustomClassHolder {
   // post_norms]; then the final norm
   std::vector<at::Tensor> norms;
   std::vector<int64_t> windows, ropes;  // per layer: window (0 full), RoPE table (-1 none)
+  // Seconds spent per phase (PHASES) since set_profile(true), for `ember bench decode`: with the
+  // stack one op, no outside profiler sees where a step's time goes.
+  bool profile = false;
+  std::vector<double> phase_s = std::vector<double>(7, 0.0);
 
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps_)
       : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_),
@@ -98,6 +103,8 @@ struct DecoderStack : torch::CustomClassHolder {
   }
   void add_layer(int64_t window, int64_t rope) { windows.push_back(window), ropes.push_back(rope); }
   void set_path(int64_t p) { path = p; }
+  void set_profile(bool on) { profile = on, phase_s.assign(phase_s.size(), 0.0); }
+  std::vector<double> phases() const { return phase_s; }
 
   // hidden [T, D] float32 embeddings; C, S: the step's rotation tables [T, HD] (global, then
   // local where the family has one); the pool of every layer; slots [T]; block_tables
@@ -156,11 +163,23 @@ struct DecoderStack : torch::CustomClassHolder {
     auto gu = at::empty({T, linears[2].n}, f32), act = at::empty({T, F}, f32), h = at::empty({T, linears[3].n}, f32);
     auto q = at::empty({T, H, HD}, f32);
     auto scratch = at::empty({qlinear_scratch_bytes(T, std::max({D, F, qs}))}, f32.dtype(at::kByte));
+    // phases: 0 norms and residual adds, 1 qkv, 2 RoPE and the KV writes, 3 attention, 4 o,
+    // 5 gate_up and the activation, 6 down
+    using clock = std::chrono::steady_clock;
+    auto t_last = clock::now();
+    const auto phase = [&](int i) {
+      if (!profile) return;
+      const auto t = clock::now();
+      phase_s[i] += std::chrono::duration<double>(t - t_last).count();
+      t_last = t;
+    };
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor* nl = &norms[per * l];  // input, post-attention, [q, k], [attention out, MLP out]
       if (l) add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[0].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      phase(0);
       linears[4 * l](x, path, qkv, scratch);  // [T, qs + 2 kvs]
+      phase(1);
       if (qk_norm)
         rms_norm_heads_(qkv.data_ptr<float>(), qkv.size(1), nl[2].data_ptr<float>(), nl[3].data_ptr<float>(), T,
                         H + NKV, NKV, HD, (float)eps);
@@ -171,21 +190,28 @@ struct DecoderStack : torch::CustomClassHolder {
       for (int64_t t = 0; t < T; ++t) std::copy(qkvb + t * ld, qkvb + t * ld + qs, q.data_ptr<float>() + t * qs);
       write_kv(qkvb + qs, ld, T, NKV, HD, slot, k_caches[l]);
       write_kv(qkvb + qs + kvs, ld, T, NKV, HD, slot, v_caches[l]);
+      phase(2);
       auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, scale, path, windows[l]);
+      phase(3);
       linears[4 * l + 1](o.view({T, qs}), path, attn, scratch);
+      phase(4);
       const at::Tensor* post = nl + 2 + 2 * qk_norm;  // attention out, MLP out
       if (post_norms)  // in place: a row's sum of squares is taken before its first write
         rms_norm(attn.data_ptr<float>(), post[0].data_ptr<float>(), attn.data_ptr<float>(), T, D, (float)eps);
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+      phase(0);
       linears[4 * l + 2](x, path, gu, scratch);
       gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, gelu);
+      phase(5);
       linears[4 * l + 3](act, path, h, scratch);
+      phase(6);
       if (post_norms)
         rms_norm(h.data_ptr<float>(), post[1].data_ptr<float>(), h.data_ptr<float>(), T, D, (float)eps);
     }
     add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
     rms_norm(residual.data_ptr<float>(), norms[per * L].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
+    phase(0);
     return x;
   }
 };
@@ -207,6 +233,8 @@ TORCH_LIBRARY_FRAGMENT(ember, lib) {
       .def("add_linear", &ember::DecoderStack::add_linear)
       .def("add_norm", &ember::DecoderStack::add_norm)
       .def("set_path", &ember::DecoderStack::set_path)
+      .def("set_profile", &ember::DecoderStack::set_profile)
+      .def("phases", &ember::DecoderStack::phases)
       .def("set_family", &ember::DecoderStack::set_family)
       .def("add_layer", &ember::DecoderStack::add_layer)
       .def("forward", &ember::DecoderStack::forward);

@@ -1,0 +1,45 @@
+"""bench decode's split of a decode step by the native decoder stack's phase timers: every phase
+of a real (tiny, quantized) model's stack is timed, the phases fit inside the step, and the timers
+stop when profiling ends. No figure is compared with a speed."""
+from __future__ import annotations
+
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from app.bench.step_profile import STACK_PHASES, format_phases, stack_phases
+from engine.kernels import kernels
+from tests.gguf_factory import write_tiny_model
+
+pytestmark = pytest.mark.skipif(kernels() is None, reason="Ember's CPU kernels are not built")
+
+
+def test_every_phase_is_timed_inside_the_step(tmp_path):
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+    from engine.sampling_params import SamplingParams
+
+    path = write_tiny_model(tmp_path / "m.gguf", qtype=QT.Q8_0, hidden=128, n_layers=3)
+    engine, _ = load_engine(EngineConfig(model_path=str(path), num_threads=1), "torch", "cpu")
+    stack = engine.runner.model.stack
+    assert stack is not None
+    prompt = engine.tokenizer.encode("one two three four five six seven")
+    phases = stack_phases(engine, prompt, new_tokens=6)
+    assert set(phases) == {"step", *STACK_PHASES}
+    assert all(phases[name] > 0 for name in STACK_PHASES), phases
+    assert sum(phases[name] for name in STACK_PHASES) < phases["step"]
+    assert "attention" in format_phases(phases) and "head, sampling and Python" in format_phases(phases)
+    assert not engine.has_unfinished()
+    assert stack.phases() == [0.0] * len(STACK_PHASES)  # profiling is off again: reset, and
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert stack.phases() == [0.0] * len(STACK_PHASES)  # further steps add nothing
+
+
+def test_python_layers_have_no_stack_phases(tmp_path):
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+
+    path = write_tiny_model(tmp_path / "m.gguf", qtype=QT.F32)
+    engine, _ = load_engine(EngineConfig(model_path=str(path), num_threads=1), "torch", "cpu")
+    assert stack_phases(engine, [1, 2, 3], new_tokens=2) is None
