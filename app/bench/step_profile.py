@@ -76,7 +76,7 @@ def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float]
     """ms per decode step of one greedy stream, split by the native decoder stack's own phase
     timers (engine/kernels/csrc/decoder.cpp; the stack is one op, so no outside profiler sees
     inside it), with `step` the whole engine step (head, sampling and Python included). None when
-    the model runs Python layers."""
+    the model runs Python layers or the stream ends at its first token (no decode step to time)."""
     from engine.sampling_params import SamplingParams
 
     stack = getattr(getattr(engine.runner, "model", None), "stack", None)
@@ -93,6 +93,8 @@ def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float]
     wall = time.perf_counter() - t0
     seconds = stack.phases()
     stack.set_profile(False)
+    if not steps:
+        return None
     return {"step": wall * 1e3 / steps, **{name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}}
 
 
