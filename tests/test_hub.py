@@ -5,6 +5,7 @@ in the model manager: a size or estimate on every catalog row, distinct names, h
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -35,7 +36,20 @@ def hub(tmp_path):
         add_repo(server, REPO, files, downloads=500)
         add_repo(server, "other/Unrelated-7B-GGUF", {"unrelated-7b.Q4_0.gguf": b"GGUF" + b"\0" * 64}, downloads=9)
         server.data = files
+        server.api_open = threading.Event()  # cleared by `held_api`: the hub answers once it is set again
+        server.api_open.set()
+        for route, answer in list(server.api.items()):
+            server.api[route] = lambda q, answer=answer: server.api_open.wait(30) and answer(q)
         yield server
+
+
+@pytest.fixture
+def held_api(hub):
+    """The hub's API answers nothing until the test sets `hub.api_open`: a window opened meanwhile
+    shows what it shows before the hub has answered, whatever the machine's speed."""
+    hub.api_open.clear()
+    yield hub.api_open
+    hub.api_open.set()
 
 
 def test_search_and_file_facts_come_from_the_hub(hub):
@@ -113,11 +127,13 @@ def rows(dialog) -> dict[str, dict]:
     return out
 
 
-def test_catalog_rows_get_the_hubs_sizes_distinct_names_and_badges(qtbot, manager, hub):
+def test_catalog_rows_get_the_hubs_sizes_distinct_names_and_badges(qtbot, held_api, manager, hub):
+    qtbot.wait(50)
     before = rows(manager)
     assert all(r["size"].startswith("~") for r in before.values()), before  # estimates until the hub answers
     assert all(r["badge"] not in ("", "size unknown") for r in before.values())
     assert before["tiny-q4"]["name"] != before["tiny-q8"]["name"] and "Q8_0" in before["tiny-q8"]["name"]
+    held_api.set()
     qtbot.waitUntil(lambda: "from the hub for 2 models" in manager.hub_status.text(), timeout=20_000)
     after = rows(manager)
     size_q8 = len(hub.data["tiny-0.5b-instruct-q8_0.gguf"])

@@ -1,31 +1,30 @@
 """Re-emits DownloadManager events (called on its worker threads) as a Qt signal on the GUI thread."""
 from __future__ import annotations
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Signal
 
 from app.download_jobs import DownloadEvent
 from app.downloads import DownloadManager
+from ui.gui_thread import gui_calls
 
 
 class DownloadBridge(QObject):
-    """`event(DownloadEvent)` is delivered to GUI-thread receivers by queued connection."""
+    """`event(DownloadEvent)` is emitted on the GUI thread, in the order the downloads sent them."""
 
     event = Signal(object)
-    _incoming = Signal(object)
 
     def __init__(self, downloads: DownloadManager, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._alive = True
-        # emitted from a download thread, handled on this object's (the GUI) thread
-        self._incoming.connect(self._on_incoming, Qt.QueuedConnection)
+        self._gui = gui_calls()
         self._unsubscribe = downloads.subscribe(self._from_worker)
 
     def _from_worker(self, event: DownloadEvent) -> None:  # runs on a download thread: no widgets here
-        if self._alive:
-            self._incoming.emit(event)
+        self._gui.post(self._on_gui_thread, event)  # never a Qt call here: see ui/gui_thread.py
 
-    def _on_incoming(self, event: DownloadEvent) -> None:
-        self.event.emit(event)
+    def _on_gui_thread(self, event: DownloadEvent) -> None:
+        if self._alive:
+            self.event.emit(event)
 
     def close(self) -> None:
         """Stop listening (the manager outlives this bridge)."""

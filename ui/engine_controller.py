@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.client import EngineClient
 from app.settings import Settings
 from app.supervisor import EngineSupervisor, SupervisorState
+from ui.gui_thread import gui_calls
 from ui.status_poll import IDLE_POLL_FACTOR, POLL_INTERVAL_MS, WAKE_S, engine_idle, timed_status
 from ui.workers import FunctionWorker
 
@@ -56,7 +57,8 @@ class EngineController(QObject):
         self._supervisor_state.connect(self._on_supervisor_state)
         self._unsubscribe: Callable[[], None] | None = None
         if supervisor is not None:
-            self._unsubscribe = supervisor.on_state_change(self._supervisor_state.emit)
+            gui = gui_calls()  # the watcher thread must not emit itself: see ui/gui_thread.py
+            self._unsubscribe = supervisor.on_state_change(lambda state: gui.call(self._supervisor_state.emit, state))
             self._state = supervisor.state
         self._poll_ms = poll_interval_ms
         self._awake_until = 0.0  # monotonic time until which the poll stays on the short interval

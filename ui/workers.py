@@ -1,8 +1,9 @@
 """Run plain, Qt-free functions and generators off the GUI thread (the shape of superqt's workers).
 
 The work itself never sees Qt: a worker calls it on its own thread and reports through signals,
-which Qt delivers to GUI-thread slots by queued connection. Be careful not to touch any widget
-from the work: it runs on another thread.
+emitted on the GUI thread (the worker thread only posts them there through `gui_calls()`, never
+entering Qt itself: see ui/gui_thread.py for the deadlock that avoids). Be careful not to touch any
+widget from the work: it runs on another thread.
 
 Each worker runs on its own daemon `threading.Thread` rather than in a QThreadPool: the thread
 holds the worker until `run()` returns, so a view may drop a worker (a stopped chat) at any time,
@@ -16,11 +17,13 @@ from typing import Any, Callable, Generator, Iterator
 
 from PySide6.QtCore import QObject, Signal
 
+from ui.gui_thread import gui_calls
+
 log = logging.getLogger(__name__)
 
 
 class WorkerSignals(QObject):
-    """Lives on the GUI thread; emitted from the worker thread, so receivers get queued calls."""
+    """Lives on the GUI thread and is emitted there: the worker thread posts each emit."""
 
     started = Signal()
     yielded = Signal(object)
@@ -32,6 +35,7 @@ class WorkerSignals(QObject):
 class _WorkerBase:
     def __init__(self) -> None:
         self.signals = WorkerSignals()
+        self._gui = gui_calls()  # made here, on the GUI thread
         self._thread: threading.Thread | None = None
         self._abort_requested = False
         self._running = False
@@ -88,7 +92,7 @@ class _WorkerBase:
         return self._finished
 
     def run(self) -> None:  # called on the worker thread
-        self.signals.started.emit()
+        self._gui.post(self.signals.started.emit)
         error: Exception | None = None
         try:
             result = self.work()
@@ -102,10 +106,10 @@ class _WorkerBase:
             self._running = False
             self._finished = True
         if error is not None:
-            self.signals.errored.emit(error)
+            self._gui.post(self.signals.errored.emit, error)
         elif not self._abort_requested:
-            self.signals.returned.emit(result)
-        self.signals.finished.emit()
+            self._gui.post(self.signals.returned.emit, result)
+        self._gui.post(self.signals.finished.emit)
 
     def work(self) -> Any:
         raise NotImplementedError
@@ -147,7 +151,7 @@ class GeneratorWorker(_WorkerBase):
                     return stop.value
                 if self._abort_requested:
                     return None
-                self.signals.yielded.emit(item)
+                self._gui.post(self.signals.yielded.emit, item)
         finally:
             close = getattr(gen, "close", None)
             if close is not None:
