@@ -72,11 +72,33 @@ def format_profile(n: int, prof: dict) -> str:
 STACK_PHASES = ("norms and adds", "qkv", "rope and KV writes", "attention", "o", "gate_up and act", "down")
 
 
+class _Timed:
+    """Times every call of obj.name (an instance attribute shadows the class's method) until
+    closed; the calls' results are unchanged."""
+
+    def __init__(self, obj, name: str) -> None:
+        self.obj, self.name, self.seconds = obj, name, 0.0
+        method = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        setattr(obj, name, timed)
+
+    def close(self) -> None:
+        delattr(self.obj, self.name)
+
+
 def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
     """ms per decode step of one greedy stream, split by the native decoder stack's own phase
     timers (engine/kernels/csrc/decoder.cpp; the stack is one op, so no outside profiler sees
-    inside it), with `step` the whole engine step (head, sampling and Python included). None when
-    the model runs Python layers or the stream ends at its first token (no decode step to time)."""
+    inside it), with `step` the whole engine step, `head` the runner's logits (the final matrix
+    and its copy out), and `forward outside the stack` the runner's forward less the stack's
+    phases (embedding, RoPE tables, the step's metadata, the op's own set-up). None when the
+    model runs Python layers or the stream ends at its first token (no decode step to time)."""
     from engine.sampling_params import SamplingParams
 
     stack = getattr(getattr(engine.runner, "model", None), "stack", None)
@@ -86,16 +108,24 @@ def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float]
     while not any(o.new_token_ids for o in engine.step()):  # the prefill, untimed
         pass
     stack.set_profile(True)
+    forward, head = _Timed(engine.runner, "forward"), _Timed(engine.runner, "logits")
     steps, t0 = 0, time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
-        steps += 1
+    try:
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+    finally:
+        forward.close()
+        head.close()
     wall = time.perf_counter() - t0
     seconds = stack.phases()
     stack.set_profile(False)
     if not steps:
         return None
-    return {"step": wall * 1e3 / steps, **{name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}}
+    ms = {name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}
+    outside = forward.seconds * 1e3 / steps - sum(ms.values())
+    return {"step": wall * 1e3 / steps, **ms, "forward outside the stack": max(outside, 0.0),
+            "head": head.seconds * 1e3 / steps}
 
 
 def format_phases(phases: dict[str, float]) -> str:
@@ -103,4 +133,4 @@ def format_phases(phases: dict[str, float]) -> str:
     parts = ", ".join(f"{k} {v:.2f} ({100 * v / step:.0f}%)" for k, v in phases.items() if k != "step")
     rest = step - sum(v for k, v in phases.items() if k != "step")
     return (f"Ember's decode step {step:.2f} ms, by phase (ms): {parts}; "
-            f"head, sampling and Python {rest:.2f} ({100 * rest / step:.0f}%)")
+            f"sampling, scheduler and Python {rest:.2f} ({100 * rest / step:.0f}%)")
