@@ -180,18 +180,24 @@ def _qrows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K])
 def test_factored_k_quant_scales_give_the_bits_of_float32_ones(qtype):
     """qlinear on the file's factoring (float16 per 256 times a code) and on float32 d sc: the
-    same products, so the same bits, on every path."""
+    same products, so the same bits, on every path; with few rows (the scales converted in the
+    kernels) and many (prepared tiles: the scales multiplied out once per tile), and a row's
+    bits the same alone as among 32 others."""
     from engine.kernels import available_paths
 
     ops = ops_or_skip()
     w, _ = _weight(qtype, 40, 512, 4)
     factored, plain = to_tiles(w), to_tiles(QuantWeight(w.bits, w.group, w.q, w.d, w.m))
     assert factored.d_super is not None and plain.d_super is None and factored.nbytes() < plain.nbytes()
-    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
-    for path in available_paths():
-        ys = [ops.qlinear(x, p.qw, p.d, p.m, None, 40, p.bits, p.group, int(path), p.d_super, p.m_super)
-              for p in (factored, plain)]
-        assert torch.equal(ys[0], ys[1]), path
+    for rows in (5, 33):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        for path in available_paths():
+            ys = [ops.qlinear(x, p.qw, p.d, p.m, None, 40, p.bits, p.group, int(path), p.d_super, p.m_super)
+                  for p in (factored, plain)]
+            assert torch.equal(ys[0], ys[1]), (path, rows)
+            alone = ops.qlinear(x[-1:].clone(), factored.qw, factored.d, factored.m, None, 40, factored.bits,
+                                factored.group, int(path), factored.d_super, factored.m_super)
+            assert torch.equal(ys[0][-1:], alone), (path, rows)
 
 
 @pytest.mark.parametrize("N", [40, 1, 16])

@@ -134,7 +134,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   if (prep8) qu = at::bitwise_xor(at::from_blob(q, {M * K}, x.options().dtype(at::kByte)), 0x80);
   const Acts a{q, s, sm, sum16, K, qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
   TileFn fns[4];
-  if (ksup) select_fns<KScales>(fns, path, bits, group, has_min, prep);
+  // A prepared K-quant tile takes its group scales as float32, multiplied out once per tile
+  // (kscales_f32): the kernels then load them instead of converting them once per row chunk.
+  const bool kflat = ksup && prep;
+  if (kflat) select_fns<float>(fns, path, bits, group, has_min, prep);
+  else if (ksup) select_fns<KScales>(fns, path, bits, group, has_min, prep);
   else if (half) select_fns<at::Half>(fns, path, bits, group, has_min, prep);
   else select_fns<float>(fns, path, bits, group, has_min, prep);
   const auto* qb = static_cast<const uint8_t*>(qw.data_ptr());
@@ -149,6 +153,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
     // per thread: the prepared tile (4- and 6-bit: K * 16 bytes), then the 8-bit sums' start
     const int64_t wsum_at = bits == 8 ? 0 : K * 16;
     std::vector<uint8_t> prepared(prep ? wsum_at + (prep8 ? K / group * 16 * 4 : 0) : 0);
+    std::vector<float> kd(kflat ? K / group * 16 : 0), km(kflat && has_min ? K / group * 16 : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int ncols = (int)std::min<int64_t>(16, n - t * 16);
       const uint8_t* tile = qb + t * tile_bytes;
@@ -157,10 +162,17 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
       if (prep && bits == 6) prepare_w6(tile, K, (int8_t*)prepared.data(), path == AVX512VNNI ? 0 : 32);
       if (prep && bits != 8) tile = prepared.data();
       if (prep8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)(prepared.data() + wsum_at)), aux = prepared.data() + wsum_at;
+      const int64_t sup = t * (K / 256) * 16, shift = group == 16 ? 4 : 3;  // log2(256 / group)
+      if (kflat) {
+        kscales_f32(dsup + sup, (const int8_t*)(db + t * tile_scales), K / group, shift, kd.data());
+        if (has_min) kscales_f32(msup + sup, (const int8_t*)(mb + t * tile_scales), K / group, shift, km.data());
+      }
       for (const RowChunk& rc : chunks) {
         const TileFn fn = fns[rc.rows == chunk[0] ? 0 : rc.rows == 4 ? 1 : rc.rows == 2 ? 2 : 3];
-        if (ksup) {  // per tile: its super-block scales and its codes
-          const int64_t sup = t * (K / 256) * 16, shift = group == 16 ? 4 : 3;  // log2(256 / group)
+        if (kflat) {
+          fn(tile, kd.data(), has_min ? km.data() : nullptr, a, rc.row0, yb + t * 16, n, bb ? bb + t * 16 : nullptr,
+             ncols, aux);
+        } else if (ksup) {  // per tile: its super-block scales and its codes
           const KScales dk{dsup + sup, (const int8_t*)(db + t * tile_scales), shift};
           const KScales mk{has_min ? msup + sup : nullptr,
                            has_min ? (const int8_t*)(mb + t * tile_scales) : nullptr, shift};
