@@ -66,13 +66,12 @@ class GuiThreadCalls(QObject):
                 return
             try:
                 func(*args)
-            except RuntimeError as e:
-                if "deleted" not in str(e):
-                    log.exception("a call posted to the GUI thread failed")
-                else:  # its object's C++ side is gone (a closed chat): dropped, as Qt drops a queued signal
+            except Exception as e:
+                if isinstance(e, RuntimeError) and "deleted" in str(e):
+                    # its object's C++ side is gone (a closed chat): dropped, as Qt drops a queued signal
                     log.debug("dropped a call for a deleted object: %s", e)
-            except Exception:
-                log.exception("a call posted to the GUI thread failed")
+                else:
+                    log.exception("a call posted to the GUI thread failed")
 
 
 _instance: GuiThreadCalls | None = None

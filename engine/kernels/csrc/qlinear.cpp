@@ -64,6 +64,13 @@ static void tile_fns(TileFn* fns, int64_t path, int64_t bits, int64_t group, boo
   fns[2] = tile_fn<2, U, B6, S>(path, bits, group, has_min), fns[3] = tile_fn<1, U, B6, S>(path, bits, group, has_min);
 }
 
+// A prepared tile's K-quant group scales (or mins) as float32 [groups, 16]: the kernels' own
+// products (scale8's single rounding, so the same bits), once per tile instead of once per row chunk.
+__attribute__((target("avx2,fma,f16c"))) static void kscales_f32(const KScales& k, int64_t groups, float* out) {
+  for (int64_t g = 0; g < groups; ++g)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + g * 16 + h * 8, avx2::scale8(&k, g, h));
+}
+
 // Many rows: each tile is prepared once per call for all of them (4-bit: nibbles unpacked to
 // bytes; 6-bit: to the 8-bit layout; 8-bit on AVX-512: the sums' start), which takes work out
 // of every row's inner loop.
@@ -134,8 +141,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
   if (prep8) qu = at::bitwise_xor(at::from_blob(q, {M * K}, x.options().dtype(at::kByte)), 0x80);
   const Acts a{q, s, sm, sum16, K, qu.defined() ? qu.data_ptr<uint8_t>() : nullptr};
   TileFn fns[4];
-  // A prepared K-quant tile takes its group scales as float32, multiplied out once per tile
-  // (kscales_f32): the kernels then load them instead of converting them once per row chunk.
+  // A prepared K-quant tile takes its group scales as float32 (kscales_f32).
   const bool kflat = ksup && prep;
   if (kflat) select_fns<float>(fns, path, bits, group, has_min, prep);
   else if (ksup) select_fns<KScales>(fns, path, bits, group, has_min, prep);
@@ -162,25 +168,22 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
       if (prep && bits == 6) prepare_w6(tile, K, (int8_t*)prepared.data(), path == AVX512VNNI ? 0 : 32);
       if (prep && bits != 8) tile = prepared.data();
       if (prep8) prepare_w8((const int8_t*)tile, K, group, (int32_t*)(prepared.data() + wsum_at)), aux = prepared.data() + wsum_at;
-      const int64_t sup = t * (K / 256) * 16, shift = group == 16 ? 4 : 3;  // log2(256 / group)
+      // the tile's scales and mins, as its kernels take them
+      const void* dt = db + t * tile_scales;
+      const void* mt = has_min ? mb + t * tile_scales : nullptr;
+      KScales dk{}, mk{};
+      if (ksup) {  // its super-block scales and its codes
+        const int64_t sup = t * (K / 256) * 16, shift = group == 16 ? 4 : 3;  // log2(256 / group)
+        dk = {dsup + sup, (const int8_t*)dt, shift}, mk = {msup ? msup + sup : nullptr, (const int8_t*)mt, shift};
+        dt = &dk, mt = has_min ? &mk : nullptr;
+      }
       if (kflat) {
-        kscales_f32(dsup + sup, (const int8_t*)(db + t * tile_scales), K / group, shift, kd.data());
-        if (has_min) kscales_f32(msup + sup, (const int8_t*)(mb + t * tile_scales), K / group, shift, km.data());
+        kscales_f32(dk, K / group, kd.data()), dt = kd.data();
+        if (has_min) kscales_f32(mk, K / group, km.data()), mt = km.data();
       }
       for (const RowChunk& rc : chunks) {
         const TileFn fn = fns[rc.rows == chunk[0] ? 0 : rc.rows == 4 ? 1 : rc.rows == 2 ? 2 : 3];
-        if (kflat) {
-          fn(tile, kd.data(), has_min ? km.data() : nullptr, a, rc.row0, yb + t * 16, n, bb ? bb + t * 16 : nullptr,
-             ncols, aux);
-        } else if (ksup) {  // per tile: its super-block scales and its codes
-          const KScales dk{dsup + sup, (const int8_t*)(db + t * tile_scales), shift};
-          const KScales mk{has_min ? msup + sup : nullptr,
-                           has_min ? (const int8_t*)(mb + t * tile_scales) : nullptr, shift};
-          fn(tile, &dk, has_min ? &mk : nullptr, a, rc.row0, yb + t * 16, n, bb ? bb + t * 16 : nullptr, ncols, aux);
-        } else {
-          fn(tile, db + t * tile_scales, mb ? mb + t * tile_scales : nullptr, a, rc.row0, yb + t * 16, n,
-             bb ? bb + t * 16 : nullptr, ncols, aux);
-        }
+        fn(tile, dt, mt, a, rc.row0, yb + t * 16, n, bb ? bb + t * 16 : nullptr, ncols, aux);
       }
     }
   });

@@ -60,18 +60,6 @@ struct KScales {
   int64_t shift;
 };
 
-// A tile's K-quant group scales (or mins) as float32 [G, 16]: sup[g >> shift] * code[g], the
-// one rounding of scale8's and scale16's product, so the same bits as the kernels' own.
-__attribute__((target("avx2,f16c"))) static inline void kscales_f32(const at::Half* sup, const int8_t* code,
-                                                                    int64_t groups, int64_t shift, float* out) {
-  for (int64_t g = 0; g < groups; ++g)
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(sup + (g >> shift) * 16 + h * 8)));
-      const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(code + g * 16 + h * 8)));
-      _mm256_storeu_ps(out + g * 16 + h * 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(c)));
-    }
-}
-
 // s * sum(q) over group g of a row: the factor of the min m in y (per 32 precomputed, per 16 here).
 template <int G, int R>
 static inline float min_term(const Chunk<R>& c, int r, int64_t g) {
