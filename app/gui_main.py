@@ -63,6 +63,9 @@ class EmberApp:
             self.model_manager.store_changed.connect(self._on_store_changed)
             self.model_manager.installed.load_requested.connect(self.controller.load_model)
             self.controller.load_finished.connect(self.model_manager.installed.on_load_finished)
+            installed = self.model_manager.installed
+            self.controller.status_changed.connect(lambda status: installed.set_loaded(status.get("model")))
+            installed.set_loaded(self.controller.last_status.get("model"))
         self.model_manager.show()
         self.model_manager.raise_()
         return self.model_manager

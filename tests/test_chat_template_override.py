@@ -92,9 +92,9 @@ def test_the_model_manager_sets_and_resets_it(qtbot, store, tmp_path):
     assert not table.reset_template_button.isEnabled()
     assert not table.set_chat_template("thinker", bad) and "does not compile" in table.message.text()
     assert table.set_chat_template("thinker", good) and "chatml.jinja" in table.message.text()
-    assert "own chat template" in table.table.item(0, 0).text()
+    assert "custom chat template" in table.table.item(0, 0).text()
     table.select("thinker")
     assert table.reset_template_button.isEnabled()
     table.reset_template_button.click()
-    assert store.chat_template("thinker") is None and "own chat template" not in table.table.item(0, 0).text()
+    assert store.chat_template("thinker") is None and "custom chat template" not in table.table.item(0, 0).text()
     assert hashlib.sha256(good.read_bytes()).hexdigest()  # the user's file is left as it was

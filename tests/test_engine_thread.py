@@ -10,6 +10,8 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from engine.server.engine_thread import EngineState, EngineThread, EngineUnavailable
+from engine.model_files.errors import ModelFileError
+from engine.server.loading import check_model_file
 from engine.server.served_model import LoadedModel, ModelSpec
 from test_runner import make_engine
 
@@ -75,3 +77,31 @@ def test_status_commands_and_close_on_drop():
     finally:
         t.stop()
     assert not t._thread.is_alive()
+
+
+def test_a_damaged_file_is_refused_before_the_serving_model_is_dropped(tiny_model_factory, tmp_path):
+    good = tiny_model_factory()
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    factory = Factory()
+    t = EngineThread(factory, check=check_model_file)
+    t.start()
+    try:
+        t.load(ModelSpec("good", str(good))).result(10)
+        with pytest.raises(ModelFileError, match="truncated"):
+            t.load(ModelSpec("bad", str(bad))).result(10)
+        # never unloaded: the same engine serves throughout, and the status says so
+        assert t.state is EngineState.READY and t.model.spec.id == "good" and len(factory.engines) == 1
+        assert not factory.engines[0].runner.closed
+        assert "loading bad failed" in t.message and t.message.endswith("good is still loaded")
+        sink: queue.Queue = queue.Queue()
+        t.submit_sink([5], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), "r",
+                      factory.engines[0], sink.put)
+        assert outputs(sink)[-1].output_token_ids == [6, 7]
+
+        t.unload().result(10)
+        with pytest.raises(ModelFileError):  # with none loaded, the refusal is the state
+            t.load(ModelSpec("bad", str(bad))).result(10)
+        assert t.state is EngineState.ERROR and "loading bad failed" in t.message
+    finally:
+        t.stop()

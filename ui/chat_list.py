@@ -54,10 +54,9 @@ class ChatListPanel(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         for chat in self.chat_store.list_chats(search=self.search.text().strip() or None):
-            title = chat.title or DEFAULT_TITLE
-            item = QListWidgetItem(("● " if chat.id in self.streaming else "") + title)
-            item.setToolTip(title + ("  (replying…)" if chat.id in self.streaming else ""))
+            item = QListWidgetItem()
             item.setData(Qt.UserRole, chat.id)
+            self._label(item, chat.title)
             item.setSizeHint(QSize(0, ITEM_HEIGHT))
             self.list.addItem(item)
             if chat.id == current:
@@ -68,9 +67,23 @@ class ChatListPanel(QWidget):
         self.delete_button.setEnabled(has)
 
     def set_streaming(self, chat_id: int, streaming: bool) -> None:
-        """Mark a chat whose reply is streaming (several can be at once)."""
+        """Mark a chat whose reply is streaming (several can be at once), in place: the list keeps its
+        order under the pointer while chats reply (it is sorted newest first when it is rebuilt)."""
         (self.streaming.add if streaming else self.streaming.discard)(chat_id)
-        self.refresh()
+        self.update_title(chat_id)
+
+    def update_title(self, chat_id: int) -> None:
+        """A chat's row says its current title (and whether it is replying), without moving it."""
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.data(Qt.UserRole) == chat_id:
+                self._label(item, self.chat_store.get_chat(chat_id).title)
+
+    def _label(self, item: QListWidgetItem, title: str | None) -> None:
+        title = title or DEFAULT_TITLE
+        replying = item.data(Qt.UserRole) in self.streaming
+        item.setText(("● " if replying else "") + title)
+        item.setToolTip(title + ("  (replying…)" if replying else ""))
 
     def select(self, chat_id: int) -> None:
         for i in range(self.list.count()):

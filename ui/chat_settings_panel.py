@@ -43,6 +43,7 @@ class ChatSettingsPanel(QWidget):
         self.max_tokens.setToolTip("The longest reply, in tokens (a token is about ¾ of an English word)")
         # stored as the chat's "speculative" (True/False); off sends "speculative": "off" with its requests
         self.speculative = QCheckBox("Speculative decoding", self, checked=True)
+        self._speculates = True  # the chat's own choice; the box shows it only while the engine speculates
         self.set_speculation_available(False)
         # stored as the chat's "think" (True/False); off sends chat_template_kwargs enable_thinking: false
         self.think = QCheckBox("Think before answering", self, checked=True)
@@ -92,7 +93,8 @@ class ChatSettingsPanel(QWidget):
         self.temperature.setValue(float(s["temperature"]))
         self.top_p.setValue(float(s["top_p"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
-        self.speculative.setChecked(s.get("speculative") is not False)
+        self._speculates = s.get("speculative") is not False
+        self.speculative.setChecked(self._speculates and self.speculative.isEnabled())
         self.think.setChecked(s.get("think") is not False)
         self.effort.setCurrentIndex(max(0, self.effort.findData(s.get("effort"))))
         self._select_model(model)
@@ -101,12 +103,16 @@ class ChatSettingsPanel(QWidget):
     def values(self) -> dict:
         return {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
                 "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value(),
-                "speculative": self.speculative.isChecked(), "think": self.think.isChecked(),
+                "speculative": self._speculates, "think": self.think.isChecked(),
                 "effort": self.effort.currentData()}
 
     def set_speculation_available(self, available: bool) -> None:
-        """Whether the engine speculates at all (Settings → Engine); the chat's choice is kept either way."""
+        """Whether the engine speculates at all (Settings → Engine): the box shows what the engine does
+        (unticked while it does not speculate), and the chat's choice is kept for when it does."""
         self.speculative.setEnabled(available)
+        loading, self._loading = self._loading, True
+        self.speculative.setChecked(available and self._speculates)
+        self._loading = loading
         self.speculative.setToolTip(
             "Drafts several words ahead and has the model check them in one go: faster replies on repetitive "
             "text and code, and the same reply. Off: this chat's replies are written one token at a time"
@@ -164,6 +170,8 @@ class ChatSettingsPanel(QWidget):
 
     def _on_edited(self, *_: object) -> None:
         if not self._loading:
+            if self.speculative.isEnabled():
+                self._speculates = self.speculative.isChecked()
             self.settings_changed.emit(self.values())
 
     def _on_model_edited(self, _index: int) -> None:

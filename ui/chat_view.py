@@ -13,10 +13,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from app.client import ChatDelta, EngineClientError
+from app.client import ChatDelta
 from app.history import ChatStore
 from app.reply_versions import ReplyVersions
 from app.sampling_defaults import effective_settings, request_fields
+from ui.error_words import reply_error_text
 from ui.elided_label import ElidedLabel
 from ui.engine_controller import EngineController
 from ui.message_actions import MessageActions, keep_versions
@@ -197,6 +198,8 @@ class ChatView(QWidget):
             self._reply.content += text
         if delta.usage:
             self._tokens = delta.usage.completion_tokens or self._tokens
+        if delta.finish_reason:
+            self._reply.finish_reason = delta.finish_reason
         self._emit_stats(delta.tok_s)
         self.transcript.schedule_render()
         if now - self._last_persist >= PERSIST_INTERVAL_S:
@@ -212,11 +215,7 @@ class ChatView(QWidget):
         if not self._is_current():
             return
         log.info("reply in chat %s failed: %s", self.chat_id, error)
-        text = str(error) or type(error).__name__
-        lost = isinstance(error, EngineClientError) and error.status_code is None  # lost the connection
-        if lost and not self.engine.is_remote:
-            text += ". If the engine stopped, Ember restarts it: press Regenerate to try again."
-        self._finish("error", text)
+        self._finish("error", reply_error_text(error, self.engine.is_remote))
 
     def _on_worker_finished(self) -> None:
         if self._is_current():  # ended without returning (aborted): treat as stopped

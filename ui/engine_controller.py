@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.client import EngineClient
 from app.settings import Settings
 from app.supervisor import EngineSupervisor, SupervisorState
+from ui.error_words import load_failure_words
 from ui.gui_thread import gui_calls
 from ui.status_poll import IDLE_POLL_FACTOR, POLL_INTERVAL_MS, WAKE_S, engine_idle, timed_status
 from ui.workers import FunctionWorker
@@ -282,19 +283,8 @@ class EngineController(QObject):
         if self._closed:
             return
         ids = [m["id"] for m in models]  # client.models() keeps only entries with an id
-        self.model_names = {m["id"]: m["name"] for m in models if isinstance(m.get("name"), str) and m["name"]}
-        if ids != self.models:
-            self.models = ids
+        names = {m["id"]: m["name"] for m in models if isinstance(m.get("name"), str) and m["name"]}
+        if ids != self.models or names != self.model_names:
+            self.models, self.model_names = ids, names
             self.models_changed.emit(ids)
 
-
-def load_failure_words(model_id: str, error: Exception) -> str:
-    """The engine's refusal as a sentence: "Could not load X: why." and which model still serves."""
-    text = getattr(error, "message", None) or str(error)
-    for prefix in (f"loading {model_id!r} failed: ", f"loading {model_id} failed: "):
-        text = text.removeprefix(prefix)
-    reason, still = text, ""
-    if text.endswith(" is loaded again") and "; " in text:  # the engine loaded the previous model again
-        reason, _, restored = text.rpartition("; ")
-        still = f" {restored.removesuffix(' is loaded again')} is still loaded."
-    return f"Could not load {model_id}: {reason.rstrip('.')}.{still}"

@@ -37,6 +37,7 @@ class InstalledTable(QWidget):
         self.settings = settings
         self._worker: FunctionWorker | None = None  # one hashing job (verify or import) at a time
         self._status: dict[str, str] = {}
+        self._loaded: str | None = None  # the engine's model now
         self.table = QTableWidget(0, len(COLUMNS), self)
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -55,7 +56,7 @@ class InstalledTable(QWidget):
         self.template_button = QPushButton("Chat template…", self)
         self.template_button.setToolTip("Use a Jinja chat template file in place of the one in the model's file "
                                         "(templates in GGUF files are often wrong or missing)")
-        self.reset_template_button = QPushButton("Model's own template", self)
+        self.reset_template_button = QPushButton("Use the file's template", self)
         self.reset_template_button.setToolTip("Go back to the chat template in the model's file")
         self.message = QLabel(self, wordWrap=True)
         buttons = QHBoxLayout()
@@ -85,7 +86,7 @@ class InstalledTable(QWidget):
         self.table.setRowCount(len(models))
         for row, m in enumerate(models):
             name = m.name + ("  ★ default" if m.id == self.settings.default_model else "")
-            name += "  · own chat template" if self.store.chat_template(m.id) is not None else ""
+            name += "  · custom chat template" if self.store.chat_template(m.id) is not None else ""
             item = QTableWidgetItem(name)
             item.setData(Qt.UserRole, m.id)
             item.setToolTip(f"{m.id}\n{m.path}\nsha256 {m.sha256}")
@@ -100,10 +101,22 @@ class InstalledTable(QWidget):
             use_item.setToolTip(why)
             self.table.setItem(row, 5, use_item)
             self.table.setItem(row, 6, QTableWidgetItem(m.source))
-            self.table.setItem(row, 7, QTableWidgetItem(self._status.get(m.id, "")))
+            loaded = m.id == self._loaded
+            self.table.setItem(row, 7, QTableWidgetItem(self._status.get(m.id) or ("● loaded" if loaded else "")))
+            if loaded:  # the model the engine serves now stands out in every column
+                for col in range(len(COLUMNS)):
+                    font = self.table.item(row, col).font()
+                    font.setBold(True)
+                    self.table.item(row, col).setFont(font)
             if m.id == selected:
                 self.table.selectRow(row)
         self._update_buttons()
+
+    def set_loaded(self, model_id: str | None) -> None:
+        """The model the engine has loaded (None: none), marked in its row."""
+        if model_id != self._loaded:
+            self._loaded = model_id
+            self.refresh()
 
     def model_ids(self) -> list[str]:
         return [self.table.item(r, 0).data(Qt.UserRole) for r in range(self.table.rowCount())]
@@ -142,7 +155,7 @@ class InstalledTable(QWidget):
         except (OSError, UnicodeDecodeError, ValueError, KeyError) as e:
             self.message.setText(f"Chat template not changed: {e}")
             return False
-        what = "its own chat template" if path is None else f"the chat template in {Path(path).name}"
+        what = "the chat template in its file" if path is None else f"the chat template in {Path(path).name}"
         self.message.setText(f"{model_id} uses {what} from its next load; Load to use it now.")
         self.refresh()
         self.changed.emit()

@@ -129,6 +129,7 @@ class MainWindow(QMainWindow):
                 if model_id not in ids:
                     ids.append(model_id)
                 names.setdefault(model_id, name)
+        ids.sort(key=lambda m: ((names.get(m) or m).casefold(), m))  # the same order however the engine lists them
         self.settings_panel.set_models(ids, names)
 
     def _show_chat_settings(self, view: ChatView) -> None:
@@ -180,8 +181,8 @@ class MainWindow(QMainWindow):
     def _on_reply_finished(self, chat_id: int, _status: str) -> None:
         self.chat_list.set_streaming(chat_id, False)
 
-    def _on_title_changed(self, _chat_id: int, _title: str) -> None:
-        self.chat_list.refresh()
+    def _on_title_changed(self, chat_id: int, _title: str) -> None:
+        self.chat_list.update_title(chat_id)
 
     def _on_engine_message(self, text: str) -> None:
         self.status.showMessage(text, 8000)

@@ -41,13 +41,14 @@ class MessageActions(QObject):
         msgs = self.transcript.messages
         if not 0 <= index < len(msgs):
             return
-        handler = {"copy": self.copy, "code": self.copy_code, "edit": self.edit,
+        handler = {"copy": self.copy, "code": self.copy_code, "edit": self.edit, "delete": self.delete,
                    "prev": lambda i, _b: self.flip(i, -1), "next": lambda i, _b: self.flip(i, +1)}.get(action)
         if handler is not None:
             handler(index, block)
 
     def copy(self, index: int, _block: int = -1) -> None:
-        QGuiApplication.clipboard().setText(self.transcript.messages[index].content)
+        m = self.transcript.messages[index]
+        QGuiApplication.clipboard().setText(m.content or m.reasoning)  # a reply that only thought: its thoughts
 
     def copy_code(self, index: int, block: int) -> None:
         blocks = self.transcript.code_block_texts(index)
@@ -66,6 +67,17 @@ class MessageActions(QObject):
         del self.transcript.messages[index:]
         self.transcript.render_now()
         self.edit_requested.emit(m.content)
+
+    def delete(self, index: int, _block: int = -1) -> None:
+        """Remove one message, from the chat and from what the next turn sends; the reply in flight
+        is stopped first when it is the one removed."""
+        m = self.transcript.messages[index]
+        if m.status == "streaming":
+            self._stop()
+        if m.msg_id is not None:
+            self.chat_store.delete_message(m.msg_id)  # its kept versions go with it (foreign key)
+        self.transcript.messages.remove(m)
+        self.transcript.render_now()
 
     def flip(self, index: int, step: int) -> None:
         """Show an earlier or later reply; the one shown is the one the next turn builds on."""

@@ -53,6 +53,7 @@ class EngineStatusBar(QStatusBar):
         self.ram_label.setToolTip("Memory in use on this computer, all programs together")
         engine.state_changed.connect(self._on_state_changed)
         engine.status_changed.connect(self._on_status_changed)
+        engine.models_changed.connect(lambda _ids: self._show_model(engine.last_status))
         self._on_state_changed(engine.state)
         self._update_ram()
 
@@ -84,12 +85,7 @@ class EngineStatusBar(QStatusBar):
             self.loading.setVisible(False)
             self.state_label.setText("No model loaded")
             self.state_label.setToolTip(status.get("message") or "")
-        model = status.get("model")
-        only = " (embeddings only)" if status.get("embeds_only") else ""
-        self.model_label.setText(f"Model: {self.engine.model_names.get(model, model)}{only}" if model else "")
-        self.model_label.setToolTip(self.model_label.text().removeprefix("Model: ").removesuffix(only) +
-                                    (f" ({model})" if model and model != self.engine.model_names.get(model, model)
-                                     else "") if model else "")
+        self._show_model(status)
         parts = [p for p in (status.get("backend"), status.get("device")) if p]
         self.device_label.setText(" · ".join(parts))
         kv = status.get("kv") or {}
@@ -113,6 +109,14 @@ class EngineStatusBar(QStatusBar):
             self.chart.setToolTip(f"Engine: {float(tok_s):.1f} tok/s" +
                                   (f", {running} running" if running is not None else ""))
         self._update_ram(status)
+
+    def _show_model(self, status: dict) -> None:
+        """The model by its name (from /v1/models, which may answer after the first status: then again)."""
+        model = status.get("model")
+        name = self.engine.model_names.get(model, model)
+        only = " (embeddings only)" if status.get("embeds_only") else ""
+        self.model_label.setText(f"Model: {name}{only}" if model else "")
+        self.model_label.setToolTip((name + (f" ({model})" if model != name else "")) if model else "")
 
     def on_reply_stats(self, stats: dict) -> None:
         self.reply_label.setText(f"{stats.get('tok_s', 0):.1f} tok/s")  # the chat's own line has the rest

@@ -9,7 +9,8 @@ the rest (ui/message_actions.py does the work).
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor
+from PySide6.QtGui import (QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor, QTextDocument,
+                           QTextFormat)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from ui.code_highlight import code_blocks, highlight
@@ -17,6 +18,33 @@ from ui.transcript_markdown import ACTION_SCHEME, FENCE, to_markdown
 from ui.transcript_message import TranscriptMessage
 
 RENDER_INTERVAL_MS = 40  # at most ~25 re-layouts a second while tokens stream in
+WEB_SCHEMES = ("http", "https", "mailto")
+# GitHub's dialect with raw HTML read as text: a reply's `<div>` or `</think>` is shown, never interpreted
+MARKDOWN = QTextDocument.MarkdownFeature(QTextDocument.MarkdownDialectGitHub.value
+                                         | QTextDocument.MarkdownNoHTML.value)
+
+
+def images_as_links(doc: QTextDocument) -> None:
+    """Each Markdown image becomes a link in words (`[image: alt]` to its address): nothing is fetched,
+    and the reader sees what the model pointed at and may open it in a browser."""
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            it += 1
+            if frag.charFormat().isImageFormat():
+                image = frag.charFormat().toImageFormat()
+                cursor = QTextCursor(doc)
+                cursor.setPosition(frag.position())
+                cursor.setPosition(frag.position() + frag.length(), QTextCursor.KeepAnchor)
+                link = QTextCharFormat()
+                link.setAnchor(True)
+                link.setAnchorHref(image.name())
+                link.setFontUnderline(True)
+                alt = image.property(QTextFormat.ImageAltText) or image.name()
+                cursor.insertText(f"[image: {alt}]", link)
+        block = block.next()
 
 
 class TranscriptView(QTextBrowser):
@@ -60,7 +88,8 @@ class TranscriptView(QTextBrowser):
         self._render_timer.stop()
         self._rendering = True
         try:
-            self.setMarkdown(to_markdown(self._messages, self._actions))
+            self.document().setMarkdown(to_markdown(self._messages, self._actions), MARKDOWN)
+            images_as_links(self.document())
             self._style_code_blocks()
         finally:
             self._rendering = False
@@ -132,7 +161,8 @@ class TranscriptView(QTextBrowser):
 
     def _on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() != ACTION_SCHEME:
-            QDesktopServices.openUrl(url)
+            if url.scheme() in WEB_SCHEMES:  # a model's link to a file or a program is not followed
+                QDesktopServices.openUrl(url)
             return
         parts = url.path().split("/")
         try:
@@ -149,6 +179,11 @@ class TranscriptView(QTextBrowser):
             self.render_now()
             return
         self.action_requested.emit(action, index, block)
+
+    def loadResource(self, kind: int, url: QUrl):  # noqa: N802 - Qt name
+        """Nothing named in a message is ever fetched or read: `![x](http://…)` or a local path stays an
+        empty image, so a reply cannot make the app touch the network or the disk."""
+        return None
 
     def plain_text(self) -> str:
         return self.toPlainText()

@@ -16,6 +16,19 @@ from ui.transcript_message import TranscriptMessage
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 ACTION_SCHEME = "ember"
 FENCE = re.compile(r"^\s*```")
+_PUNCT = re.compile(r"[!-/:-@\[-`{-~]")  # every ASCII punctuation character
+
+
+def verbatim(text: str) -> str:
+    """Markdown that shows `text` exactly as typed: every ASCII punctuation mark backslash-escaped
+    (CommonMark lets any of them be), each line a hard break, and leading spaces kept as no-break
+    spaces (which toPlainText gives back as spaces), so that an indent never opens a code block."""
+    lines = []
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        indent = "\u00a0" * (len(line) - len(body))
+        lines.append(indent + _PUNCT.sub(r"\\\g<0>", body))
+    return "\\\n".join(lines)  # a backslash at a line's end is a hard line break
 
 
 def _link(action: str, index: int, text: str, block: int | None = None) -> str:
@@ -37,9 +50,12 @@ def _with_code_links(body: str, index: int) -> str:
 
 
 def _actions(m: TranscriptMessage, i: int) -> str:
-    links = [_link("copy", i, "Copy")]
+    links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")]
     if m.role == "user":
         links.append(_link("edit", i, "Edit & resend"))
+    if m.out_of_budget:
+        links.append(_link("continue", i, "Continue"))
+    links.append(_link("delete", i, "Delete"))
     if len(m.versions) > 1:
         links.append(f"{_link('prev', i, '‹')} reply {m.shown + 1} of {len(m.versions)} {_link('next', i, '›')}")
     return " · ".join(links)
@@ -102,7 +118,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str
         body, calls = (m.content, []) if m.role != "assistant" or m.status == "streaming" else tool_calls(m.content)
         thinking = _thinking_lines(m, i, actions) if m.reasoning else []
         if m.status == "streaming":
-            body = (body + " ▍") if body else ("" if thinking else "_…thinking_")
+            body = (body + " ▍") if body else ("" if thinking else "_Reading the chat…_")
         if _open_fence(body):  # an unfinished code block must not swallow what follows
             body += "\n```"
         if actions and m.status != "streaming":
@@ -114,11 +130,14 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str
         else:
             parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
         parts += _tool_call_lines(m, i, calls, actions)
+        if m.out_of_budget:
+            parts.append("_The model used its whole token budget thinking and wrote no answer: "
+                         "Continue lets it go on, or raise Max tokens in the chat's settings._")
         if m.status == "stopped":
             parts.append("_(stopped)_")
         elif m.status == "error":
-            parts.append(f"> **⚠ Error:** {m.error or 'the reply failed'}")
-        if actions and m.status != "streaming" and m.content:
+            parts.append(f"> **⚠ Error:** {verbatim(m.error or 'the reply failed')}")
+        if actions and m.status != "streaming" and (m.content or m.reasoning):
             parts.append(_actions(m, i))
     return "\n\n".join(parts) + "\n"
 

@@ -24,6 +24,14 @@ class TranscriptMessage:
     reasoning: str = ""  # a reasoning model's thinking (reasoning_content)
     thought_s: float | None = None  # how long it thought: set when the answer begins
     show_thinking: bool = False  # the thoughts opened by a click
+    finish_reason: str | None = None  # the server's, for the reply written this session
+
+    @property
+    def out_of_budget(self) -> bool:
+        """It thought until max_tokens ran out and never began its answer (a reply stored without its
+        finish reason counts when it has thoughts and no answer)."""
+        return (self.role == "assistant" and self.status == "done" and bool(self.reasoning)
+                and not self.content.strip() and self.finish_reason in ("length", None))
 
     def add_version(self) -> None:
         """The reply just written becomes the newest version (after the earlier ones it replaced)."""

@@ -143,7 +143,7 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
 
     from engine.server.app import ServerSettings, create_app
     from engine.server.engine_thread import EngineThread
-    from engine.server.loading import make_engine_factory
+    from engine.server.loading import check_model_file, make_engine_factory
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
 
     try:
@@ -154,7 +154,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         return 2
     if not api_key:
         log.warning("no API key set: any program on this machine can use the server")
-    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)))
+    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
+                          check=check_model_file)
     # a remote bind is protected by its key; its Host names are whatever the network calls it
     remote = args.allow_remote and not is_loopback(args.host)
     allowed = tuple(args.allowed_host) or (("*",) if remote else ())

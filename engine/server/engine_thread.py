@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -57,8 +58,10 @@ class EngineStatus:
 class EngineThread:
     """Owns the engine. Handlers call the methods above the loop; only the loop writes state."""
 
-    def __init__(self, factory: EngineFactory, metrics: Metrics | None = None) -> None:
+    def __init__(self, factory: EngineFactory, metrics: Metrics | None = None,
+                 check: Callable[[ModelSpec], None] = lambda _spec: None) -> None:
         self._factory = factory
+        self._check = check  # reads a file before a load drops the model serving now; raises if it is unusable
         self.metrics = metrics or Metrics()
         self.trimmer = Trimmer()  # malloc_trim once idle (engine/server/allocator.py)
         self._trim_due = False  # steps, a load or an unload ran since the last trim
@@ -225,6 +228,17 @@ class EngineThread:
         self._status = EngineStatus(EngineState.LOADING, f"loading {spec.id}", spec)
         waited = fut.set_running_or_notify_cancel()  # False: its caller went away; load anyway
         previous = self._loaded.spec if self._loaded is not None else None
+        try:
+            self._check(spec)  # a damaged file is refused while the model that serves keeps serving
+        except Exception as e:
+            log.error("not loading %s: %s", spec.id, e)
+            kept = self._loaded
+            self._status = (EngineStatus(EngineState.READY, f"loading {spec.id} failed: {e}; "
+                                         f"{kept.spec.id} is still loaded", model=kept) if kept is not None
+                            else EngineStatus(EngineState.ERROR, f"loading {spec.id} failed: {e}"))
+            if waited:
+                fut.set_exception(e)
+            return
         self._drop_model(f"switching to {spec.id}")
         t0 = time.perf_counter()
         try:

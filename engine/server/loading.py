@@ -8,8 +8,11 @@ message that says what would; /health then shows it.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupported_architecture
+from engine.model_files.meta import read_meta
 from engine.server.served_model import EngineFactory, LoadedModel, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -29,3 +32,10 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
         return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
 
     return factory
+
+
+def check_model_file(spec: ModelSpec) -> None:
+    """What the store's import checks, in milliseconds: a truncated or corrupt file, or one no runner
+    runs, raises ModelFileError before a load unloads the model that serves now."""
+    if why := unsupported_architecture(footprint_of(read_meta(Path(spec.path)), 0)):
+        raise UnsupportedArchitecture(why)  # in the words a failed load gives it (the model is named)
