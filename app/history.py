@@ -49,6 +49,8 @@ class Message:
     ttft: float | None = None
     reasoning: str = ""
     thought_s: float | None = None
+    model: str | None = None  # the model that wrote a reply
+    finish_reason: str | None = None
 
 
 class ChatStore:
@@ -165,7 +167,8 @@ class ChatStore:
 
     def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
                        tok_s: float | None = None, ttft: float | None = None, reasoning: str | None = None,
-                       thought_s: float | None = None) -> None:
+                       thought_s: float | None = None, model: str | None = None,
+                       finish_reason: str | None = None) -> None:
         """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
 
         The chat keeps its place in the list: a reply that streams or finishes does not move it
@@ -175,7 +178,8 @@ class ChatStore:
             _check(status=status)
         sets, args = [], []
         for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft),
-                              ("reasoning", reasoning), ("thought_s", thought_s)):
+                              ("reasoning", reasoning), ("thought_s", thought_s), ("model", model),
+                              ("finish_reason", finish_reason)):
             if value is not None:
                 sets.append(f"{column}=?")
                 args.append(str(value) if column in ("content", "reasoning") else value)
@@ -273,4 +277,4 @@ def _chat(row: sqlite3.Row) -> Chat:
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
-                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"])
+                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"])

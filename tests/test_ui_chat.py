@@ -81,7 +81,7 @@ def test_reply_streams_in_and_matches_a_plain_request(qtbot, ember, monkeypatch)
     plain = client.chat([{"role": "user", "content": "Hello there"}], **GREEDY_LONG)
     assert plain.text == reply
     assert msgs[1].tok_s and msgs[1].tok_s > 0 and msgs[1].ttft is not None
-    assert "tok/s" in ember.window.status.reply_label.text()
+    assert "tok/s" in view.info_label.text()
     assert ember.chat_store.get_chat(view.chat_id).title == "Hello there"
 
 

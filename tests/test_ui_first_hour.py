@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QLabel
 
 from app.client import EngineClient
 from app.gui_main import build_app
@@ -14,6 +14,7 @@ from app.supervisor import SupervisorState
 from app.version import ember_version
 from server_util import long_max_tokens
 from store_helpers import write_tiny_gguf
+from ui.status_bar import busy_text
 from ui_support import make_settings, replies_ignore_eos, shared_engine, tiny_gguf  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -168,11 +169,12 @@ def test_status_bar_words_and_a_stopped_engine_shows_no_old_figures(qtbot, tmp_p
                             "num_running": 1, "generation_tok_s": 41.7})
     assert bar.kv_label.text() == "Chat memory 25% used"
     assert "79%" in bar.kv_label.toolTip() and "KV" in bar.kv_label.toolTip()
-    assert bar.running_label.text() == "1 reply in progress"
-    bar.on_reply_stats({"tok_s": 40.0, "ttft_s": 0.12})
-    assert bar.reply_label.text() == "40.0 tok/s" and "120 ms" in bar.reply_label.toolTip()
+    assert not [w for w in bar.findChildren(QLabel) if "tok/s" in w.text()]  # the chat's own line has its speed
+    # not "Ready" while replies run
+    assert [busy_text({"num_running": 1}), busy_text({"num_running": 2, "num_waiting": 1}), busy_text({})] == \
+        ["Writing a reply", "Writing 2 replies · 1 waiting", ""]
     bar._on_state_changed(SupervisorState.STOPPED)
-    assert [bar.model_label.text(), bar.reply_label.text(), bar.kv_label.text()] == ["", "", ""]
+    assert [bar.model_label.text(), bar.kv_label.text()] == ["", ""]
     assert not bar.chart.values
     menus = [a.text() for m in app.window.menuBar().actions() for a in m.menu().actions() if a.text()]
     assert "Start engine" in menus and not any("server" in t.lower() for t in menus)

@@ -127,3 +127,49 @@ def test_failures_in_words_not_the_apis():
     assert "Ember restarts it" not in reply_error_text(lost, remote=True)
     refused = EngineClientError("loading bad failed: bad.gguf: truncated; good is still loaded", 400)
     assert load_failure_words("bad", refused) == "Could not load bad: bad.gguf: truncated. good is still loaded."
+
+
+def test_each_reply_names_its_model_with_its_speed_on_hover(chat):
+    store, chat_id, view, _actions = chat
+    store.add_message(chat_id, "user", "hi")
+    reply = store.add_message(chat_id, "assistant", "")
+    store.update_message(reply, "hello", "done", tok_s=23.45, ttft=0.2, model="smollm2", finish_reason="stop")
+    view.model_names = {"smollm2": "SmolLM2 135M Instruct"}
+    view.set_messages(from_history(store.messages(chat_id), None))
+    cursor = view.document().find("SmolLM2 135M Instruct")
+    assert not cursor.isNull()
+    assert cursor.charFormat().toolTip() == "23.4 tok/s · first token 200 ms"
+    assert view.messages[1].finish_reason == "stop" and not view.messages[1].out_of_budget
+
+
+def test_small_ones_log_wraps_export_confirms_and_no_tray_keeps_a_window(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtGui import QDesktopServices
+    from PySide6.QtWidgets import QPlainTextEdit
+
+    from ui.engine_controller import EngineController
+    from ui.engine_log_dialog import EngineLogDialog
+    from ui.main_window import MainWindow
+
+    log_file = tmp_path / "logs" / "engine.log"
+    log_file.parent.mkdir()
+    log_file.write_text("x" * 2000 + "\n")
+    dialog = EngineLogDialog(log_file, tmp_path / "logs" / "ember.log")
+    qtbot.addWidget(dialog)
+    assert all(v.lineWrapMode() == QPlainTextEdit.WidgetWidth for v in dialog.views.values())
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: False)  # no file manager on this machine
+    dialog.open_button.click()
+    assert str(tmp_path / "logs") in dialog.version_label.text()
+    assert QGuiApplication.clipboard().text() == str(tmp_path / "logs")
+
+    settings = make_settings(tmp_path / "ember", close_to_tray=True)
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    window = MainWindow(settings, store, EngineController(settings, None))
+    qtbot.addWidget(window)
+    window.show()
+    view = window.new_chat()
+    store.add_message(view.chat_id, "user", "hi")
+    window.export_chat(view.chat_id, tmp_path / "c.md", "md")
+    assert str(tmp_path / "c.md") in window.status.currentMessage()
+    window.close()  # Ctrl+W with no tray: the window stays (minimized) and says how to quit
+    assert window.isVisible() and "no system tray" in window.status.currentMessage()
+    store.close()

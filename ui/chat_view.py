@@ -22,6 +22,7 @@ from ui.elided_label import ElidedLabel
 from ui.engine_controller import EngineController
 from ui.message_actions import MessageActions, keep_versions
 from ui.message_input import MessageInput
+from ui.reply_clock import ReplyClock
 from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptView
 from ui.transcript_message import TranscriptMessage, from_history
@@ -54,8 +55,8 @@ class ChatView(QWidget):
         self._stream: ReplyStream | None = None
         self._reply: TranscriptMessage | None = None
         self._reply_id: int | None = None
-        self._t_sent = self._t_first = 0.0
-        self._tokens = 0
+        self._clock = ReplyClock()
+        self._stream_model: str | None = None  # the model asked for, until the server names the one that wrote
         self._last_persist = 0.0
         self._stats: dict | None = None
 
@@ -148,8 +149,8 @@ class ChatView(QWidget):
         else:
             self.chat_store.update_message(self._reply_id, "", "streaming")
         self._reply.msg_id = self._reply_id
-        self._t_sent, self._t_first, self._tokens, self._stats = time.monotonic(), 0.0, 0, None
-        self._last_persist = self._t_sent
+        self._clock, self._stats = ReplyClock(), None
+        self._last_persist = self._clock.t_sent
         client = self.engine.client()
         if client is None:
             self.transcript.render_now()
@@ -159,6 +160,7 @@ class ChatView(QWidget):
         loaded = self.engine.last_status.get("model")
         load_first = bool(model and loaded and model != loaded and not self.engine.is_remote)
         self._stream = ReplyStream(client, history, load_first=load_first, model=model, **sampling)
+        self._stream_model = model or loaded  # until the server names it
         self._worker = GeneratorWorker(self._stream.run)
         self._worker.yielded.connect(self._on_delta)
         self._worker.errored.connect(self._on_error)
@@ -185,19 +187,15 @@ class ChatView(QWidget):
         text = delta.text
         now = time.monotonic()
         if delta.reasoning:  # thinking streams into its own block, timed until the answer starts
-            if not self._t_first:
-                self._t_first = now
-            self._tokens += 1
+            self._clock.token(now)
             self._reply.reasoning += delta.reasoning
         if text:
-            if not self._t_first:
-                self._t_first = now
+            self._clock.token(now)
             if self._reply.reasoning and self._reply.thought_s is None:
-                self._reply.thought_s = now - self._t_first
-            self._tokens += 1
+                self._reply.thought_s = now - self._clock.t_first
             self._reply.content += text
         if delta.usage:
-            self._tokens = delta.usage.completion_tokens or self._tokens
+            self._clock.tokens = delta.usage.completion_tokens or self._clock.tokens
         if delta.finish_reason:
             self._reply.finish_reason = delta.finish_reason
         self._emit_stats(delta.tok_s)
@@ -226,14 +224,17 @@ class ChatView(QWidget):
         if reply is not None:
             reply.status, reply.error = status, error
             if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)
-                reply.thought_s = time.monotonic() - (self._t_first or self._t_sent)
+                reply.thought_s = time.monotonic() - (self._clock.t_first or self._clock.t_sent)
             reply.add_version()
             keep_versions(self.versions, reply)
             stats = self._stats or {}
-            self.chat_store.update_message(self._reply_id, reply.content, status,
-                                           tok_s=stats.get("tok_s") or None, ttft=stats.get("ttft_s"),
-                                           reasoning=reply.reasoning or None, thought_s=reply.thought_s)
+            reply.tok_s, reply.ttft = stats.get("tok_s") or None, stats.get("ttft_s")
+            reply.model = (self._stream and self._stream.model) or self._stream_model
+            self.chat_store.update_message(self._reply_id, reply.content, status, tok_s=reply.tok_s, ttft=reply.ttft,
+                                           reasoning=reply.reasoning or None, thought_s=reply.thought_s,
+                                           model=reply.model, finish_reason=reply.finish_reason)
         self._reply, self._stream = None, None
+        self.transcript.model_names = self.engine.model_names
         self.transcript.render_now()
         focus = self.window().focusWidget()
         self.update_buttons()
@@ -241,19 +242,17 @@ class ChatView(QWidget):
         self.reply_finished.emit(self.chat_id, status)
 
     def _emit_stats(self, server_tok_s: float | None) -> None:
-        if not self._t_first:
+        if (stats := self._clock.stats(server_tok_s)) is None:
             return
-        elapsed = time.monotonic() - self._t_first
-        tok_s = server_tok_s or ((self._tokens - 1) / elapsed if self._tokens > 1 and elapsed > 0 else 0.0)
-        stats = {"chat_id": self.chat_id, "ttft_s": self._t_first - self._t_sent, "tok_s": tok_s,
-                 "tokens": self._tokens}
-        self.info_label.setText(f"{self._tokens} tokens · {tok_s:.1f} tok/s · "
+        stats["chat_id"] = self.chat_id
+        self.info_label.setText(f"{stats['tokens']} tokens · {stats['tok_s']:.1f} tok/s · "
                                 f"first token {stats['ttft_s'] * 1000:.0f} ms")
         self._stats = stats
         self.reply_stats.emit(stats)
 
     # ---- helpers ----
     def _load(self) -> None:
+        self.transcript.model_names = self.engine.model_names
         self.transcript.set_messages(from_history(self.chat_store.messages(self.chat_id), self.versions))
         self.update_buttons()
 

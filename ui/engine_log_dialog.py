@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QDesktopServices, QFontDatabase, QTextCursor
+from PySide6.QtGui import QDesktopServices, QFontDatabase, QGuiApplication, QTextCursor, QTextOption
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QPushButton, QTabWidget,
                                QVBoxLayout, QWidget)
 
@@ -44,7 +44,8 @@ class EngineLogDialog(QDialog):
         for name in self.files:
             view = QPlainTextEdit(self, readOnly=True)
             view.setFont(mono)
-            view.setLineWrapMode(QPlainTextEdit.NoWrap)
+            view.setLineWrapMode(QPlainTextEdit.WidgetWidth)  # a long traceback line is read, not scrolled to
+            view.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
             self.views[name] = view
             self.tabs.addTab(view, name)
         buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
@@ -69,4 +70,8 @@ class EngineLogDialog(QDialog):
             view.ensureCursorVisible()
 
     def _on_open_folder(self) -> None:
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.logs_dir)))
+        """The folder in the file manager; where none opens it, its path, to copy."""
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.logs_dir))):
+            QGuiApplication.clipboard().setText(str(self.logs_dir))
+            self.version_label.setText(f"No file manager opened the folder. The logs are in {self.logs_dir} "
+                                       "(the path is on the clipboard).")

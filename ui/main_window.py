@@ -104,7 +104,6 @@ class MainWindow(QMainWindow):
         view = self._views.get(chat_id)
         if view is None:
             view = ChatView(self.chat_store, chat_id, self.engine, self._model_defaults, self._reply_versions, self)
-            view.reply_stats.connect(self._on_reply_stats)
             view.title_changed.connect(self._on_title_changed)
             view.reply_started.connect(self._on_reply_started)
             view.reply_finished.connect(self._on_reply_finished)
@@ -119,7 +118,12 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, chat_id: int, path: Path, fmt: str) -> None:
         text = self.chat_store.export_markdown(chat_id) if fmt == "md" else self.chat_store.export_json(chat_id)
-        Path(path).write_text(text, encoding="utf-8")
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            QMessageBox.warning(self, "Export chat", f"The chat was not exported: {e.strerror or e} ({path}).")
+            return
+        self.status.showMessage(f"Chat exported to {path}", 8000)
 
     def refresh_model_picker(self, *_: object) -> None:
         """The engine's models, and (for the local engine) the store's, which it lists on its next poll."""
@@ -168,11 +172,6 @@ class MainWindow(QMainWindow):
         if view is not None:
             self.chat_store.set_chat_model(view.chat_id, model or None)
             self._show_chat_settings(view)
-
-    def _on_reply_stats(self, stats: dict) -> None:
-        view = self.current_view()
-        if view is not None and view.chat_id == stats.get("chat_id"):
-            self.status.on_reply_stats(stats)
 
     def _on_reply_started(self, chat_id: int) -> None:
         self.chat_list.set_streaming(chat_id, True)
@@ -251,12 +250,18 @@ class MainWindow(QMainWindow):
             log.warning("could not save the window size: %s", e)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt name
-        """With close_to_tray, closing hides the window and the engine keeps serving."""
+        """With close_to_tray, closing hides the window and the engine keeps serving; where there is no
+        tray to come back from, the window is minimized instead, and says so (Quit is in the File menu)."""
         self.save_geometry()
-        if self.settings.close_to_tray and self.tray is not None and self.tray.isVisible():
+        if self.settings.close_to_tray:
             event.ignore()
-            self.hide()
-            self.hidden_to_tray.emit()
+            if self.tray is not None and self.tray.isVisible():
+                self.hide()
+                self.hidden_to_tray.emit()
+            else:
+                self.showMinimized()
+                self.status.showMessage("There is no system tray here, so Ember stays open, minimized, to keep "
+                                        "serving. Quit Ember from the File menu.", 20000)
             return
         event.accept()
         self.engine.request_quit()

@@ -34,6 +34,11 @@ class ReplyStream:
         finally:
             self._stream.close()
 
+    @property
+    def model(self) -> str | None:
+        """The model the server says wrote the reply (None before its first chunk)."""
+        return self._stream.model if self._stream is not None else None
+
     def cancel(self) -> None:
         self._cancelled = True
         stream = self._stream

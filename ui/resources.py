@@ -35,8 +35,8 @@ def _dark_palette() -> QPalette:
     }
     for role, color in colors.items():
         p.setColor(role, QColor(color))
-    p.setColor(QPalette.Disabled, QPalette.Text, QColor("#5c5f66"))
-    p.setColor(QPalette.Disabled, QPalette.ButtonText, QColor("#5c5f66"))
+    for role in (QPalette.Text, QPalette.ButtonText, QPalette.WindowText):  # muted, still legible on Window
+        p.setColor(QPalette.Disabled, role, QColor("#7c8089"))
     return p
 
 
@@ -48,6 +48,7 @@ def _light_palette() -> QPalette:
         QPalette.ButtonText: "#212529", QPalette.Highlight: "#e8590c",
         QPalette.HighlightedText: "#ffffff", QPalette.PlaceholderText: "#868e96",
         QPalette.Link: "#d9480f", QPalette.Mid: "#ced4da", QPalette.Dark: "#adb5bd",
+        QPalette.ToolTipBase: "#ffffff", QPalette.ToolTipText: "#212529",
     }
     for role, color in colors.items():
         p.setColor(role, QColor(color))

@@ -33,8 +33,6 @@ class EngineStatusBar(QStatusBar):
         self.loading.setRange(0, 0)  # busy: the engine does not report a fraction while loading
         self.model_label = ElidedLabel(parent=self)
         self.device_label = QLabel(self)
-        self.running_label = ElidedLabel(parent=self)
-        self.reply_label = QLabel(self)  # short figures: shortened they say nothing ("15.1 t…")
         self.spec_label = QLabel(self)  # speculative decoding's acceptance, when the engine drafts
         self.kv_label = ElidedLabel(parent=self)
         self.ram_label = QLabel(self)
@@ -44,11 +42,8 @@ class EngineStatusBar(QStatusBar):
         # the model's name takes the room the figures leave, and is the one shortened first (its tooltip has it)
         self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.addWidget(self.model_label, 1)
-        for w in (self.running_label, self.reply_label, self.spec_label, self.kv_label, self.ram_label, self.chart):
+        for w in (self.spec_label, self.kv_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
-        self.reply_label.setToolTip("This chat's reply: its speed in tokens (about ¾ of a word) per second, "
-                                    "and how long the first one took to arrive")
-        self.running_label.setToolTip("Replies the engine is writing at the same time, and those waiting")
         self.kv_label.setToolTip("Memory for conversations (the KV cache) in use")
         self.ram_label.setToolTip("Memory in use on this computer, all programs together")
         engine.state_changed.connect(self._on_state_changed)
@@ -65,7 +60,7 @@ class EngineStatusBar(QStatusBar):
             self.clear_engine_figures()  # a stopped engine has no model and no speed
 
     def clear_engine_figures(self) -> None:
-        for label in (self.model_label, self.device_label, self.running_label, self.reply_label, self.spec_label,
+        for label in (self.model_label, self.device_label, self.spec_label,
                       self.kv_label):
             label.setText("")
         self.chart.clear()
@@ -79,7 +74,7 @@ class EngineStatusBar(QStatusBar):
             self.loading.setVisible(True)
         elif state == "ready" and self.engine.state == SupervisorState.READY:
             self.loading.setVisible(False)
-            self.state_label.setText(STATE_TEXT[SupervisorState.READY])
+            self.state_label.setText(busy_text(status) or STATE_TEXT[SupervisorState.READY])
             self.state_label.setToolTip(status.get("message") or "")  # e.g. which load failed before it
         elif state == "error" and self.engine.state == SupervisorState.READY:  # running, but its model failed
             self.loading.setVisible(False)
@@ -99,9 +94,6 @@ class EngineStatusBar(QStatusBar):
             self.kv_label.setToolTip(tip)
         self.spec_label.setText(speculation_text(status.get("speculative")))
         self.spec_label.setToolTip(speculation_tip(status.get("speculative")))
-        running, waiting = status.get("num_running"), status.get("num_waiting") or 0
-        self.running_label.setText((f"{running} {'reply' if running == 1 else 'replies'} in progress"
-                                    + (f" · {waiting} waiting" if waiting else "")) if running else "")
         tok_s = status.get("generation_tok_s")
         if tok_s is not None:
             self.chart.add(float(tok_s))
@@ -118,11 +110,6 @@ class EngineStatusBar(QStatusBar):
         self.model_label.setText(f"Model: {name}{only}" if model else "")
         self.model_label.setToolTip((name + (f" ({model})" if model != name else "")) if model else "")
 
-    def on_reply_stats(self, stats: dict) -> None:
-        self.reply_label.setText(f"{stats.get('tok_s', 0):.1f} tok/s")  # the chat's own line has the rest
-        self.reply_label.setToolTip(f"This chat's reply: {stats.get('tok_s', 0):.1f} tokens (about ¾ of a word) "
-                                    f"per second; the first arrived after {1000 * stats.get('ttft_s', 0):.0f} ms")
-
     def _update_ram(self, status: dict | None = None) -> None:
         vm = psutil.virtual_memory()
         text = f"RAM {_gib(vm.total - vm.available)}/{_gib(vm.total)}"
@@ -130,6 +117,14 @@ class EngineStatusBar(QStatusBar):
         if vram.get("total"):
             text += f" · VRAM {_gib(vram.get('used', 0))}/{_gib(vram['total'])}"
         self.ram_label.setText(text)
+
+
+def busy_text(status: dict) -> str:
+    """What the engine is doing for the chats, e.g. "Writing 2 replies · 1 waiting"; "" when idle."""
+    running, waiting = status.get("num_running") or 0, status.get("num_waiting") or 0
+    parts = ([f"Writing {'a reply' if running == 1 else f'{running} replies'}"] if running else []) + \
+        ([f"{waiting} waiting"] if waiting else [])
+    return " · ".join(parts)
 
 
 DRAFTERS = {"ngram": "prompt lookup"}  # the engine's drafter names in the user's words; others: a draft model

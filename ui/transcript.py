@@ -8,7 +8,7 @@ the rest (ui/message_actions.py does the work).
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
 from PySide6.QtGui import (QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor, QTextDocument,
                            QTextFormat)
 from PySide6.QtWidgets import QTextBrowser, QWidget
@@ -60,6 +60,7 @@ class TranscriptView(QTextBrowser):
         self.setReadOnly(True)
         self._actions = actions
         self._messages: list[TranscriptMessage] = []
+        self.model_names: dict[str, str] = {}  # id -> name, for the model under each reply (the chat view's)
         self._stick_to_end = True
         self._rendering = False
         self._render_timer = QTimer(self)
@@ -88,7 +89,7 @@ class TranscriptView(QTextBrowser):
         self._render_timer.stop()
         self._rendering = True
         try:
-            self.document().setMarkdown(to_markdown(self._messages, self._actions), MARKDOWN)
+            self.document().setMarkdown(to_markdown(self._messages, self._actions, self.model_names), MARKDOWN)
             images_as_links(self.document())
             self._style_code_blocks()
         finally:
@@ -100,6 +101,12 @@ class TranscriptView(QTextBrowser):
         self.moveCursor(QTextCursor.End)  # QTextEdit's first show scrolls to the cursor: keep it at the end
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt name
+        """A live theme switch re-renders: code blocks take their shade and colours from the new palette."""
+        super().changeEvent(event)
+        if event.type() == QEvent.PaletteChange and not self._rendering and self._messages:
+            self.render_now()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt name
         super().showEvent(event)

@@ -49,13 +49,23 @@ def _with_code_links(body: str, index: int) -> str:
     return "\n".join(out)
 
 
-def _actions(m: TranscriptMessage, i: int) -> str:
+def _written_by(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
+    """The model that wrote a reply, by name; its speed when the pointer rests on it (the link's title)."""
+    figures = [f"{m.tok_s:.1f} tok/s" if m.tok_s else "", f"first token {1000 * m.ttft:.0f} ms" if m.ttft else ""]
+    title = " · ".join(f for f in figures if f) or m.model
+    name = _PUNCT.sub(r"\\\g<0>", names.get(m.model, m.model))
+    return f'[{name}]({ACTION_SCHEME}:model/{i} "{title}")'
+
+
+def _actions(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
     links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")]
     if m.role == "user":
         links.append(_link("edit", i, "Edit & resend"))
     if m.out_of_budget:
         links.append(_link("continue", i, "Continue"))
     links.append(_link("delete", i, "Delete"))
+    if m.role == "assistant" and m.model:
+        links.append(_written_by(m, i, names))
     if len(m.versions) > 1:
         links.append(f"{_link('prev', i, '‹')} reply {m.shown + 1} of {len(m.versions)} {_link('next', i, '›')}")
     return " · ".join(links)
@@ -108,8 +118,9 @@ def _thinking_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
     return [f"{'▾' if opened else '▸'} _{took}_ {toggle}".rstrip()] + ([quoted] if opened else [])
 
 
-def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str:
-    """The transcript as one Markdown document: a heading per turn, the text as the model wrote it."""
+def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names: dict[str, str] | None = None) -> str:
+    """The transcript as one Markdown document: a heading per turn, the text as the model wrote it;
+    `names` gives the models' names by id (a reply's model is shown by name)."""
     parts: list[str] = []
     for i, m in enumerate(messages):
         if m.role == "system":
@@ -138,7 +149,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False) -> str
         elif m.status == "error":
             parts.append(f"> **⚠ Error:** {verbatim(m.error or 'the reply failed')}")
         if actions and m.status != "streaming" and (m.content or m.reasoning):
-            parts.append(_actions(m, i))
+            parts.append(_actions(m, i, names or {}))
     return "\n\n".join(parts) + "\n"
 
 

@@ -24,7 +24,10 @@ class TranscriptMessage:
     reasoning: str = ""  # a reasoning model's thinking (reasoning_content)
     thought_s: float | None = None  # how long it thought: set when the answer begins
     show_thinking: bool = False  # the thoughts opened by a click
-    finish_reason: str | None = None  # the server's, for the reply written this session
+    finish_reason: str | None = None  # the server's (stop, length, ...)
+    model: str | None = None  # the model that wrote a reply (its id)
+    tok_s: float | None = None  # its speed and first-token time, as the client measured them
+    ttft: float | None = None
 
     @property
     def out_of_budget(self) -> bool:
@@ -55,7 +58,8 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
         status = "stopped" if m.status == "streaming" else m.status  # a reply cut off by a crash of the app
         msg = TranscriptMessage(m.role, m.content, status,
                                 "the reply was interrupted" if status == "error" else None, msg_id=m.id,
-                                reasoning=m.reasoning, thought_s=m.thought_s)
+                                reasoning=m.reasoning, thought_s=m.thought_s, finish_reason=m.finish_reason,
+                                model=m.model, tok_s=m.tok_s, ttft=m.ttft)
         if m.role == "assistant" and versions is not None:
             kept, shown = versions.get(m.id)
             if kept and kept[shown] == m.content:  # the one shown is the one stored
