@@ -3,7 +3,7 @@ budget, pooling and finishing, for every request the engine holds (vLLM v1's Out
 
 LLMEngine.step() is schedule -> execute -> process outputs; this is the last part. It holds each
 request's text-side state (its detokenizer, stop-string matcher, text so far, timings, prompt
-logprobs, thinking-budget count, pooled sum) and ends a request through `finish`, which the
+logprobs, thinking-budget count, pooled sum) and ends a request through `on_finish`, which the
 engine passes in (the scheduler and the runner let the sequence go). No torch.
 """
 from __future__ import annotations
@@ -35,13 +35,13 @@ class _Request:
 
 
 class OutputProcessor:
-    """Every running request's text side; `finish(seq, status)` ends a sequence in the engine."""
+    """Every running request's text side; `on_finish(seq, status)` ends a sequence in the engine."""
 
     def __init__(self, tokenizer: Tokenizer, max_model_len: int,
-                 finish: Callable[[Sequence, SequenceStatus], None]) -> None:
+                 on_finish: Callable[[Sequence, SequenceStatus], None]) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.finish = finish  # ends a sequence the stopping rules ended (scheduler and runner)
+        self.on_finish = on_finish  # a stopping rule ended the sequence: the scheduler and runner let it go
         self._requests: dict[str, _Request] = {}
         self._pending_aborts: list[str] = []
 
@@ -188,7 +188,7 @@ class OutputProcessor:
     def _finish(self, request_id: str, reason: str, new_text: str = "", new_ids=(), logprobs=None) -> RequestOutput:
         req = self._requests.pop(request_id)
         if reason != "abort" and not req.seq.status.is_finished:
-            self.finish(req.seq, SequenceStatus.FINISHED_LENGTH if reason == "length"
+            self.on_finish(req.seq, SequenceStatus.FINISHED_LENGTH if reason == "length"
                         else SequenceStatus.FINISHED_STOPPED)
         return self._output(req, list(new_ids), new_text, reason, logprobs)
 
