@@ -82,7 +82,7 @@ def build_engine(args):
                           max_model_len=args.ctx, chat_template=args.chat_template or installed_template(args.model))
     try:
         engine = load_engine(config, args.backend, args.device)[0]
-        if not getattr(engine.runner, "generates", True):
+        if not engine.runner.generates:
             engine.close()
             print(f"error: {path} is an embedding model ({engine.runner.architecture}): it makes embeddings, "
                   "not text; serve it (`ember serve --model FILE`) and ask /v1/embeddings", file=sys.stderr)

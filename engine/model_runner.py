@@ -8,6 +8,7 @@ first, form one [T] batch. For sequence i with n new tokens starting at position
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence as Seq
 
 import psutil
@@ -21,7 +22,7 @@ from engine.sampling.step_sampler import StepSampler
 from engine.loaders.load import load_model
 from engine.model_files.fit import auto_dtype, cpu_has_fast_bf16
 from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context
-from engine.runner import RunnerOutput
+from engine.runner import Runner, RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def free_memory_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     """The Runner (engine/runner.py) over Ember's torch models and paged KV pool."""
 
     paged_kv = True  # the pool is the block manager's blocks
@@ -203,9 +204,19 @@ class ModelRunner:
     pools_embeddings = True  # fills RunnerOutput.pooled (engine/runner.py)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        hidden = self.forward(out)
-        result = self.sampler(out, self.logits(out, hidden))
+        hidden = self._timed("forward", self.forward, out)
+        result = self.sampler(out, self._timed("head", self.logits, out, hidden))
         # float64 sums, so a prompt's chunks add up as one sum would
         result.pooled = {seq.seq_id: hidden[start:start + n].double().sum(0).cpu().tolist()
                          for seq, start, n in out.embedding_rows()}
         return result
+
+    def _timed(self, phase: str, fn, *args):
+        """fn(*args), its seconds reported to phase_timer when a bench set one."""
+        if self.phase_timer is None:
+            return fn(*args)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.phase_timer(phase, time.perf_counter() - t0)

@@ -2,12 +2,14 @@
 
 A runner owns a model and its KV memory (the torch ModelRunner, llama.cpp's LlamaCppRunner; a
 draft model or a remote engine next). LLMEngine reads nothing else of it: its context, its KV
-capacity for the block manager's admission, an optional prompt cache for the scheduler, and one
+capacity for the block manager's admission, an optional prompt cache for the scheduler, one
 `execute` per step that runs the scheduled batch and samples, as nano-vllm's runner does, so the
-engine loop handles plain Python results and never a tensor.
+engine loop handles plain Python results and never a tensor, and the optional capabilities
+declared below with their defaults (embeddings, sliding windows, giving memory back, profiling).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,7 +42,14 @@ class RunnerOutput:
     pooled: dict[int, list[float]] = field(default_factory=dict)
 
 
+PhaseTimer = Callable[[str, float], None]  # (phase name, seconds), for every timed call
+
+
 class Runner(Protocol):
+    """The contract. A runner subclasses it (`class ModelRunner(Runner)`) and so inherits the
+    defaults of the optional capabilities, which say what a runner without them does: the engine,
+    the server and the CLI read every member directly and never probe for one."""
+
     max_model_len: int  # context length in tokens: prompt + reply
     vocab_size: int  # rows of its logits (a draft model must match it: engine/speculative/vocab_check.py)
     # The KV lives in the block manager's blocks (block tables address it), so block-hash prefix
@@ -50,6 +59,19 @@ class Runner(Protocol):
     # How many sequences that score their prompt may run at once (None: any number); a runner
     # whose scores depend on what shares its batch keeps them apart (llama.cpp: 1).
     max_scoring_seqs: int | None
+
+    # ---- optional capabilities, with their defaults ----
+    # False for a model that makes no text (EmbeddingRunner): the engine refuses every request.
+    generates: bool = True
+    # True for a runner that fills RunnerOutput.pooled (embeddings through the scheduler, batched
+    # with the chats); the engine refuses embeddings otherwise.
+    pools_embeddings: bool = False
+    # The widest window of the model's sliding-window layers (0: none); the block manager reports
+    # the blocks they are done with to give_back_window (engine/kv_window.py).
+    sliding_window: int = 0
+    # A profiling hook the benches set (app/bench/step_profile.py): while set, a runner that times
+    # its phases (the torch runner: "forward", "head") reports each one's seconds every step.
+    phase_timer: PhaseTimer | None = None
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -66,11 +88,13 @@ class Runner(Protocol):
         and score the prompt rows of sequences that ask for prompt logprobs."""
         ...
 
-    # Optional: `pools_embeddings = True` for a runner that fills RunnerOutput.pooled (embeddings
-    # through the scheduler, batched with the chats); the engine refuses embeddings otherwise.
+    def give_back(self, block_ids: list[int], is_clean: Callable[[int], bool]) -> None:
+        """The block manager's on_clean: a runner whose pool can return clean blocks' memory to
+        the system does so (the torch runner's CPU pool); by default the memory stays."""
 
-    # Optional: `give_back(block_ids, is_clean)`, the block manager's on_clean, for a runner whose
-    # pool can return clean blocks' memory to the system (the torch runner's CPU pool).
+    def give_back_window(self, block_ids: list[int], is_out: Callable[[int], bool]) -> None:
+        """The block manager's on_window_out: the sliding-window layers' memory of blocks out of
+        their window may go back to the system; by default it stays."""
 
     def release(self, seq: Sequence) -> None:
         """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);

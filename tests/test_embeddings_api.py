@@ -14,6 +14,7 @@ score within 5e-3 of the oracle's cosine.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import httpx
 import llama_cpp
@@ -178,7 +179,8 @@ def test_ollama_embed_and_legacy_embeddings(oclient, server, oracle):
 def test_a_checkpoint_on_a_runner_that_cannot_pool_is_refused(tmp_path):
     """No llama.cpp embeddings context opens a GPTQ checkpoint: only Ember's engine pools one."""
     spec = ModelSpec(id="q4", path=str(tmp_path), format="gptq")
-    loaded = LoadedModel(spec=spec, engine=None, backend="torch", device="cpu")
+    engine = SimpleNamespace(runner=SimpleNamespace(pools_embeddings=False))  # the runner's default (engine/runner.py)
+    loaded = LoadedModel(spec=spec, engine=engine, backend="torch", device="cpu")
     with pytest.raises(APIError) as e:
         asyncio.run(Embeddings().run(None, loaded, ["hi"]))
     assert e.value.status == 400 and "GGUF" in e.value.message

@@ -8,7 +8,7 @@ and by importing the GUI's modules in a fresh interpreter.
   real window in its own process), and ui only from gui_main;
 - the GUI's path (app/gui_main.py, ui/ and every project module they import, transitively)
   reaches no torch or llama_cpp, and no engine module but SHARED_ENGINE;
-- the engine core (sequence, block_manager, scheduler, llm_engine, runner) imports no torch.
+- the engine core (sequence, block_manager, scheduler, llm_engine, output_processor, runner) imports no torch.
 Imports inside functions count too: ast.walk sees them all.
 """
 from __future__ import annotations
@@ -213,8 +213,8 @@ def test_the_engine_core_imports_no_torch():
     import sys
 
     for mod in ("engine.sequence", "engine.block_manager", "engine.scheduler", "engine.scheduler_output",
-                "engine.llm_engine", "engine.runner", "engine.speculative.speculator", "engine.speculative.ngram",
-                "engine.speculative.goodput", "engine.speculative.vocab_check"):
+                "engine.llm_engine", "engine.output_processor", "engine.runner", "engine.speculative.speculator",
+                "engine.speculative.ngram", "engine.speculative.goodput", "engine.speculative.vocab_check"):
         code = f"import sys, {mod}; print('torch' in sys.modules)"
         run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr

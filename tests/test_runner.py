@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.runner import RunnerOutput, TokenLogprobs
+from engine.runner import Runner, RunnerOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
@@ -12,7 +12,7 @@ from engine.sequence import Sequence
 VOCAB = 100
 
 
-class CountingRunner:
+class CountingRunner(Runner):
     """A third runner, no model and no torch: the next token is the last one plus one; a prompt
     position p scores logprob -p."""
 

@@ -15,7 +15,7 @@ from app.bench.lib.llamacpp_build import describe
 from app.bench.lib.roofline import (gguf_bytes_per_token, kv_bytes_read, model_bytes_per_token, read_rate,
                                    roofline_rows, stream)
 from app.bench.lib.workloads import bench_ember, make_prompt
-from app.bench.step_profile import format_phases, stack_phases
+from app.bench.step_profile import format_phases, stack_phases, torch_runner
 
 
 def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, float]:
@@ -36,28 +36,28 @@ def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, floa
 def kv_pool_bytes(runner) -> int:
     """The torch runner's KV pool where it is resident at load (zero-filled); a lazy pool
     (engine/kv_pool.py) holds no pages before chats write it, and llama.cpp's is its own."""
-    pool = getattr(runner, "kv_pool", None)
-    if pool is not None and pool.lazy:
+    runner = torch_runner(runner)
+    if runner is None or runner.kv_pool.lazy:
         return 0
-    return sum(t.numel() * t.element_size() for kv in getattr(runner, "kv_caches", []) for t in kv)
+    return sum(t.numel() * t.element_size() for kv in runner.kv_caches for t in kv)
 
 
 def weight_bytes(runner) -> int:
     """Bytes of the torch model's tensors (0 for llama.cpp, whose weights are its own)."""
-    model = getattr(runner, "model", None)
-    if model is None:
+    runner = torch_runner(runner)
+    if runner is None:
         return 0
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return sum(t.numel() * t.element_size() for t in (*runner.model.parameters(), *runner.model.buffers()))
 
 
 def decode_kv_bytes(runner, prompt_tokens: int, new_tokens: int) -> dict[str, int]:
     """K and V bytes a decoded token reads, per engine, at the decode's mean context: tokens 2..n
     of a timed decode attend to prompt + 1 .. prompt + n - 1 keys, prompt + n/2 on average.
     Ember's rows are its pool's; llama.cpp's cache is f16 (2 bytes a value)."""
-    model = getattr(runner, "model", None)
-    if model is None:
+    runner = torch_runner(runner)
+    if runner is None:
         return {"ember": 0, "llama.cpp": 0}
-    config, context = model.config, prompt_tokens + new_tokens // 2
+    config, context = runner.model.config, prompt_tokens + new_tokens // 2
     k_cache = runner.kv_caches[0][0]
     row = k_cache.shape[-1] * k_cache.element_size()  # one KV head's row (q8_0: codes and scales)
     return {"ember": kv_bytes_read(config, context, row),
@@ -67,9 +67,10 @@ def decode_kv_bytes(runner, prompt_tokens: int, new_tokens: int) -> dict[str, in
 def kernel_note(runner) -> str:
     from engine.kernels import default_path
 
-    if getattr(runner, "quantized", False):
-        return f"Ember's, {default_path().name} path"
-    return "dense weights (torch's)" if hasattr(runner, "quantized") else "llama.cpp's"
+    runner = torch_runner(runner)
+    if runner is None:
+        return "llama.cpp's"
+    return f"Ember's, {default_path().name} path" if runner.quantized else "dense weights (torch's)"
 
 
 def run(args) -> int:
@@ -98,8 +99,8 @@ def run(args) -> int:
     bench_ember(engine, prompt[:32], 8)  # warm-up: allocator, kernels, caches
     bench_llamacpp(llm, prompt[:32], 8)
     rows = {"ember": [], "llama.cpp": []}
-    model = getattr(engine.runner, "model", None)
-    weights_read = {"ember": model_bytes_per_token(model) if model is not None else 0,
+    ember = torch_runner(engine.runner)
+    weights_read = {"ember": model_bytes_per_token(ember.model) if ember is not None else 0,
                     "llama.cpp": gguf_bytes_per_token(path)}
     plain, rates = stream(max(weights_read.values())), []  # the read rate, between the engines' runs
     kv = decode_kv_bytes(engine.runner, args.prompt_tokens, args.new_tokens)

@@ -15,6 +15,13 @@ ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::ind
                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math")
 
 
+def torch_runner(runner):
+    """The torch ModelRunner, whose weights and pool the benches read; None for llama.cpp's."""
+    from engine.model_runner import ModelRunner
+
+    return runner if isinstance(runner, ModelRunner) else None
+
+
 def steady_decode(engine, prompts: list[list[int]], max_tokens: int, warm_steps: int = 4) -> list[str]:
     """Admit every prompt and step until all of them decode (prefills done); returns request ids."""
     from engine.sampling_params import SamplingParams
@@ -72,26 +79,6 @@ def format_profile(n: int, prof: dict) -> str:
 STACK_PHASES = ("norms and adds", "qkv", "rope and KV writes", "attention", "o", "gate_up and act", "down")
 
 
-class _Timed:
-    """Times every call of obj.name (an instance attribute shadows the class's method) until
-    closed; the calls' results are unchanged."""
-
-    def __init__(self, obj, name: str) -> None:
-        self.obj, self.name, self.seconds = obj, name, 0.0
-        method = getattr(obj, name)
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-        setattr(obj, name, timed)
-
-    def close(self) -> None:
-        delattr(self.obj, self.name)
-
-
 def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
     """ms per decode step of one greedy stream, split by the native decoder stack's own phase
     timers (engine/kernels/csrc/decoder.cpp; the stack is one op, so no outside profiler sees
@@ -101,31 +88,35 @@ def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float]
     model runs Python layers or the stream ends at its first token (no decode step to time)."""
     from engine.sampling_params import SamplingParams
 
-    stack = getattr(getattr(engine.runner, "model", None), "stack", None)
+    runner = torch_runner(engine.runner)
+    stack = runner.model.stack if runner is not None else None
     if stack is None:
         return None
     engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
     while not any(o.new_token_ids for o in engine.step()):  # the prefill, untimed
         pass
     stack.set_profile(True)
-    forward, head = _Timed(engine.runner, "forward"), _Timed(engine.runner, "logits")
+    timed = {"forward": 0.0, "head": 0.0}
+
+    def add(phase: str, seconds: float) -> None:
+        timed[phase] += seconds
+    engine.runner.phase_timer = add  # the runner's profiling hook (engine/runner.py)
     steps, t0 = 0, time.perf_counter()
     try:
         while engine.has_unfinished():
             engine.step()
             steps += 1
     finally:
-        forward.close()
-        head.close()
+        engine.runner.phase_timer = None
     wall = time.perf_counter() - t0
     seconds = stack.phases()
     stack.set_profile(False)
     if not steps:
         return None
     ms = {name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}
-    outside = forward.seconds * 1e3 / steps - sum(ms.values())
+    outside = timed["forward"] * 1e3 / steps - sum(ms.values())
     return {"step": wall * 1e3 / steps, **ms, "forward outside the stack": max(outside, 0.0),
-            "head": head.seconds * 1e3 / steps}
+            "head": timed["head"] * 1e3 / steps}
 
 
 def format_phases(phases: dict[str, float]) -> str:

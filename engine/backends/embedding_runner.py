@@ -10,12 +10,12 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.model_files.footprint import default_context
 from engine.model_files.meta import read_gguf_meta
-from engine.runner import RunnerOutput
+from engine.runner import Runner, RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 
 
-class EmbeddingRunner:
+class EmbeddingRunner(Runner):
     """The Runner protocol (engine/runner.py) for a model that only embeds."""
 
     paged_kv = False

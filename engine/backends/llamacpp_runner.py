@@ -37,13 +37,13 @@ from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, num_kv_blocks
 from engine.sampling.step_sampler import StepSampler
 from engine.model_files.footprint import MAX_DEFAULT_CONTEXT, default_context
-from engine.runner import RunnerOutput
+from engine.runner import Runner, RunnerOutput
 from engine.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(Runner):
     """The Runner (engine/runner.py) over llama.cpp; its slots are the prompt cache."""
 
     paged_kv = False  # llama.cpp's cells: block tables do not address them

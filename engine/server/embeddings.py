@@ -201,7 +201,7 @@ class Embeddings:
         if len(inputs) > MAX_INPUTS:
             raise APIError(400, f"at most {MAX_INPUTS} inputs per request (got {len(inputs)})",
                            code="invalid_value", param="input")
-        if (getattr(getattr(loaded.engine, "runner", None), "pools_embeddings", False)
+        if (loaded.engine.runner.pools_embeddings
                 and (not gguf or await run_in_threadpool(file_pooling, spec.path) in (None, MEAN))):
             return await pool_on_engine(request, loaded, inputs, truncate)
         if not gguf:

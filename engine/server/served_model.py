@@ -35,7 +35,7 @@ class LoadedModel:
     @property
     def generates(self) -> bool:
         """False for an embedding model: it makes embeddings, not text (EmbeddingRunner)."""
-        return getattr(getattr(self.engine, "runner", None), "generates", True)
+        return self.engine.runner.generates
 
 
 EngineFactory = Callable[[ModelSpec], LoadedModel]
