@@ -10,6 +10,7 @@ import logging.handlers
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,14 +167,14 @@ def _verbose() -> bool:
     return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
 
 
-def _quit_on_signals(app: QApplication) -> None:
+def _quit_on_signals(app: QApplication, quit_app: Callable[[], None]) -> None:
     """SIGTERM/SIGINT quit through the event loop, so the engine child is stopped, not orphaned.
 
     Python runs signal handlers only between bytecodes; an idle timer gives it that chance while
     Qt's loop sits in C++.
     """
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: app.quit())
+        signal.signal(sig, lambda *_: quit_app())
     timer = QTimer(app)
     timer.timeout.connect(lambda: None)
     timer.start(250)
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ember = build_app(settings)
     instance.activated.connect(ember.show_window)
     instance.activated.connect(lambda: log.info("another launch asked to show the window"))
-    _quit_on_signals(app)
+    _quit_on_signals(app, ember.controller.request_quit)
     ember.controller.quit_requested.connect(app.quit)
     if QSystemTrayIcon.isSystemTrayAvailable():
         ember.tray.show()

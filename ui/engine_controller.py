@@ -45,6 +45,7 @@ class EngineController(QObject):
         self.settings = settings
         self.supervisor = supervisor
         self.last_status: dict = {}
+        self.quitting = False  # Quit was asked for (menu, tray, signal)
         self.models: list[str] = []
         self.model_names: dict[str, str] = {}  # id -> the name /v1/models gives (Ember's: the store's)
         self._client: EngineClient | None = None
@@ -195,6 +196,7 @@ class EngineController(QObject):
         self.show_window_requested.emit()
 
     def request_quit(self) -> None:
+        self.quitting = True  # the window's close then quits instead of keeping Ember in the tray
         self.quit_requested.emit()
 
     def poll(self) -> None:

@@ -253,7 +253,7 @@ class MainWindow(QMainWindow):
         """With close_to_tray, closing hides the window and the engine keeps serving; where there is no
         tray to come back from, the window is minimized instead, and says so (Quit is in the File menu)."""
         self.save_geometry()
-        if self.settings.close_to_tray:
+        if self.settings.close_to_tray and not self.engine.quitting:  # Qt's quit closes the windows too
             event.ignore()
             if self.tray is not None and self.tray.isVisible():
                 self.hide()
