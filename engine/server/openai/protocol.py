@@ -4,7 +4,7 @@ Transcribed from OpenAI's API reference the way llama-cpp-python's `types.py` do
 `Field`s for the sampler knobs, bounds on every number so that a bad value is a 400 and never
 a crash or a huge allocation. Unknown fields are ignored; fields we cannot honour (suffix,
 best_of) are refused. Tool and response_format shapes live in `tool_protocol.py`.
-Responses are plain dicts built in `openai_bodies.py`.
+Responses are plain dicts built in `bodies.py`.
 """
 from __future__ import annotations
 

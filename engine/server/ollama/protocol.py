@@ -10,13 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from engine.server.protocol import INT32_MAX, StopString, few_stops
+from engine.server.openai.protocol import INT32_MAX, StopString, few_stops
 from engine.server.tool_protocol import Tool
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-KeepAlive = float | str | None  # "5m", 300, 0, -1: accepted, see ollama_routes.py
+KeepAlive = float | str | None  # "5m", 300, 0, -1: accepted, see routes.py
 
 
 class Options(BaseModel):

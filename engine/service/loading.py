@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from engine.config import EngineConfig
-from engine.server.served_model import EngineFactory, LoadedModel, ModelSpec
+from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
 log = logging.getLogger(__name__)
 
