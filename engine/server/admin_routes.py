@@ -6,16 +6,25 @@ awaited (or, for a load with `wait: false`, answered 202 at once).
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from engine.service import heap
-from engine.service.handle import EngineHandle
+from engine.model_files.manifest import MODEL_ID_PATTERN
 from engine.server.errors import APIError
 from engine.server.model_store import ModelNotFound, ModelStore
-from engine.server.openai.protocol import LoadModelRequest
 from engine.server.reasoning import thinking_switches
+from engine.service import heap
+from engine.service.handle import EngineHandle
+
+
+class LoadModelRequest(BaseModel):
+    """POST /v1/engine/load's body (Ember's own API, the GUI's)."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+    wait: bool = Field(True, description="Answer once the model is loaded (or failed).")
 
 
 def build_admin_router() -> APIRouter:

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from engine.loaders.chat_template import TemplateError
-from engine.server.openai import bodies as R
-from engine.server.errors import APIError
-from engine.server.openai.protocol import ChatCompletionRequest
+from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls
 from engine.sampling_params import ThinkingBudget, ThinkTags
+from engine.server.errors import APIError
+from engine.server.openai import bodies as R
+from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.structured import ReplyShape, reply_shape
-from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls
 
 
 class ChatChoice:

@@ -1,7 +1,7 @@
 """From a validated request to engine work: pick the model, build the prompt, fit the context,
 turn OpenAI's knobs into SamplingParams, and wait on the engine thread's results.
 
-Shared by the chat, completions and responses routes.
+Shared by every wire protocol's routes (engine/server/openai/, ollama/, anthropic/).
 """
 from __future__ import annotations
 

@@ -22,18 +22,18 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.server.openai import bodies as R
 from engine.server.chat import ChatChoice, ChatRun, start_chat
+from engine.server.errors import APIError, shaped_route, validated
 from engine.server.ollama.embeddings import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                              ollama_embeddings_reply)
-from engine.service.served_model import LoadedModel
-from engine.server.errors import APIError, shaped_route, validated
 from engine.server.ollama.models import tag
 from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message
+from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.structured import response_format_grammar
 from engine.server.tool_protocol import ResponseFormat
+from engine.service.served_model import LoadedModel
 
 NDJSON = "application/x-ndjson"
 
