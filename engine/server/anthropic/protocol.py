@@ -2,7 +2,7 @@
 pydantic, and their translation to the ChatCompletionRequest fields that engine.server.chat.start_chat takes.
 
 Transcribed from Anthropic's API reference ("Messages", "Count message tokens"). Bounds on the
-sampler knobs are Ember's own (protocol.py's). Unknown fields (cache_control, citations, service
+sampler knobs are Ember's own (openai/protocol.py's). Unknown fields (cache_control, citations, service
 tiers) are ignored; content Ember cannot take (images, documents, server tools) is a 400 naming it.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ through engine.server.chat.start_chat (model, template, tools, grammar, context,
 The reply is one `message` object, or Anthropic's SSE events (message_start, ping, per content
 block start/delta/stop, message_delta, message_stop). Errors are Anthropic's shape,
 {"type": "error", "error": {"type", "message"}}; the middleware's refusals (key, Host, Origin)
-stay OpenAI's. The key may come as `x-api-key` (auth.py).
+stay OpenAI's. The key may come as `x-api-key` (engine/server/auth.py).
 
 max_tokens larger than what the context has room for is clamped to that room (stop_reason
 max_tokens when it fills): agents send their own large default, not the local model's context.

@@ -1,7 +1,7 @@
 """Ollama's native API, so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
 client) work against Ember: /api/chat, /api/generate, /api/embed and /api/embeddings here;
 /api/tags, /api/show, /api/ps, /api/version and /api/pull in model_routes.py. Embeddings
-are embeddings.py's, as on /v1/embeddings.
+are engine/server/embeddings.py's, as on /v1/embeddings.
 
 No second engine path: a chat (and a templated generate) becomes a ChatCompletionRequest and goes
 through engine.server.chat.start_chat (model, template, tools, grammar, context, sampler, turn stops);
