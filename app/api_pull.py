@@ -1,4 +1,4 @@
-"""The app's downloads behind Ollama's /api/pull (engine/server/ollama_pull.py says why the app
+"""The app's downloads behind Ollama's /api/pull (engine/server/ollama/pull.py says why the app
 hands them over): a name resolved to a catalog entry or a hub file, downloaded by the same
 DownloadManager as `ember models pull` and the model manager (resumable, sha256-checked, the
 same queue file and per-model locks), and its events told as Ollama's progress lines.
@@ -21,7 +21,7 @@ from app.catalog import Catalog, CatalogEntry
 from app.download_jobs import JobState
 from app.hub import HubError, gguf_entries
 from app.store import ModelStore
-from engine.server.ollama_pull import PullError, PullProgress
+from engine.server.ollama.pull import PullError, PullProgress
 
 HUB_PREFIXES = ("hf.co/", "huggingface.co/")
 DEFAULT_QUANT = "Q4_K_M"

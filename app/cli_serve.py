@@ -1,6 +1,6 @@
 """`ember serve`: the engine's OpenAI-compatible server, headless, with defaults from the settings.
 
-The same server and flags as `python -m engine serve` (engine/server/cli.py), run in this
+The same server and flags as `python -m engine serve` (engine/serve.py), run in this
 process; its parser defaults are the engine's (EngineConfig's for the engine's knobs). A flag
 left at that default takes the user's settings instead (host, port, API key, backend, device,
 dtype, KV share, threads, model store, default model: `engine_args`, the mapping the desktop
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
-    from engine.server.cli import add_serve_args
+    from engine.serve import add_serve_args
 
     p = sub.add_parser("serve", help="run the OpenAI-compatible server (no window)")
     p.set_defaults(func=_run)
@@ -27,7 +27,7 @@ def serve_args(args: argparse.Namespace, settings) -> argparse.Namespace:
 
     (A flag typed at exactly its default value cannot be told apart: it takes the settings' too.)"""
     from app.engine_process import engine_args
-    from engine.server.cli import serve_defaults
+    from engine.serve import serve_defaults
 
     defaults = serve_defaults()
     merged = argparse.Namespace(**vars(args))
@@ -41,7 +41,7 @@ def _run(args) -> int:
     from app.api_pull import SettingsPuller
     from app.cli import TERMINAL_HANDLER
     from app.settings import Settings
-    from engine.server.cli import serve
+    from engine.serve import serve
 
     # a server's console is its log: --log-level (info by default) reaches Ember's own loggers too,
     # so the backend decision and the kernels' path show as they do in the desktop app's engine log

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ppid = int(argv[1])
     threading.Thread(target=watch_parent, args=(ppid,), name="parent-watchdog", daemon=True).start()
     from app.api_pull import SettingsPuller
-    from engine.server.cli import main as engine_main  # after the watchdog: the import takes seconds
+    from engine.serve import main as engine_main  # after the watchdog: the import takes seconds
 
     return engine_main(argv[2:], make_puller=SettingsPuller)
 

@@ -1,7 +1,7 @@
-"""`python -m engine serve ...`: the engine process (see engine/server/cli.py)."""
+"""`python -m engine serve ...`: the engine process (see engine/serve.py)."""
 import sys
 
-from engine.server.cli import main
+from engine.serve import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """One frozen configuration for the engine; values derived from it live in the runtime objects.
 
 A field's `help` metadata is its description for `python -m engine serve --help`, whose engine
-flags are generated from these fields (engine/server/cli.py): one declaration, one default.
+flags are generated from these fields (engine/serve.py): one declaration, one default.
 """
 from __future__ import annotations
 

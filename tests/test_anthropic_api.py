@@ -16,9 +16,9 @@ from server_util import start_engine, tiny_model
 
 from engine.outputs import RequestOutput
 from engine.model_files.tool_call_syntax import ToolFormat
-from engine.server.anthropic_protocol import MessagesRequest, openai_messages, openai_tools
-from engine.server.anthropic_routes import _Reply
-from engine.server.chat_routes import ChatChoice, ChatRun
+from engine.server.anthropic.protocol import MessagesRequest, openai_messages, openai_tools
+from engine.server.anthropic.routes import _Reply
+from engine.server.chat import ChatChoice, ChatRun
 from engine.server.errors import APIError
 
 anthropic = pytest.importorskip("anthropic")
@@ -189,7 +189,7 @@ def test_tool_call_reply_as_tool_use_blocks():
         return RequestOutput("r-0", [1], new, [1] * 9, text, finished, "stop" if finished else None, 5, 0)
 
     def reply() -> _Reply:
-        run = ChatRun(None, "m", "msg-1", [0] * 5, None, None, {"r-0": 0}, [ChatChoice(0, ToolFormat.HERMES)])
+        run = ChatRun(None, "m", "msg-1", [0] * 5, None, {"r-0": 0}, [ChatChoice(0, ToolFormat.HERMES)])
         return _Reply(run, [])
 
     r = reply()

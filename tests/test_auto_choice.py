@@ -61,7 +61,7 @@ def test_the_runner_built_directly_resolves_auto_by_the_same_rule():
 @pytest.mark.parametrize("argv", [["chat"], ["generate", "hi"], ["serve"]])
 def test_every_command_that_runs_a_model_defaults_to_auto(argv):
     from app.cli import build_parser
-    from engine.server.cli import build_parser as engine_parser
+    from engine.serve import build_parser as engine_parser
 
     args = build_parser().parse_args(argv)
     assert (args.backend, args.device, args.dtype) == ("auto", "auto", "auto")

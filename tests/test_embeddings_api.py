@@ -24,7 +24,7 @@ import pytest
 from server_util import TINY_CTX, start_engine, tiny_model
 
 from engine.server.embeddings import Embeddings
-from engine.server.served_model import LoadedModel, ModelSpec
+from engine.service.served_model import LoadedModel, ModelSpec
 from engine.server.errors import APIError
 
 ollama = pytest.importorskip("ollama")

@@ -9,10 +9,11 @@ import threading
 import pytest
 
 from engine.sampling_params import SamplingParams
-from engine.server.engine_thread import EngineState, EngineThread, EngineUnavailable
 from engine.model_files.errors import ModelFileError
-from engine.server.loading import check_model_file
-from engine.server.served_model import LoadedModel, ModelSpec
+from engine.service.engine_thread import EngineThread
+from engine.service.handle import EngineState, EngineUnavailable
+from engine.service.loading import check_model_file
+from engine.service.served_model import LoadedModel, ModelSpec
 from test_runner import make_engine
 
 

@@ -26,9 +26,9 @@ from engine.config import EngineConfig
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.server.engine_thread import EngineThread
-from engine.server.served_model import LoadedModel, ModelSpec
-from engine.server.metrics import RateMeter
+from engine.service.engine_thread import EngineThread
+from engine.service.served_model import LoadedModel, ModelSpec
+from engine.service.metrics import RateMeter
 
 BACKENDS = ("torch", "llama.cpp")
 PER_REQUEST = ("Sequence", "_Request", "RequestOutput", "IncrementalDetokenizer", "StopStringMatcher", "Job",

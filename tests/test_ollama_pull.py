@@ -18,7 +18,7 @@ from store_helpers import FakeHub, Fault, write_tiny_gguf
 
 from app.catalog import Catalog
 from engine.server.errors import APIError
-from engine.server.ollama_pull import pull_reply
+from engine.server.ollama.pull import pull_reply
 
 ollama = pytest.importorskip("ollama")
 

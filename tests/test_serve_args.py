@@ -15,8 +15,8 @@ from app.engine_process import engine_args, to_argv
 from app.settings import Settings
 from app.supervisor import EngineSupervisor
 from engine.config import EngineConfig
-from engine.server.cli import CONFIG_FLAGS, add_serve_args, config_kwargs
-from engine.server.cli import build_parser as engine_parser
+from engine.serve import CONFIG_FLAGS, add_serve_args, config_kwargs
+from engine.serve import build_parser as engine_parser
 
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 

@@ -9,10 +9,10 @@ import pytest
 
 from engine.server.app import ServerSettings, create_app
 from engine.server.auth import SecurityPolicy, check_bind, host_name, is_loopback
-from engine.server.engine_thread import EngineThread
+from engine.service.engine_thread import EngineThread
 from engine.server.errors import APIError
-from engine.server.loading import make_engine_factory
-from engine.server.metrics import Metrics
+from engine.service.loading import make_engine_factory
+from engine.service.metrics import Metrics
 from engine.server.serving import fit_context
 
 KEY = "test-key-123"

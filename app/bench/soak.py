@@ -6,7 +6,7 @@ step that slows as the heap fragments, is a bug a short benchmark never shows. T
 `--clients` concurrent clients send `--per-client` requests one after another, a fixed mix
 (soak_mix.py) of prompt lengths, streamed and not, chat and completions, stop strings,
 logprobs, and clients that hang up mid-stream. After each round it waits for the engine to go
-idle (and to trim its heap, engine/server/allocator.py) and prints the server's RSS (also
+idle (and to trim its heap, engine/service/allocator.py) and prints the server's RSS (also
 before the trim, and split into heap / KV pool / file mappings), its heap figures (the status
 route's `heap` field, which this bench turns on: live request objects, Python blocks, glibc's
 in-use vs. free bytes), KV blocks in use, the round's tok/s and the server's CPU time per token

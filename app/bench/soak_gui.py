@@ -155,8 +155,8 @@ def start_app(args):
 def measure_round(ember, i: int, res: dict, total: int, rss_before: int, args) -> dict:
     """A settled round's figures: RSS, glibc's in-use and free bytes, Python's blocks, QObjects
     under the window (after the warm-up and at the end only: see count_qobjects) and live chats."""
-    from engine.server.allocator import malloc_stats, resident_bytes
-    from engine.server.heap import live_objects
+    from engine.service.allocator import malloc_stats, resident_bytes
+    from engine.service.heap import live_objects
 
     rss, mal = resident_bytes(), malloc_stats() or {}
     return {"round": i, **res, "total_replies": total, "rss": rss,
@@ -206,7 +206,7 @@ def summarize(rounds: list[dict], total: int, args) -> dict:
 
 
 def soak(args) -> dict:
-    from engine.server.allocator import resident_bytes
+    from engine.service.allocator import resident_bytes
 
     qapp, ember = start_app(args)
     rss0, total, rounds, baseline = resident_bytes(), 0, [], None

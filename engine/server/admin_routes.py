@@ -6,16 +6,25 @@ awaited (or, for a load with `wait: false`, answered 202 at once).
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from engine.server import heap
-from engine.server.engine_thread import EngineThread
+from engine.model_files.manifest import MODEL_ID_PATTERN
 from engine.server.errors import APIError
 from engine.server.model_store import ModelNotFound, ModelStore
-from engine.server.protocol import LoadModelRequest
 from engine.server.reasoning import thinking_switches
+from engine.service import heap
+from engine.service.handle import EngineHandle
+
+
+class LoadModelRequest(BaseModel):
+    """POST /v1/engine/load's body (Ember's own API, the GUI's)."""
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
+    wait: bool = Field(True, description="Answer once the model is loaded (or failed).")
 
 
 def build_admin_router() -> APIRouter:
@@ -52,7 +61,7 @@ def build_admin_router() -> APIRouter:
     return router
 
 
-def health_body(t: EngineThread) -> dict:
+def health_body(t: EngineHandle) -> dict:
     loaded = t.model
     spec = loaded.spec if loaded else t.loading
     return {"status": t.state, "message": t.message, "model": spec.id if spec else None,
@@ -60,7 +69,7 @@ def health_body(t: EngineThread) -> dict:
             "decision": loaded.decision if loaded else None}
 
 
-def model_list(t: EngineThread, store: ModelStore) -> dict:
+def model_list(t: EngineHandle, store: ModelStore) -> dict:
     """The loaded model first, then the store's, each once."""
     loaded = t.model
     entries, seen = [], set()
@@ -75,7 +84,7 @@ def model_list(t: EngineThread, store: ModelStore) -> dict:
     return {"object": "list", "data": entries}
 
 
-def engine_status(t: EngineThread) -> dict:
+def engine_status(t: EngineHandle) -> dict:
     """/health plus what the GUI shows: the KV cache, the queue, speed and speculation."""
     d = health_body(t)
     s = t.stats
@@ -98,12 +107,12 @@ def engine_status(t: EngineThread) -> dict:
             "acceptance_rate": spec.acceptance_rate, "mean_accepted_length": spec.mean_accepted,
             "tokens_per_target_pass": spec.tokens_per_pass, "draft_seconds": round(spec.draft_seconds, 3),
             "verify_seconds": round(spec.verify_seconds, 3)}
-    if heap.enabled():  # a soak's view of what the process holds (engine/server/heap.py)
+    if heap.enabled():  # a soak's view of what the process holds (engine/service/heap.py)
         d["heap"] = heap.heap_report(t.trimmer)
     return d
 
 
-async def _load(t: EngineThread, store: ModelStore, body: LoadModelRequest):
+async def _load(t: EngineHandle, store: ModelStore, body: LoadModelRequest):
     try:
         spec = store.get(body.model)
     except ModelNotFound as e:

@@ -1,9 +1,9 @@
 """`create_app(engine_thread, settings)`: the FastAPI app of the engine process.
 
-The routes are the *_routes.py modules' routers: OpenAI's (chat, completions, responses,
-embeddings), Ollama's, Anthropic's, and the engine's own (admin_routes.py: /health, /v1/models,
-/metrics, the GUI's /v1/engine/*). Everything is passed in (no module globals); the engine
-thread is started with the app and stopped with it.
+The routes are each wire protocol's routers: openai/ (chat, completions, responses,
+embeddings), ollama/, anthropic/, and the engine's own (admin_routes.py: /health, /v1/models,
+/metrics, the GUI's /v1/engine/*). Everything is passed in (no module globals): the engine
+thread (engine/service/) is built by the caller, started with the app and stopped with it.
 """
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.server.admin_routes import build_admin_router
+from engine.server.anthropic.routes import build_anthropic_router
 from engine.server.auth import SecurityMiddleware, SecurityPolicy
-from engine.server.engine_thread import EngineThread
+from engine.server.embeddings import Embeddings
 from engine.server.errors import install_error_handlers
 from engine.server.model_store import ModelStore
-from engine.server.chat_routes import build_chat_router
-from engine.server.embedding_routes import build_embeddings_router
-from engine.server.embeddings import Embeddings
-from engine.server.completions_routes import build_completions_router
-from engine.server.responses_routes import build_responses_router
-from engine.server.ollama_pull import Puller
-from engine.server.ollama_model_routes import build_ollama_models_router
-from engine.server.ollama_routes import build_ollama_router
-from engine.server.anthropic_routes import build_anthropic_router
+from engine.server.ollama.model_routes import build_ollama_models_router
+from engine.server.ollama.pull import Puller
+from engine.server.ollama.routes import build_ollama_router
+from engine.server.openai.chat_routes import build_chat_router
+from engine.server.openai.completions_routes import build_completions_router
+from engine.server.openai.embedding_routes import build_embeddings_router
+from engine.server.openai.responses_routes import build_responses_router
+from engine.service.handle import EngineHandle
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ServerSettings:
     extra: dict = field(default_factory=dict)
 
 
-def create_app(engine_thread: EngineThread, settings: ServerSettings | None = None,
+def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = None,
                puller: Puller | None = None) -> FastAPI:
     """`puller`: the app's downloads behind Ollama's /api/pull (None: that route answers 501)."""
     settings = settings or ServerSettings()

@@ -30,8 +30,8 @@ from starlette.requests import Request
 
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
-from engine.server import openai_bodies as R
-from engine.server.served_model import LoadedModel
+from engine.server.openai import bodies as R
+from engine.service.served_model import LoadedModel
 from engine.server.errors import APIError
 from engine.server.serving import Job
 
@@ -151,6 +151,14 @@ def plan_inputs(inputs, tokenize, n_vocab: int, n_ctx: int, truncate: bool) -> l
     return plans
 
 
+def check_dimensions(dimensions: int | None, size: int) -> None:
+    """No model here is trained to be cut short (Matryoshka): only its own size is accepted."""
+    if dimensions is not None and dimensions != size:
+        raise APIError(400, f"dimensions {dimensions} is not supported: this model's embeddings have "
+                       f"{size} dimensions (omit it or pass {size})", code="invalid_value", param="dimensions")
+
+
+
 _pooling: dict[str, int | None] = {}  # GGUF path -> its {arch}.pooling_type (None: names none)
 
 
@@ -172,8 +180,7 @@ async def pool_on_engine(request: Request, loaded: LoadedModel, inputs, truncate
     try:
         for i, ids in enumerate(plans):  # background work: a chat's next token goes first
             job.submit(ids, SamplingParams(max_tokens=1, embed=True, priority=1), f"{rid}-{i}", engine)
-        while job.unfinished:
-            rid, out = await job.next()
+        async for rid, out in job:
             if out.finished:
                 if out.embedding is None:
                     raise APIError(400, f"input[{rid.rsplit('-', 1)[1]}] does not fit the KV pool",

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ _UNION_HINTS = {"prompt": "must be a string, a list of strings, a list of token 
                 "content": "must be a string or a list of text parts"}
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str | None]:
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None, str | None]:
     """The first error as "param: message", OpenAI style; bad JSON gets its own message."""
     errors = exc.errors()
     if not errors:
@@ -77,6 +78,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, s
     return f"{param}: {msg}", param, "invalid_value"
 
 
+def validated(cls, data: dict):
+    """A request model built by a route from a translated request (Ollama's, Anthropic's); its
+    refusals are 400s with the same message a client's own body would get."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise APIError(400, validation_message(RequestValidationError(e.errors()))[0]) from None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -85,7 +95,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param, code = _validation_message(exc)
+        message, param, code = validation_message(exc)
         return error_response(400, message, code, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -117,7 +127,7 @@ def shaped_route(error_response: Callable[[int, str], JSONResponse]) -> type[API
                 except APIError as e:
                     return error_response(e.status, e.message)
                 except RequestValidationError as e:
-                    return error_response(400, _validation_message(e)[0])
+                    return error_response(400, validation_message(e)[0])
                 except StarletteHTTPException as e:  # FastAPI's own, e.g. a body that is not JSON
                     return error_response(e.status_code, str(e.detail))
             return route

@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.model_files.manifest import MANIFEST, chat_template_path, is_model_id, read_manifest, slugify
 from engine.model_files.meta import read_meta
-from engine.server.served_model import ModelSpec
+from engine.service.served_model import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """From a validated request to engine work: pick the model, build the prompt, fit the context,
 turn OpenAI's knobs into SamplingParams, and wait on the engine thread's results.
 
-Shared by the chat, completions and responses routes.
+Shared by every wire protocol's routes (engine/server/openai/, ollama/, anthropic/).
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from starlette.requests import Request
 
 from engine.llm_engine import ContextLengthError
 from engine.sampling_params import SamplingParams
-from engine.server.engine_thread import EngineThread, EngineUnavailable
-from engine.server.served_model import LoadedModel
+from engine.service.handle import EngineHandle, EngineUnavailable
+from engine.service.served_model import LoadedModel
 from engine.server.errors import APIError
 from engine.server.model_store import ModelStore
-from engine.server.protocol import SamplingRequest
+from engine.server.openai.protocol import SamplingRequest
 
 
-def require_model(thread: EngineThread, store: ModelStore, requested: str | None,
+def require_model(thread: EngineHandle, store: ModelStore, requested: str | None,
                   text: bool = True) -> LoadedModel:
     """The loaded model, if the request names it (or names nothing); with `text`, one that
     generates (an embedding model answers only the embedding routes)."""
@@ -129,11 +129,12 @@ def engine_error(e: BaseException) -> APIError:
 class Job:
     """Requests submitted for one HTTP call (one per prompt), read back from one queue.
 
-    A watcher task reads the connection's ASGI `receive`: when the client goes away it aborts
-    every unfinished request at once, so the engine frees their KV blocks on its next step.
+    `async for rid, out in job` reads their outputs. A watcher task reads the connection's ASGI
+    `receive`: when the client goes away it aborts every unfinished request at once, so the
+    engine frees their KV blocks on its next step.
     """
 
-    def __init__(self, thread: EngineThread, request: Request) -> None:
+    def __init__(self, thread: EngineHandle, request: Request) -> None:
         self.thread, self.request = thread, request
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
@@ -141,6 +142,7 @@ class Job:
         self.t0 = time.monotonic()
         self.first_token_at: dict[str, float] = {}
         self._watcher: asyncio.Task | None = None
+        self._first: tuple | None = None  # first()'s output, which iteration yields first
 
     def submit(self, ids: list[int], params: SamplingParams, rid: str, engine) -> None:
         def sink(item, rid=rid):  # engine thread
@@ -154,7 +156,7 @@ class Job:
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch())
 
-    async def next(self):
+    async def _next(self):
         """(request id, RequestOutput); raises the first error as an APIError."""
         rid, item = await self.queue.get()
         if isinstance(item, BaseException):
@@ -169,13 +171,25 @@ class Job:
         return rid, item
 
     async def first(self):
-        """The first next(); if it fails (or the handler is cancelled) the job is closed, so its
-        sequences are aborted before the error reaches the client."""
+        """Wait for the first output, so that an error the engine finds is still a proper 4xx and
+        not a broken stream; iterating the job yields it again first. If it fails (or the handler
+        is cancelled) the job is closed, so its sequences are aborted before the error reaches
+        the client."""
         try:
-            return await self.next()
+            self._first = await self._next()
         except BaseException:
             self.close()
             raise
+        return self._first
+
+    async def __aiter__(self):
+        """Every (request id, RequestOutput) until each request has finished: the one `first()`
+        received, then the rest as they come. An engine error is raised as an APIError."""
+        if self._first is not None:
+            item, self._first = self._first, None
+            yield item
+        while self.unfinished:
+            yield await self._next()
 
     def _record(self, rid: str, out) -> None:
         m = self.thread.metrics

@@ -14,22 +14,16 @@ def sse(data) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def job_events(job: Job, first, emit, done, end: str | None = "data: [DONE]\n\n"
-                     ) -> AsyncIterator[str]:
+async def job_events(job: Job, emit, done, end: str | None = "data: [DONE]\n\n") -> AsyncIterator[str]:
     """Drive a job as SSE: `emit(item)` yields chunks per output, `done()` the closing ones.
     Closing the generator (client gone) aborts the unfinished requests in `job.close()`."""
     try:
-        item = first
-        while True:
-            for chunk in emit(item):
-                yield chunk if isinstance(chunk, str) else sse(chunk)
-            if not job.unfinished:
-                break
-            try:
-                item = await job.next()
-            except APIError as e:  # the engine failed or the model was switched mid-stream
-                yield sse(error_body(e.status, e.message, e.code))
-                break
+        try:
+            async for item in job:
+                for chunk in emit(item):
+                    yield chunk if isinstance(chunk, str) else sse(chunk)
+        except APIError as e:  # the engine failed or the model was switched mid-stream
+            yield sse(error_body(e.status, e.message, e.code))
         for chunk in done():
             yield chunk if isinstance(chunk, str) else sse(chunk)
         if end:

@@ -1,7 +1,7 @@
 """OpenAI request shapes for tools and structured outputs: function tools, tool_choice,
 assistant tool calls in the history, and response_format.
 
-Kept apart from protocol.py (the sampler knobs) because these are what agents send: each schema
+Kept apart from openai/protocol.py (the sampler knobs) because these are what agents send: each schema
 is checked for shape here, and for enforceability when it is compiled (engine/grammar.py).
 """
 from __future__ import annotations

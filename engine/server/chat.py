@@ -1,31 +1,32 @@
-"""POST /v1/chat/completions: messages (and tools) through the model's chat template, n choices,
-structured outputs and tool calls, streamed (SSE) or not. A reasoning model's thinking (a
-`<think>` block, found from the chat template: engine/server/reasoning.py) goes to
-`reasoning_content`, apart from the answer in `content`, which alone is parsed for tool calls.
+"""The chat pipeline every API shares: a ChatCompletionRequest (OpenAI's chat body, which
+Ollama's and Anthropic's requests are translated to) becomes a prompt through the model's chat
+template, is fitted to the context, and is submitted as n choices; each `ChatChoice` turns the
+outputs into answer text, reasoning and tool calls (as OpenAI-shaped deltas when streamed).
+The wire protocols (engine/server/openai/, ollama/, anthropic/) shape the replies.
 
-The handler waits for the first result before answering, so an error the engine finds is still
-a proper 4xx and not a broken stream. With n > 1 the first choice is submitted alone and the
-others once it has its first token: by then its prompt's KV exists, and the others start from
-it (the torch runner's prefix cache shares its blocks, llama.cpp's slots copy its cells), so the
-prompt is computed once; `ember_prompt_cached_tokens_total` counts what they reused.
+`start_chat` waits for the first result before a route answers, so an error the engine finds is
+still a proper 4xx and not a broken stream. With n > 1 the first choice is submitted alone and
+the others once it has its first token: by then its prompt's KV exists, and the others start
+from it (the torch runner's prefix cache shares its blocks, llama.cpp's slots copy its cells), so
+the prompt is computed once; `ember_prompt_cached_tokens_total` counts what they reused. A
+reasoning model's thinking (a `<think>` block, found from the chat template: reasoning.py) goes
+to `reasoning`, apart from the answer, which alone is parsed for tool calls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
 
 from engine.loaders.chat_template import TemplateError
-from engine.server import openai_bodies as R
-from engine.server.errors import APIError
-from engine.server.protocol import ChatCompletionRequest
+from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls
 from engine.sampling_params import ThinkingBudget, ThinkTags
+from engine.server.errors import APIError
+from engine.server.openai import bodies as R
+from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
-from engine.server.sse import SSE_HEADERS, job_events
 from engine.server.structured import ReplyShape, reply_shape
-from engine.model_files.tool_call_syntax import ToolFormat, may_start_call, parse_tool_calls
 
 
 class ChatChoice:
@@ -105,35 +106,6 @@ class ChatChoice:
         yield {}, self.reason, None
 
 
-def _usage(choices: list[ChatChoice], prompt_tokens: int) -> dict:
-    """OpenAI counts the prompt once for n choices; cached: what the first found cached."""
-    thinking = any(c.parser is not None for c in choices)
-    return R.usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached,
-                   sum(c.drafted for c in choices), sum(c.accepted for c in choices),
-                   sum(c.reasoning_tokens for c in choices) if thinking else None)
-
-
-def build_chat_router() -> APIRouter:
-    router = APIRouter()
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        run = await start_chat(request, body, "chatcmpl")
-        job, first, index, choices, rid, model = run.job, run.first, run.index, run.choices, run.rid, run.model
-        created, tt, ids = R.now(), R.TokenText(run.engine.tokenizer), run.prompt_ids
-        if body.stream:
-            return StreamingResponse(_stream(job, first, index, choices, rid, model, created, tt, body, len(ids)),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        await run.collect()
-        out = [{"index": c.index, "message": c.message(), "finish_reason": c.reason,
-                "logprobs": {"content": R.chat_logprob_items(tt, c.lps)} if body.logprobs else None}
-               for c in choices]
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                             "choices": out, "usage": _usage(choices, len(ids)), "system_fingerprint": None})
-
-    return router
-
-
 @dataclass(slots=True)
 class ChatRun:
     """A chat request submitted to the engine, its first output received."""
@@ -141,20 +113,15 @@ class ChatRun:
     model: str
     rid: str
     prompt_ids: list[int]
-    job: Job
-    first: tuple
+    job: Job  # its first output received (Job.first), which iterating it yields again
     index: dict[str, int]  # engine request id -> choice index
     choices: list[ChatChoice]
 
     async def collect(self) -> None:
         """Feed every output to its choice until all are finished (a reply that is not streamed)."""
         try:
-            item = self.first
-            while True:
-                self.choices[self.index[item[0]]].add(item[1])
-                if not self.job.unfinished:
-                    break
-                item = await self.job.next()
+            async for rid, out in self.job:
+                self.choices[self.index[rid]].add(out)
         finally:
             self.job.close()
 
@@ -165,7 +132,7 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     loaded = require_model(state.engine_thread, state.model_store, body.model)
     engine = loaded.engine
     shape = await reply_shape(engine, body)
-    prompt = _render(engine, body, shape)
+    prompt = render_prompt(engine, body, shape)
     ids = await encode(engine, prompt)
     max_tokens = body.requested_max_tokens
     if max_tokens == 0:
@@ -190,15 +157,16 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]
     job.submit(ids, params[0], subs[0], engine)
-    first = await job.first()
+    await job.first()
     for i in range(1, body.n):  # the prompt's KV now exists: these start from it
         job.submit(ids, params[i], subs[i], engine)
-    return ChatRun(engine, loaded.spec.id, rid, ids, job, first, {s: i for i, s in enumerate(subs)},
+    return ChatRun(engine, loaded.spec.id, rid, ids, job, {s: i for i, s in enumerate(subs)},
                    [ChatChoice(i, shape.tools, ReasoningParser(fmt, inside) if fmt is not ReasoningFormat.NONE
                                else None) for i in range(body.n)])
 
 
-def _render(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
+def render_prompt(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
+    """The messages (and tools) through the model's chat template, ready for the reply."""
     extra = body.template_variables | ({"tools": shape.template_tools} if shape.template_tools else {})
     try:
         return engine.chat_template.render([m.as_template_dict() for m in body.messages],
@@ -228,23 +196,3 @@ def thinking_budget(fmt: ReasoningFormat, tags: ThinkTags | None, requested: int
         raise APIError(400, "this model's <think> tags are not single tokens: its thinking cannot be budgeted",
                        param="max_reasoning_tokens", code="invalid_value")
     return ThinkingBudget(limit, tags.open_id, tags.close_id, tags.starts_inside)
-
-
-
-
-def _stream(job, first, index, choices, rid, model, created, tt, body: ChatCompletionRequest, n_prompt: int):
-    with_usage = body.include_usage
-
-    def emit(item):
-        c = choices[index[item[0]]]
-        c.add(item[1])
-        for delta, reason, items in c.stream_deltas(item[1], tt, body.logprobs):
-            chunk = R.chat_chunk(rid, model, created, delta, reason, items, with_usage)
-            chunk["choices"][0]["index"] = c.index
-            yield chunk
-
-    def done():
-        if with_usage:
-            yield R.usage_chunk(rid, model, created, "chat.completion.chunk", _usage(choices, n_prompt))
-
-    return job_events(job, first, emit, done)

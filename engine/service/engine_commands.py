@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
-from engine.server.served_model import ModelSpec
+from engine.service.served_model import ModelSpec
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine

@@ -1,10 +1,12 @@
-"""OpenAI request shapes (chat completions, completions), validated by pydantic.
+"""OpenAI request shapes (chat completions, completions), validated by pydantic. The chat request
+is also what Ollama's and Anthropic's requests are translated to: the shared chat pipeline
+(engine/server/chat.py) takes it.
 
 Transcribed from OpenAI's API reference the way llama-cpp-python's `types.py` does: shared
 `Field`s for the sampler knobs, bounds on every number so that a bad value is a 400 and never
 a crash or a huge allocation. Unknown fields are ignored; fields we cannot honour (suffix,
-best_of) are refused. Tool and response_format shapes live in `tool_protocol.py`.
-Responses are plain dicts built in `openai_bodies.py`.
+best_of) are refused. Tool and response_format shapes live in `engine/server/tool_protocol.py`.
+Responses are plain dicts built in `bodies.py`.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from engine.model_files.manifest import MODEL_ID_PATTERN
 from engine.server.tool_protocol import ResponseFormat, Tool, ToolCall, ToolChoice
 
 INT32_MAX = 2**31 - 1
@@ -269,9 +270,3 @@ class CompletionRequest(SamplingRequest):
         if p and isinstance(p[0], int):
             return [list(p)]
         return list(p)
-
-
-class LoadModelRequest(BaseModel):
-    model_config = _config
-    model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
-    wait: bool = Field(True, description="Answer once the model is loaded (or failed).")

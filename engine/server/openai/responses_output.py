@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import secrets
 
-from engine.server import openai_bodies as R
-from engine.server.chat_routes import ChatChoice, ChatRun
-from engine.server.responses_protocol import ResponsesRequest
+from engine.server.openai import bodies as R
+from engine.server.chat import ChatChoice, ChatRun
+from engine.server.openai.responses_protocol import ResponsesRequest
 
 
 def new_item_id(prefix: str) -> str:

@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.server.auth import check_bind, is_loopback
 
 if typing.TYPE_CHECKING:
-    from engine.server.ollama_pull import Puller
+    from engine.server.ollama.pull import Puller
 
 log = logging.getLogger("engine.server")
 
@@ -131,7 +131,7 @@ def write_ready_file(path: str, data: dict) -> None:
 
 
 def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:
-    """`make_puller(models_dir)`: the app's downloads behind Ollama's /api/pull (see ollama_pull.py)."""
+    """`make_puller(models_dir)`: the app's downloads behind Ollama's /api/pull (see engine/server/ollama/pull.py)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # refuse a dangerous bind before importing torch and friends
         api_key = resolve_api_key(args)
@@ -142,8 +142,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
     import uvicorn
 
     from engine.server.app import ServerSettings, create_app
-    from engine.server.engine_thread import EngineThread
-    from engine.server.loading import check_model_file, make_engine_factory
+    from engine.service.engine_thread import EngineThread
+    from engine.service.loading import check_model_file, make_engine_factory
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
 
     try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.server import openai_bodies as R
+from engine.server.openai import bodies as R
 from engine.server.errors import APIError
-from engine.server.protocol import CompletionRequest
+from engine.server.openai.protocol import CompletionRequest
 from engine.server.serving import Job, check_token_ids, encode, fit_context, require_model, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 
@@ -32,12 +32,12 @@ def build_completions_router() -> APIRouter:
         rid = R.new_id("cmpl")
         job = Job(state.engine_thread, request)
         index, choices = _submit(job, body, engine, plans, rid, requested, scoring)
-        first = await job.first()
+        await job.first()
         created = R.now()
         if body.stream:
-            return StreamingResponse(_completion_stream(job, first, index, choices, rid, model, created, body),
+            return StreamingResponse(_completion_stream(job, index, choices, rid, model, created, body),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
-        await _collect(job, first, index, choices)
+        await _collect(job, index, choices)
         return JSONResponse(R.completion(rid, model, created, [c.final() for c in choices], _usage(choices)))
 
     return router
@@ -89,15 +89,11 @@ def _submit(job: Job, body: CompletionRequest, engine, plans: list[tuple], rid: 
     return index, choices
 
 
-async def _collect(job: Job, first, index: dict, choices: list) -> None:
+async def _collect(job: Job, index: dict, choices: list) -> None:
     """Feed every result to its choice until all are finished (the non-streaming reply)."""
     try:
-        item = first
-        while True:
-            choices[index[item[0]]].add(item[1])
-            if not job.unfinished:
-                break
-            item = await job.next()
+        async for rid, out in job:
+            choices[index[rid]].add(out)
     finally:
         job.close()
 
@@ -148,7 +144,7 @@ class _Choice:
         return R.completion_choice(self.index, self.text, self.reason, lp)
 
 
-def _completion_stream(job, first, index, choices, rid, model, created, body: CompletionRequest):
+def _completion_stream(job, index, choices, rid, model, created, body: CompletionRequest):
     with_usage = body.include_usage
 
     def emit(item):
@@ -161,4 +157,4 @@ def _completion_stream(job, first, index, choices, rid, model, created, body: Co
         if with_usage:
             yield R.usage_chunk(rid, model, created, "text_completion", _usage(choices))
 
-    return job_events(job, first, emit, done)
+    return job_events(job, emit, done)

@@ -11,11 +11,11 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.server import openai_bodies as R
-from engine.server.chat_routes import ChatRun, start_chat
-from engine.server.responses_output import (ResponseBody, call_item, message_item, new_item_id, output_items,
+from engine.server.openai import bodies as R
+from engine.server.chat import ChatRun, start_chat
+from engine.server.openai.responses_output import (ResponseBody, call_item, message_item, new_item_id, output_items,
                                             reasoning_item, text_part)
-from engine.server.responses_protocol import ResponsesRequest
+from engine.server.openai.responses_protocol import ResponsesRequest
 from engine.server.sse import SSE_HEADERS, job_events
 
 
@@ -28,7 +28,7 @@ def build_responses_router() -> APIRouter:
         resp = ResponseBody(body, run)
         if body.stream:
             events = _ResponseEvents(run, resp)
-            return StreamingResponse(job_events(run.job, run.first, events.emit, lambda: (), end=None),
+            return StreamingResponse(job_events(run.job, events.emit, lambda: (), end=None),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         await run.collect()
         return JSONResponse(resp.make(run.choices[0], output_items(run.choices[0])))

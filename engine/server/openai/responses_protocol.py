@@ -1,7 +1,7 @@
 """OpenAI Responses API request shapes (`POST /v1/responses`), the stateless core: text and
 message input items, function calls and their outputs, instructions, function tools,
 `text.format`. `to_chat()` maps a request onto a chat completion request, so both APIs run
-through one path (templates, grammars, tool parsing) in chat_routes.py.
+through one path (templates, grammars, tool parsing) in engine/server/chat.py.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.server.errors import APIError
-from engine.server.protocol import (ChatCompletionRequest, max_tokens_field, model_field, seed_field,
+from engine.server.openai.protocol import (ChatCompletionRequest, max_tokens_field, model_field, seed_field,
                                     temperature_field, top_p_field)
 from engine.server.tool_protocol import FUNCTION_NAME
 

@@ -2,12 +2,12 @@
 it (Claude Code, the `anthropic` client) work against Ember, as llama.cpp's server, Ollama and
 LM Studio serve it.
 
-No second engine path: a request becomes a ChatCompletionRequest (anthropic_protocol.py) and goes
-through chat_routes.start_chat (model, template, tools, grammar, context, sampler, turn stops).
+No second engine path: a request becomes a ChatCompletionRequest (protocol.py) and goes
+through engine.server.chat.start_chat (model, template, tools, grammar, context, sampler, turn stops).
 The reply is one `message` object, or Anthropic's SSE events (message_start, ping, per content
 block start/delta/stop, message_delta, message_stop). Errors are Anthropic's shape,
 {"type": "error", "error": {"type", "message"}}; the middleware's refusals (key, Host, Origin)
-stay OpenAI's. The key may come as `x-api-key` (auth.py).
+stay OpenAI's. The key may come as `x-api-key` (engine/server/auth.py).
 
 max_tokens larger than what the context has room for is clamped to that room (stop_reason
 max_tokens when it fills): agents send their own large default, not the local model's context.
@@ -17,15 +17,13 @@ from __future__ import annotations
 import json
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
-from engine.server.anthropic_protocol import (CountTokensRequest, MessagesRequest, openai_messages,
+from engine.server.anthropic.protocol import (CountTokensRequest, MessagesRequest, openai_messages,
                                               openai_tools, sampler_fields)
-from engine.server.chat_routes import ChatRun, _render, start_chat
-from engine.server.errors import APIError, _validation_message, shaped_route
-from engine.server.protocol import ChatCompletionRequest
+from engine.server.chat import ChatRun, render_prompt, start_chat
+from engine.server.errors import APIError, shaped_route, validated
+from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.serving import encode, require_model
 from engine.server.sse import SSE_HEADERS
 from engine.server.structured import reply_shape
@@ -45,10 +43,7 @@ AnthropicRoute = shaped_route(lambda status, message: JSONResponse(_error_body(s
 
 def _chat_request(body: CountTokensRequest, **sampler) -> ChatCompletionRequest:
     data = {"model": body.model, "messages": openai_messages(body), **openai_tools(body), **sampler}
-    try:
-        return ChatCompletionRequest.model_validate(data)
-    except ValidationError as e:
-        raise APIError(400, _validation_message(RequestValidationError(e.errors()))[0]) from None
+    return validated(ChatCompletionRequest, data)
 
 
 async def _start(request: Request, req: ChatCompletionRequest) -> ChatRun:
@@ -136,7 +131,7 @@ class _Reply:
 
     def events(self, out):
         """The events for what `out` added (text that may begin a tool call is held back until
-        the reply ends and is parsed, as chat_routes does)."""
+        the reply ends and is parsed, as the OpenAI chat stream does)."""
         self.add(out)
         for delta, _reason, _items in self.choice.stream_deltas(out, None, False):
             if delta.get("reasoning_content"):  # a thinking block, before the text (no signature: local)
@@ -180,17 +175,13 @@ class _Reply:
         job = self.run.job
         try:
             yield self.head()
-            item = self.run.first
-            while True:
-                for e in self.events(item[1]):
+            async for _rid, out in job:
+                for e in self.events(out):
                     yield e
-                if not job.unfinished:
-                    break
-                try:
-                    item = await job.next()
-                except APIError as e:
-                    yield _event("error", _error_body(e.status, e.message))
-                    return
+        except APIError as e:
+            yield _event("error", _error_body(e.status, e.message))
+            return
+        else:
             for e in self.tail():
                 yield e
         finally:
@@ -199,12 +190,8 @@ class _Reply:
     async def collect(self) -> dict:
         job = self.run.job
         try:
-            item = self.run.first
-            while True:
-                self.add(item[1])
-                if not job.unfinished:
-                    break
-                item = await job.next()
+            async for _rid, out in job:
+                self.add(out)
         finally:
             job.close()
         return self.message()
@@ -229,7 +216,7 @@ def build_anthropic_router() -> APIRouter:
         req = _chat_request(body)
         engine = require_model(state.engine_thread, state.model_store, req.model).engine
         shape = await reply_shape(engine, req.model_copy(update={"tool_choice": None}))
-        ids = await encode(engine, _render(engine, req, shape))
+        ids = await encode(engine, render_prompt(engine, req, shape))
         return {"input_tokens": len(ids)}
 
     return router

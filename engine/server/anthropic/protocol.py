@@ -1,8 +1,8 @@
 """Anthropic's Messages API request shapes (/v1/messages, /v1/messages/count_tokens), validated by
-pydantic, and their translation to the ChatCompletionRequest fields that chat_routes.start_chat takes.
+pydantic, and their translation to the ChatCompletionRequest fields that engine.server.chat.start_chat takes.
 
 Transcribed from Anthropic's API reference ("Messages", "Count message tokens"). Bounds on the
-sampler knobs are Ember's own (protocol.py's). Unknown fields (cache_control, citations, service
+sampler knobs are Ember's own (openai/protocol.py's). Unknown fields (cache_control, citations, service
 tiers) are ignored; content Ember cannot take (images, documents, server tools) is a 400 naming it.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from engine.server.errors import APIError
-from engine.server.protocol import INT32_MAX, StopString, few_stops
+from engine.server.openai.protocol import INT32_MAX, StopString, few_stops
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
 

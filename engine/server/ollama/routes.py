@@ -1,10 +1,10 @@
 """Ollama's native API, so that programs speaking Ollama (Open WebUI, Continue, the `ollama`
 client) work against Ember: /api/chat, /api/generate, /api/embed and /api/embeddings here;
-/api/tags, /api/show, /api/ps, /api/version and /api/pull in ollama_model_routes.py. Embeddings
-are embeddings.py's, as on /v1/embeddings.
+/api/tags, /api/show, /api/ps, /api/version and /api/pull in model_routes.py. Embeddings
+are engine/server/embeddings.py's, as on /v1/embeddings.
 
 No second engine path: a chat (and a templated generate) becomes a ChatCompletionRequest and goes
-through chat_routes.start_chat (model, template, tools, grammar, context, sampler, turn stops);
+through engine.server.chat.start_chat (model, template, tools, grammar, context, sampler, turn stops);
 a raw generate is the same steps without the template. Replies are NDJSON lines (streamed, the
 default) or one object, the last with Ollama's counts and durations (nanoseconds). Errors are
 Ollama's shape, {"error": "..."}; the middleware's refusals (key, Host, Origin) stay OpenAI's.
@@ -20,22 +20,20 @@ import time
 from datetime import datetime, timezone
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
-from engine.server import openai_bodies as R
-from engine.server.chat_routes import ChatChoice, ChatRun, start_chat
-from engine.server.embedding_routes import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
-                                            ollama_embeddings_reply)
-from engine.server.served_model import LoadedModel
-from engine.server.errors import APIError, _validation_message, shaped_route
-from engine.server.ollama_models import tag
-from engine.server.ollama_protocol import ChatRequest, Format, GenerateRequest, Message
-from engine.server.protocol import ChatCompletionRequest, SamplingRequest
+from engine.server.chat import ChatChoice, ChatRun, start_chat
+from engine.server.errors import APIError, shaped_route, validated
+from engine.server.ollama.embeddings import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
+                                             ollama_embeddings_reply)
+from engine.server.ollama.models import tag
+from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message
+from engine.server.openai import bodies as R
+from engine.server.openai.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
 from engine.server.structured import response_format_grammar
 from engine.server.tool_protocol import ResponseFormat
+from engine.service.served_model import LoadedModel
 
 NDJSON = "application/x-ndjson"
 
@@ -46,14 +44,6 @@ OllamaRoute = shaped_route(lambda status, message: ollama_error(status, message)
 
 def ollama_error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-def _validated(cls, data: dict):
-    """A request model built here from a translated request; its refusals are 400s."""
-    try:
-        return cls.model_validate(data)
-    except ValidationError as e:
-        raise APIError(400, _validation_message(RequestValidationError(e.errors()))[0]) from None
 
 
 def _now() -> str:
@@ -115,7 +105,7 @@ def _openai_messages(messages: list[Message]) -> list[dict]:
 async def _start_raw(request: Request, loaded: LoadedModel, prompt: str, sampler: dict, fmt: Format) -> ChatRun:
     """A raw generate: the prompt as it is, the rest as start_chat does it."""
     engine = loaded.engine
-    sreq = _validated(SamplingRequest, {"model": loaded.spec.id, **sampler})
+    sreq = validated(SamplingRequest, {"model": loaded.spec.id, **sampler})
     rf = _response_format(fmt)
     grammar = await response_format_grammar(engine, ResponseFormat.model_validate(rf) if rf else None, "format")
     ids = await encode(engine, prompt)
@@ -126,8 +116,8 @@ async def _start_raw(request: Request, loaded: LoadedModel, prompt: str, sampler
     rid = R.new_id("ollama")
     job = Job(request.app.state.engine_thread, request)
     job.submit(ids, params, f"{rid}-0", engine)
-    first = await job.first()
-    return ChatRun(engine, loaded.spec.id, rid, ids, job, first, {f"{rid}-0": 0}, [ChatChoice(0, None)])
+    await job.first()
+    return ChatRun(engine, loaded.spec.id, rid, ids, job, {f"{rid}-0": 0}, [ChatChoice(0, None)])
 
 
 # ---- replies ---------------------------------------------------------------------------------
@@ -178,17 +168,13 @@ class _Reply:
         """NDJSON; an engine failure mid-stream is an {"error"} line, as Ollama sends it."""
         job = self.run.job
         try:
-            item = self.run.first
-            while True:
-                for chunk in self.feed(item[1]):
+            async for _rid, out in job:
+                for chunk in self.feed(out):
                     yield _line(chunk)
-                if not job.unfinished:
-                    break
-                try:
-                    item = await job.next()
-                except APIError as e:
-                    yield _line({"error": e.message})
-                    return
+        except APIError as e:
+            yield _line({"error": e.message})
+            return
+        else:
             yield _line(self.final())
         finally:
             job.close()
@@ -229,7 +215,7 @@ def build_ollama_router() -> APIRouter:
         loaded = _loaded(request, body.model)
         if not body.messages:
             return _loaded_reply(loaded, chat=True)
-        req = _validated(ChatCompletionRequest, {
+        req = validated(ChatCompletionRequest, {
             "model": loaded.spec.id, "messages": _openai_messages(body.messages), "tools": body.tools,
             "response_format": _response_format(body.format), **body.options.sampler_fields(),
             **body.think_fields()})
@@ -254,7 +240,7 @@ def build_ollama_router() -> APIRouter:
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
                 {"role": "user", "content": body.prompt}]
-            req = _validated(ChatCompletionRequest, {"model": loaded.spec.id, "messages": messages,
+            req = validated(ChatCompletionRequest, {"model": loaded.spec.id, "messages": messages,
                                                      "response_format": _response_format(body.format), **sampler,
                                                      **body.think_fields()})
             run = await start_chat(request, req, "ollama")

@@ -12,7 +12,7 @@ from engine.model_files.gguf_file import GGUFFile
 from engine.model_files.manifest import is_model_id, manifest_path, read_manifest
 from engine.model_files.meta import read_meta
 from engine.model_files.tool_call_syntax import tool_format
-from engine.server.served_model import LoadedModel, ModelSpec
+from engine.service.served_model import LoadedModel, ModelSpec
 from engine.server.reasoning import ReasoningFormat, detect_format
 
 

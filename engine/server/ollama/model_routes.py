@@ -1,6 +1,6 @@
 """Ollama's model routes: /api/version, /api/tags, /api/show, /api/ps and /api/pull. What they say
-of a model is ollama_models.py's; a pull is the app's downloads (ollama_pull.py). Errors are
-Ollama's shape, as on its chat routes (ollama_routes.py)."""
+of a model is models.py's; a pull is the app's downloads (pull.py). Errors are
+Ollama's shape, as on its chat routes (routes.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,13 +8,13 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.server.served_model import LoadedModel, ModelSpec
+from engine.service.served_model import LoadedModel, ModelSpec
 from engine.server.errors import APIError
 from engine.server.model_store import ModelStore
-from engine.server.ollama_models import facts as model_facts, listing as model_listing, show as model_show
-from engine.server.ollama_protocol import PullRequest, ShowRequest
-from engine.server.ollama_pull import pull_reply
-from engine.server.ollama_routes import OllamaRoute, ollama_error, ollama_model_id, ollama_not_found
+from engine.server.ollama.models import facts as model_facts, listing as model_listing, show as model_show
+from engine.server.ollama.protocol import PullRequest, ShowRequest
+from engine.server.ollama.pull import pull_reply
+from engine.server.ollama.routes import OllamaRoute, ollama_error, ollama_model_id, ollama_not_found
 
 
 def build_ollama_models_router() -> APIRouter:

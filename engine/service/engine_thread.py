@@ -18,15 +18,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
-from engine.server.allocator import IDLE_TRIM_S, Trimmer
-from engine.server.engine_commands import Abort, Add, Command, Load, Sink, Stop, Unload
-from engine.server.metrics import Metrics
-from engine.server.served_model import EngineFactory, LoadedModel, ModelSpec
+from engine.service.allocator import IDLE_TRIM_S, Trimmer
+from engine.service.engine_commands import Abort, Add, Command, Load, Sink, Stop, Unload
+from engine.service.handle import EngineState, EngineStatus, EngineUnavailable
+from engine.service.metrics import Metrics
+from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
 if TYPE_CHECKING:
     from engine.llm_engine import EngineStats, LLMEngine
@@ -34,36 +33,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class EngineUnavailable(RuntimeError):
-    """No model is loaded (or it is loading, or the load failed)."""
-
-
-class EngineState(StrEnum):
-    """What /health says, like llama.cpp's server_state (the values are the HTTP API's)."""
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    ERROR = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStatus:
-    """The engine thread's state, replaced whole so that a reader never sees half a change."""
-    state: EngineState
-    message: str
-    loading: ModelSpec | None = None  # the model being loaded
-    model: LoadedModel | None = None  # the model in service (set only when READY)
-
-
 class EngineThread:
-    """Owns the engine. Handlers call the methods above the loop; only the loop writes state."""
+    """Owns the engine. Handlers call the methods above the loop (handle.EngineHandle); only the
+    loop writes state."""
 
     def __init__(self, factory: EngineFactory, metrics: Metrics | None = None,
                  check: Callable[[ModelSpec], None] = lambda _spec: None) -> None:
         self._factory = factory
         self._check = check  # reads a file before a load drops the model serving now; raises if it is unusable
         self.metrics = metrics or Metrics()
-        self.trimmer = Trimmer()  # malloc_trim once idle (engine/server/allocator.py)
+        self.trimmer = Trimmer()  # malloc_trim once idle (engine/service/allocator.py)
         self._trim_due = False  # steps, a load or an unload ran since the last trim
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}

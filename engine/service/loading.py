@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupported_architecture
 from engine.model_files.meta import read_meta
-from engine.server.served_model import EngineFactory, LoadedModel, ModelSpec
+from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import tracemalloc
 from collections import Counter
 from collections.abc import Iterable
 
-from engine.server.allocator import malloc_stats
+from engine.service.allocator import malloc_stats
 
 ENV = "EMBER_DEBUG_HEAP"
 _baseline: tracemalloc.Snapshot | None = None  # the first report's snapshot, under tracemalloc

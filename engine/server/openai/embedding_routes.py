@@ -1,28 +1,26 @@
-"""POST /v1/embeddings (OpenAI's shape), POST /v1/rerank (the Jina/Cohere shape llama.cpp's server
-answers), and the replies of Ollama's /api/embed and /api/embeddings (routed in ollama_routes.py,
-where its error shape is). The vectors come from embeddings.py.
+"""POST /v1/embeddings (OpenAI's shape) and POST /v1/rerank (the Jina/Cohere shape llama.cpp's
+server answers); Ollama's /api/embed and /api/embeddings are engine/server/ollama/embeddings.py's.
+The vectors come from engine/server/embeddings.py.
 
 Rerank scores each document by the cosine similarity of its embedding to the query's (a
 bi-encoder: what an embedding model such as all-MiniLM is trained for), highest first. A
 cross-encoder reranker file (rank pooling: bge-reranker, jina-reranker) is refused in words: its
 pair scoring is llama.cpp's rank pooling, which Ember does not run yet.
 
-OpenAI's and Ollama's /api/embed vectors are L2-normalized; Ollama's legacy /api/embeddings
-returns the pooled vector as it is, as Ollama does (ollama/ollama#8094).
+The vectors are L2-normalized, as Ollama's /api/embed's are.
 """
 from __future__ import annotations
 
 import base64
-import time
 from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.server.embeddings import MAX_INPUTS, EmbedResult, l2_normalize
+from engine.server.embeddings import MAX_INPUTS, check_dimensions, l2_normalize
 from engine.server.errors import APIError
-from engine.server.protocol import INT32_MAX, model_field
+from engine.server.openai.protocol import INT32_MAX, model_field
 from engine.server.serving import require_model
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -47,24 +45,6 @@ class EmbeddingRequest(BaseModel):
         return list(x)
 
 
-class OllamaEmbedRequest(BaseModel):
-    model_config = _config
-    model: str
-    input: str | Annotated[list[str], Field(max_length=MAX_INPUTS)]
-    truncate: bool = True  # Ollama's default: an input over the context keeps its first tokens
-    dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
-    options: dict | None = None
-    keep_alive: str | int | float | None = None
-
-
-class OllamaEmbeddingsRequest(BaseModel):
-    model_config = _config
-    model: str
-    prompt: str
-    options: dict | None = None
-    keep_alive: str | int | float | None = None
-
-
 class RerankRequest(BaseModel):
     model_config = _config
     model: str | None = model_field
@@ -81,13 +61,6 @@ def rerank_results(query: np.ndarray, docs: list[np.ndarray], top_n: int | None)
     scores = [float(l2_normalize(d).astype(np.float64) @ q) for d in docs]
     ranked = sorted(enumerate(scores), key=lambda r: (-r[1], r[0]))
     return ranked[:top_n]
-
-
-def check_dimensions(dimensions: int | None, size: int) -> None:
-    """No model here is trained to be cut short (Matryoshka): only its own size is accepted."""
-    if dimensions is not None and dimensions != size:
-        raise APIError(400, f"dimensions {dimensions} is not supported: this model's embeddings have "
-                       f"{size} dimensions (omit it or pass {size})", code="invalid_value", param="dimensions")
 
 
 def build_embeddings_router() -> APIRouter:
@@ -132,13 +105,3 @@ def build_embeddings_router() -> APIRouter:
 
     return router
 
-
-def ollama_embed_reply(model: str, res: EmbedResult, dimensions: int | None, t0: float) -> dict:
-    check_dimensions(dimensions, len(res.vectors[0]))
-    return {"model": model, "embeddings": [l2_normalize(v).tolist() for v in res.vectors],
-            "total_duration": int((time.monotonic() - t0) * 1e9),
-            "load_duration": int(res.load_seconds * 1e9), "prompt_eval_count": sum(res.num_tokens)}
-
-
-def ollama_embeddings_reply(res: EmbedResult) -> dict:
-    return {"embedding": np.asarray(res.vectors[0], dtype=np.float32).tolist()}

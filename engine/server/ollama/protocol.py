@@ -1,7 +1,7 @@
 """Ollama's request shapes (/api/chat, /api/generate, /api/show), validated by pydantic.
 
 Transcribed from Ollama's API reference (docs/api.md, api/types.go). Bounds are Ember's own
-(protocol.py's), so a value the sampler cannot take is a 400 naming Ollama's field. Unknown
+(openai/protocol.py's), so a value the sampler cannot take is a 400 naming Ollama's field. Unknown
 fields and options are ignored, as Ollama does.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from engine.server.protocol import INT32_MAX, StopString, few_stops
+from engine.server.openai.protocol import INT32_MAX, StopString, few_stops
 from engine.server.tool_protocol import Tool
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-KeepAlive = float | str | None  # "5m", 300, 0, -1: accepted, see ollama_routes.py
+KeepAlive = float | str | None  # "5m", 300, 0, -1: accepted, see routes.py
 
 
 class Options(BaseModel):
@@ -42,7 +42,7 @@ class Options(BaseModel):
         return few_stops(v)
 
     def sampler_fields(self) -> dict:
-        """The options as SamplingRequest fields (protocol.py), with Ollama's defaults for the
+        """The options as SamplingRequest fields (openai/protocol.py), with Ollama's defaults for the
         sampler (api/types.go DefaultOptions: temperature 0.8, top_k 40, top_p 0.9). Ollama's
         repeat_penalty 1.1 looks at the last 64 tokens, Ember's at the whole reply, so it is off
         unless asked for."""
