@@ -47,7 +47,7 @@ What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp)
 How the family's Hugging Face checkpoints say it (engine/loaders/hf_checkpoint.py reads them,
 engine/quant/hf_config.py and writer.py write them):
 - hf_model_types: config.json model_types that are this family; the first is the one
-  `ember quantize` writes, with hf_class as its "architectures".
+  `ember quantize` writes, with hf_class as its "architectures" (none: it refuses the family).
 - hf_attention_bias: whether q/k/v carry biases when config.json has no attention_bias key, and
   None for the families whose config.json states it (written by `ember quantize`; Qwen2's
   always carry biases, Phi-3's never, and neither config has the key).

@@ -67,6 +67,8 @@ class GGUFSource:
 
         self.file = open_gguf(self.path)
         self.config = config_from_file(self.file)
+        if not self.config.family.hf_class:  # its Family names no Hugging Face architecture
+            raise ValueError(f"{self.path}: `ember quantize` cannot write {self.config.arch} checkpoints yet")
         self.tensors = check_tensors(self.file, self.config)
         if self.config.rope_freq_factors:  # refused now, not after quantizing, when config.json cannot say it
             try:
