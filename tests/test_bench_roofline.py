@@ -38,9 +38,10 @@ def test_kv_bytes_read_counts_each_layers_context_or_window():
     from dataclasses import replace
 
     from app.bench.lib.roofline import kv_bytes_read
+    from engine.model_files.families import FAMILIES
     from engine.models.config import ModelConfig
 
-    base = ModelConfig(arch="llama", vocab_size=10, hidden_size=64, intermediate_size=128, num_layers=4,
+    base = ModelConfig(family=FAMILIES["llama"], vocab_size=10, hidden_size=64, intermediate_size=128, num_layers=4,
                        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
                        rope_scaling=None, context_length=512, tie_word_embeddings=False, attention_bias=False)
     row = 32  # bytes of one KV head's row (16 values of 2 bytes)

@@ -11,7 +11,7 @@ from app.catalog import Catalog, CatalogEntry, CatalogFile
 from engine.model_files.architectures import (EMBEDDING_ARCHITECTURES, EMBER_ARCHITECTURES, LLAMA_CPP_ARCHITECTURES,
                                               embeds_only, llama_cpp_runs)
 from engine.model_files.fit import FORMATS
-from engine.model_files.meta import HF_MODEL_TYPES
+from engine.model_files.families import hf_family
 
 REQUIRED = {name for name, f in CatalogEntry.__dataclass_fields__.items()
             if name != "hub_base_url"}  # the fields to_dict writes: every entry spells all of them
@@ -47,7 +47,8 @@ def test_every_entry_runs_on_a_runner_of_ember(catalog):
         if e.format == "gguf":  # general.architecture: llama.cpp, or Ember's engine (a subset)
             assert llama_cpp_runs(e.architecture), (e.id, e.architecture)
         else:  # config.json model_type: only Ember's engine reads GPTQ/AWQ directories
-            assert HF_MODEL_TYPES.get(e.architecture) in EMBER_ARCHITECTURES, (e.id, e.architecture)
+            family = hf_family(e.architecture)
+            assert family is not None and family.name in EMBER_ARCHITECTURES, (e.id, e.architecture)
 
 
 def test_every_entry_has_the_schemas_fields(doc, catalog):

@@ -11,16 +11,17 @@ import torch
 from engine.layers.rope_scaling import RopeScaling
 from engine.loaders.gguf_config import read_model_config
 from engine.loaders.gguf_loader import load_model, unpermute_rows
+from engine.model_files.families import FAMILIES
 from engine.models.config import ModelConfig
 
 
 def test_config_from_metadata(tiny_model_factory):
     cfg = read_model_config(tiny_model_factory(arch="qwen2", hidden=96, n_heads=6, n_kv_heads=2, ffn=160,
                                                n_layers=3, ctx=256, rope_theta=5e4, tied=True))
-    assert cfg == ModelConfig(arch="qwen2", vocab_size=cfg.vocab_size, hidden_size=96, intermediate_size=160,
-                              num_layers=3, num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=cfg.rms_norm_eps,
-                              rope_theta=5e4, rope_scaling=None, context_length=256, tie_word_embeddings=True,
-                              attention_bias=True)
+    assert cfg == ModelConfig(family=FAMILIES["qwen2"], vocab_size=cfg.vocab_size, hidden_size=96,
+                              intermediate_size=160, num_layers=3, num_heads=6, num_kv_heads=2, head_dim=16,
+                              rms_norm_eps=cfg.rms_norm_eps, rope_theta=5e4, rope_scaling=None, context_length=256,
+                              tie_word_embeddings=True, attention_bias=True)
     assert abs(cfg.rms_norm_eps - 1e-5) < 1e-9 and cfg.vocab_size > 256
 
 

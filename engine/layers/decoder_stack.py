@@ -13,8 +13,17 @@ import torch
 from engine.kernels import CpuPath, default_path, kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
+from engine.models.config import ModelConfig
 
-ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1}  # decoder.cpp's set_family
+ACTIVATION_IDS = {"silu": 0, "gelu_tanh": 1}  # decoder.cpp's Switches
+
+
+def stack_switches(c: ModelConfig) -> dict[str, float]:
+    """The family's switches as decoder.cpp's Switches struct reads them, by name (it refuses a
+    name missing or unknown); a new switch is a key here and a field there."""
+    f = c.family
+    return {"qk_norm": float(f.qk_norm), "post_norms": float(f.post_norms),
+            "activation": float(ACTIVATION_IDS[f.activation]), "scale": c.scale}
 
 
 def build_stack(model, path: CpuPath | None = None):
@@ -29,13 +38,13 @@ def build_stack(model, path: CpuPath | None = None):
     c = model.config
     stack = torch.classes.ember.DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size,
                                              c.intermediate_size, c.rms_norm_eps)
-    stack.set_family(c.qk_norm, c.post_norms, ACTIVATION_IDS[c.activation], c.scale)
+    stack.set_family(stack_switches(c))
     for i, (layer, group) in enumerate(zip(model.layers, linears)):
         stack.add_layer(c.window(i), c.rope(i))
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
-        if c.qk_norm:
+        if c.family.qk_norm:
             norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
-        if c.post_norms:
+        if c.family.post_norms:
             norms += [layer.attn_output_norm, layer.mlp_output_norm]
         for norm in norms:
             stack.add_norm(norm.weight.float())

@@ -3,10 +3,7 @@ allocated; which family does what is data (engine/model_files/families.py).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
-
-import torch
 
 from engine.layers.rope_scaling import RopeScaling
 from engine.model_files.families import FAMILIES, NOT_YET, Family
@@ -118,7 +115,7 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     scaling = rope_scaling(f, arch, long_rope)
     num_layers = _dim(f, f"{arch}.block_count", MAX_DIM["num_layers"])
     cfg = ModelConfig(
-        arch=arch, vocab_size=embd[0], hidden_size=hidden,
+        family=family, vocab_size=embd[0], hidden_size=hidden,
         intermediate_size=_dim(f, f"{arch}.feed_forward_length", MAX_DIM["intermediate_size"]),
         num_layers=num_layers, num_heads=n_heads, num_kv_heads=n_kv,
         head_dim=head_dim, rms_norm_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
@@ -145,24 +142,21 @@ def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_la
     query scale by layer count (llama.cpp's rule)."""
     arch = family.name
     scale = (hidden / n_heads) ** -0.5 if num_layers in family.attention_scale_by_layers else None
-    return layer_fields(family, hidden, num_layers, _int(f, f"{arch}.attention.sliding_window", 0),
+    return layer_fields(family, num_layers, _int(f, f"{arch}.attention.sliding_window", 0),
                         f.get(f"{arch}.attention.sliding_window_pattern"), scale, family.local_rope_base)
 
 
-def layer_fields(family: Family, hidden: int, num_layers: int, window: int, pattern,
+def layer_fields(family: Family, num_layers: int, window: int, pattern,
                  attention_scale: float | None, local_base: float | None) -> dict:
     """The ModelConfig fields a family's description and a file's header (GGUF or config.json)
-    decide together: which layers slide and with which RoPE, the query scale, the embedding scale."""
+    decide together: which layers slide and with which RoPE, and the query scale."""
     if family.ignores_sliding_window:
         window = 0
     slides = sliding_layers(family.name, window, pattern, num_layers)
     rope = [1 if s and family.local_rope_base else 0 for s in slides]
     if family.no_rope_period:
         rope = [-1 if (i + 1) % family.no_rope_period == 0 else r for i, r in enumerate(rope)]
-    # ggml scales by sqrtf(n_embd): the float32 value, kept exactly
-    embed_scale = torch.tensor(math.sqrt(hidden), dtype=torch.float32).item() if family.embed_scale_sqrt_hidden else 1.0
-    return dict(qk_norm=family.qk_norm, post_norms=family.post_norms, activation=family.activation,
-                embed_scale=embed_scale, attention_scale=attention_scale,
+    return dict(attention_scale=attention_scale,
                 rope_theta_local=float(local_base) if family.local_rope_base else None,
                 layer_windows=tuple(window if s else 0 for s in slides) if any(slides) else (),
                 layer_rope=tuple(rope) if any(rope) else ())

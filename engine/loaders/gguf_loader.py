@@ -26,7 +26,6 @@ from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.gguf_config import GGUFError, config_from_file, open_gguf
 from engine.loaders.gguf_blocks import REPACKABLE, from_gguf_blocks
 from engine.loaders.weight_names import FUSED, FUSED_IN_FILE, GLOBALS, NORMS
-from engine.model_files.families import FAMILIES
 from engine.model_files.gguf_file import GGUFFile, TensorInfo
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
@@ -36,7 +35,7 @@ from engine.weights.quant_weight import QuantWeight, cat_rows
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape the metadata implies."""
     d, q, kv, f = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    fused = FAMILIES[cfg.arch].fused_projections
+    fused = cfg.family.fused_projections
     shapes = {"token_embd.weight": (cfg.vocab_size, d), "output_norm.weight": (d,)}
     if not cfg.tie_word_embeddings:
         shapes["output.weight"] = (cfg.vocab_size, d)
@@ -60,9 +59,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "ffn_down.weight"] = (d, f)
         if cfg.attention_bias:
             shapes |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
-        if cfg.qk_norm:
+        if cfg.family.qk_norm:
             shapes |= {p + "attn_q_norm.weight": (cfg.head_dim,), p + "attn_k_norm.weight": (cfg.head_dim,)}
-        if cfg.post_norms:
+        if cfg.family.post_norms:
             shapes |= {p + "post_attention_norm.weight": (d,), p + "post_ffw_norm.weight": (d,)}
     return shapes
 
@@ -129,7 +128,7 @@ class GGUFWeights:
                  device: str | torch.device, quantized: bool) -> None:
         self.f, self.cfg, self.tensors = f, cfg, tensors
         self.dtype, self.device, self.quantized = dtype, device, quantized
-        self.permuted, self.fused = FAMILIES[cfg.arch].rope_interleaved, FAMILIES[cfg.arch].fused_projections
+        self.permuted, self.fused = cfg.family.rope_interleaved, cfg.family.fused_projections
         self.held_dense: set[str] = set()  # filled while the model takes its weights
 
     def get(self, tname: str, quant: bool):

@@ -23,8 +23,8 @@ from safetensors import SafetensorError, safe_open
 from engine.layers.llama3_rope import llama3_factors
 from engine.layers.rope_scaling import RopeScaling
 from engine.loaders.gguf_config import MAX_DIM, layer_fields
-from engine.model_files.families import FAMILIES
-from engine.model_files.meta import HF_MODEL_TYPES, SWA_PERIOD, quantization_config_of, read_json
+from engine.model_files.families import Family, hf_family, hf_model_types
+from engine.model_files.meta import quantization_config_of, read_json
 from engine.models.config import ModelConfig
 from engine.model_files.quant_config import CheckpointError, QuantSpec, parse_quantization_config
 
@@ -70,13 +70,13 @@ def _rope_fields(config: dict, head_dim: int, where: Path) -> dict:
     return out
 
 
-def _layer_rope(config: dict, arch: str, where: Path) -> tuple[int, ...]:
+def _layer_rope(config: dict, family: Family, where: Path) -> tuple[int, ...]:
     """SmolLM3's RoPE-less layers: config.json's no_rope_layers (1: RoPE, 0: none), else every
     no_rope_layer_interval-th (the family's period by default); () when every layer turns."""
     n = config.get("num_hidden_layers")
     flags = config.get("no_rope_layers")
     if flags is None:
-        period = config.get("no_rope_layer_interval", FAMILIES[arch].no_rope_period)
+        period = config.get("no_rope_layer_interval", family.no_rope_period)
         if not period:
             return ()
         flags = [int((i + 1) % period != 0) for i in range(n)]
@@ -102,13 +102,13 @@ def _flat_rope(config: dict) -> dict:
     return out
 
 
-def _family_fields(config: dict, arch: str, hidden: int, head_dim: int, where: Path) -> dict:
+def _family_fields(config: dict, family: Family, head_dim: int, where: Path) -> dict:
     """The family's switches and what config.json says of its layers: Gemma 3's windows
     (layer_types, else sliding_window_pattern), query_pre_attn_scalar and rope_local_base_freq;
     SmolLM3's RoPE-less layers."""
-    family, n = FAMILIES[arch], config.get("num_hidden_layers")
+    n = config.get("num_hidden_layers")
     window, pattern = 0, None
-    if arch in SWA_PERIOD:  # the families whose windows llama.cpp runs (Qwen2's configs carry an unused one)
+    if family.swa_period:  # the families whose windows llama.cpp runs (Qwen2's configs carry an unused one)
         window = _dim(config, "sliding_window", where, MAX_DIM["context_length"])
         types = config.get("layer_types")
         pattern = config.get("sliding_window_pattern")
@@ -118,18 +118,19 @@ def _family_fields(config: dict, arch: str, hidden: int, head_dim: int, where: P
             pattern = [t == "sliding_attention" for t in types]
     qpas = config.get("query_pre_attn_scalar")
     scale = None if qpas in (None, head_dim) else float(qpas) ** -0.5
-    fields = layer_fields(family, hidden, n, window, pattern, scale,
+    fields = layer_fields(family, n, window, pattern, scale,
                           config.get("rope_local_base_freq", family.local_rope_base))
     if family.no_rope_period or "no_rope_layers" in config:
-        fields["layer_rope"] = _layer_rope(config, arch, where)
+        fields["layer_rope"] = _layer_rope(config, family, where)
     return fields
 
 
 def model_config(config: dict, where: Path) -> ModelConfig:
     """ModelConfig from config.json (the tensors are checked against it by the loader)."""
     mtype, config = config.get("model_type"), _flat_rope(config)
-    if mtype not in HF_MODEL_TYPES:
-        raise CheckpointError(f"{where}: unsupported model_type {mtype!r} (supported: {', '.join(HF_MODEL_TYPES)})")
+    family = hf_family(mtype)
+    if family is None:
+        raise CheckpointError(f"{where}: unsupported model_type {mtype!r} (supported: {', '.join(hf_model_types())})")
     hidden = _dim(config, "hidden_size", where, MAX_DIM["hidden_size"])
     n_heads = _dim(config, "num_attention_heads", where, MAX_DIM["num_heads"])
     n_kv = _dim(config, "num_key_value_heads", where, MAX_DIM["num_kv_heads"], n_heads)
@@ -139,17 +140,16 @@ def model_config(config: dict, where: Path) -> ModelConfig:
     head_dim = config.get("head_dim") or hidden // n_heads
     if not isinstance(head_dim, int) or not 2 <= head_dim <= MAX_DIM["head_dim"] or head_dim % 2:
         raise CheckpointError(f"{where}: head_dim {head_dim!r} is not an even number in 2..{MAX_DIM['head_dim']}")
-    arch = HF_MODEL_TYPES[mtype]
     return ModelConfig(
-        arch=arch, vocab_size=_dim(config, "vocab_size", where, MAX_DIM["vocab_size"]), hidden_size=hidden,
+        family=family, vocab_size=_dim(config, "vocab_size", where, MAX_DIM["vocab_size"]), hidden_size=hidden,
         intermediate_size=_dim(config, "intermediate_size", where, MAX_DIM["intermediate_size"]),
         num_layers=_dim(config, "num_hidden_layers", where, MAX_DIM["num_layers"]),
         num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 10000.0)),
         context_length=_dim(config, "max_position_embeddings", where, MAX_DIM["context_length"], 4096),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
-        **_rope_fields(config, head_dim, where), **_family_fields(config, arch, hidden, head_dim, where))
+        attention_bias=bool(config.get("attention_bias", bool(family.hf_attention_bias))),
+        **_rope_fields(config, head_dim, where), **_family_fields(config, family, head_dim, where))
 
 
 class HFCheckpoint:
@@ -161,7 +161,7 @@ class HFCheckpoint:
             raise CheckpointError(f"{self.path}: not a directory")
         self.config_json = read_json(self.path / "config.json", required=True)
         self.config = model_config(self.config_json, self.path / "config.json")
-        self.norm_offset = FAMILIES[self.config.arch].hf_norm_offset  # Gemma's (1 + w) norms store w
+        self.norm_offset = self.config.family.hf_norm_offset  # Gemma's (1 + w) norms store w
         q = quantization_config_of(self.path, self.config_json)
         self.quant: QuantSpec | None = None if q is None else parse_quantization_config(q, str(self.path / "config.json"))
         self.shards = self._shards()

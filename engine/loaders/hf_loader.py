@@ -54,7 +54,7 @@ class HFWeights:
         self.out_in = {"self_attn.q_proj": (q, d), "self_attn.k_proj": (kv, d), "self_attn.v_proj": (kv, d),
                        "self_attn.o_proj": (d, q), "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d),
                        "mlp.down_proj": (d, f), "self_attn.qkv_proj": (q + 2 * kv, d), "mlp.gate_up_proj": (2 * f, d)}
-        self.stored = hf_stored(self.cfg.arch)  # Phi-3's fused modules, others' parts
+        self.stored = hf_stored(self.cfg.family)  # Phi-3's fused modules, others' parts
         self.dense_reasons: set[str] = set()
 
     def as_layer(self, parts: list[IntWeight | torch.Tensor], name: str) -> torch.Tensor | QuantWeight:
@@ -110,7 +110,7 @@ class HFWeights:
         name, _, kind = leaf.rpartition(".")
         if name in NORMS:  # q/k norms are one head wide
             width = self.cfg.head_dim if name in ("q_norm", "k_norm") else self.cfg.hidden_size
-            norm = self.ckpt.norm(prefix + f"{hf_norms(self.cfg.arch)[name]}.weight", (width,))
+            norm = self.ckpt.norm(prefix + f"{hf_norms(self.cfg.family)[name]}.weight", (width,))
             return norm.to(device=self.device, dtype=self.dtype)
         modules = self.stored[name]
         if kind == "bias":

@@ -11,17 +11,11 @@ from pathlib import Path
 import gguf  # constants only (file types, block sizes); no torch
 
 from engine.model_files.errors import ModelFileError
+from engine.model_files.families import hf_family, hf_model_types, swa_period
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
 from engine.model_files.quant_config import parse_quantization_config
 
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
-# config.json model_type -> the architecture the model code runs (Hugging Face stores Q/K unpermuted for all)
-HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "smollm3": "smollm3",
-                  "gemma3_text": "gemma3", "phi3": "phi3"}
-# general.architecture -> llama.cpp's sliding-window period where the header has no
-# {arch}.attention.sliding_window_pattern: layer i is windowed when i % period < period - 1
-# (llama.cpp's set_swa_pattern; Gemma 3: 5 windowed layers, then a global one).
-SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "cohere2": 4}
 
 
 @dataclass(frozen=True)
@@ -121,7 +115,7 @@ def sliding_layers(arch: str, window: int, pattern, num_layers: int) -> tuple[bo
         return (False,) * num_layers
     if isinstance(pattern, (list, tuple)):
         return tuple(bool(pattern[i]) if i < len(pattern) else False for i in range(num_layers))
-    period = _scalar_max(pattern) if pattern is not None else SWA_PERIOD.get(arch, 0)
+    period = _scalar_max(pattern) if pattern is not None else swa_period(arch)
     if not period:
         return (True,) * num_layers
     return tuple(i % period < period - 1 for i in range(num_layers))
@@ -204,8 +198,8 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
     n_heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     head_dim = config.get("head_dim") or (hidden // n_heads if hidden and n_heads else None)
-    if arch not in HF_MODEL_TYPES:
-        raise ModelFileError(f"{path}: model_type {arch!r}: Ember runs {', '.join(HF_MODEL_TYPES)} checkpoints")
+    if hf_family(arch) is None:
+        raise ModelFileError(f"{path}: model_type {arch!r}: Ember runs {', '.join(hf_model_types())} checkpoints")
     quant = f"{method.upper()}-INT{bits}" + (f"-G{group}" if group > 0 else "")
     return ModelMeta(
         format=method,

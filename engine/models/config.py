@@ -1,19 +1,23 @@
 """What a decoder checkpoint is: the shapes and constants the model code needs.
 
 Filled from a file's metadata and its family's description (engine/model_files/families.py),
-never from its name. The per-layer tuples say which attention each layer runs.
+never from its name. The config holds the family itself: its switches are read there
+(config.family.qk_norm), never copied. The per-layer tuples say which attention each layer runs.
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 from engine.layers.rope_scaling import RopeScaling
+from engine.model_files.families import Family
 from engine.model_files.footprint import kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # GGUF general.architecture, a key of engine/model_files/families.FAMILIES
+    family: Family  # engine/model_files/families.FAMILIES' entry
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -28,10 +32,6 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry biases (qwen2)
     rope_freq_factors: bool = False  # a llama3-style `rope_freqs` tensor divides the frequencies
-    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (qwen3, gemma3)
-    post_norms: bool = False  # RMSNorm on the attention and MLP outputs before the residual adds (gemma3)
-    activation: str = "silu"  # the gate's nonlinearity: "silu" or "gelu_tanh"
-    embed_scale: float = 1.0  # embeddings are multiplied by it (gemma: sqrt(hidden))
     attention_scale: float | None = None  # softmax(q.k * scale); None: head_dim^-0.5
     rope_theta_local: float | None = None  # RoPE base of layers whose layer_rope is 1 (no scaling)
     layer_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens, 0 = full; () = all full
@@ -40,6 +40,18 @@ class ModelConfig:
     rope_attn_factor: float = 1.0  # cos and sin of the turning pairs times this (LongRoPE's mscale)
     rope_long_factors: bool = False  # LongRoPE: rope_factors_short/long, chosen by the context
     rope_original_context: int = 0  # LongRoPE: the context the short factors serve
+
+    @property
+    def arch(self) -> str:
+        """GGUF general.architecture: the family's name."""
+        return self.family.name
+
+    @property
+    def embed_scale(self) -> float:
+        """Embeddings are multiplied by it: sqrt(hidden) as a float32, as ggml's sqrtf (Gemma), else 1."""
+        if not self.family.embed_scale_sqrt_hidden:
+            return 1.0
+        return struct.unpack("f", struct.pack("f", math.sqrt(self.hidden_size)))[0]
 
     @property
     def scale(self) -> float:

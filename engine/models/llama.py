@@ -39,7 +39,7 @@ from engine.weights.quant_weight import QuantWeight
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 
 # Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias,
-# q/k norms only with config.qk_norm, the output norms only with config.post_norms.
+# q/k norms only with the family's qk_norm, the output norms only with its post_norms.
 WEIGHT_NAMES = (
     "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs", "rope_factors_short", "rope_factors_long",
     "layers.{i}.input_layernorm.weight", "layers.{i}.post_attention_layernorm.weight",
@@ -76,8 +76,8 @@ class LlamaAttention(torch.nn.Module):
         self.q_size, self.kv_size, self.eps = config.q_size, config.kv_size, config.rms_norm_eps
         self.qkv_proj = make_linear(take(prefix + "qkv_proj.weight"), take(prefix + "qkv_proj.bias"))
         self.o_proj = make_linear(take(prefix + "o_proj.weight"))
-        self.q_norm = _norm(config, take(prefix + "q_norm.weight")) if config.qk_norm else None
-        self.k_norm = _norm(config, take(prefix + "k_norm.weight")) if config.qk_norm else None
+        self.q_norm = _norm(config, take(prefix + "q_norm.weight")) if config.family.qk_norm else None
+        self.k_norm = _norm(config, take(prefix + "k_norm.weight")) if config.family.qk_norm else None
         self.attn = PagedAttention(config.num_heads, config.num_kv_heads, config.head_dim, config.scale, window)
 
     def forward(self, x: torch.Tensor, rotation: Rotation,
@@ -116,9 +116,9 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.input_layernorm = _norm(config, take(p + "input_layernorm.weight"))
         self.self_attn = LlamaAttention(config, p, take, config.window(i))
         self.post_attention_layernorm = _norm(config, take(p + "post_attention_layernorm.weight"))
-        self.mlp = LlamaMLP(p, take, config.activation)
+        self.mlp = LlamaMLP(p, take, config.family.activation)
         self.attn_output_norm = self.mlp_output_norm = None
-        if config.post_norms:
+        if config.family.post_norms:
             self.attn_output_norm = _norm(config, take(p + "attn_output_norm.weight"))
             self.mlp_output_norm = _norm(config, take(p + "mlp_output_norm.weight"))
 

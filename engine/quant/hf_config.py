@@ -1,5 +1,5 @@
-"""config.json for `ember quantize`'s output: the architectures it can write and their Hugging
-Face names, with the model's dimensions and the format's quantization_config."""
+"""config.json for `ember quantize`'s output: the family's Hugging Face names (its Family's
+hf_model_types and hf_class), the model's dimensions and the format's quantization_config."""
 from __future__ import annotations
 
 import torch
@@ -8,25 +8,22 @@ from engine.layers.llama3_rope import llama3_params
 from engine.model_files.quant_config import QuantSpec, quantization_config
 from engine.models.config import ModelConfig
 
-HF_ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-                    "qwen3": ("qwen3", "Qwen3ForCausalLM"), "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
-                    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"), "phi3": ("phi3", "Phi3ForCausalLM")}
 # our activation -> Hugging Face's name for it
 HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
 def hf_config(config: ModelConfig, spec: QuantSpec, rope_factors: dict[str, torch.Tensor] | None = None) -> dict:
     """config.json; rope_factors: the model's RoPE frequency factors by GGUF name (source.ROPE_FACTORS)."""
-    model_type, arch = HF_ARCHITECTURES[config.arch]
-    out = {"architectures": [arch], "model_type": model_type, "vocab_size": config.vocab_size,
+    family = config.family
+    out = {"architectures": [family.hf_class], "model_type": family.hf_model_types[0], "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
            "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
            "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
            "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
            "max_position_embeddings": config.context_length, "tie_word_embeddings": config.tie_word_embeddings,
-           "hidden_act": HF_ACTIVATIONS[config.activation], "torch_dtype": "float16",
+           "hidden_act": HF_ACTIVATIONS[family.activation], "torch_dtype": "float16",
            "quantization_config": quantization_config(spec)}
-    if config.arch in ("llama", "qwen3", "smollm3", "gemma3"):
+    if family.hf_attention_bias is None:  # the families whose config.json states it
         out["attention_bias"] = config.attention_bias
     if config.layer_rope and config.rope_theta_local is None:  # SmolLM3: 1 where a layer turns q and k
         out["no_rope_layers"] = [int(config.rope(i) >= 0) for i in range(config.num_layers)]
@@ -60,7 +57,7 @@ def gemma3_keys(config: ModelConfig, _factors: dict[str, torch.Tensor]) -> dict:
     """Gemma 3's own keys: its activation's key, the query scale's divisor, the window and which
     layers slide (layer_types), the local layers' RoPE base, and no softcapping (Gemma 3 has none)."""
     windows = [config.window(i) for i in range(config.num_layers)]
-    return {"hidden_activation": HF_ACTIVATIONS[config.activation],
+    return {"hidden_activation": HF_ACTIVATIONS[config.family.activation],
             "query_pre_attn_scalar": round(config.scale ** -2),
             "sliding_window": max(windows) or config.context_length,
             "layer_types": ["sliding_attention" if w else "full_attention" for w in windows],

@@ -62,7 +62,7 @@ Progress = Callable[[int, int, str], None]  # (layers done, layers, what is runn
 def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
     """Our weight names for one layer (engine/models/llama.py) from Hugging Face module tensors;
     a partial rotary's q/k rows moved as the loaders move them (gguf_loader.rotary_rows)."""
-    norms = hf_norms(config.arch)
+    norms = hf_norms(config.family)
 
     def fetch(leaf: str):
         name, _, kind = leaf.rpartition(".")
@@ -207,7 +207,7 @@ class LayerQuantizer:
         self._float_out = self._capture(self.layer(i, W), list(X), lambda n, x: X[n].append(x))
         x = {n: torch.cat(v) for n, v in X.items()}
         # (group, the op before it whose output channels absorb 1/s); the norms by the family's names
-        norms = hf_norms(cfgm.arch)
+        norms = hf_norms(cfgm.family)
         before = {"qkv_proj": f"{norms['input_layernorm']}.weight",
                   "gate_up_proj": f"{norms['post_attention_layernorm']}.weight",
                   "down_proj": "mlp.up_proj", "o_proj": "self_attn.v_proj" if cfgm.q_size == cfgm.kv_size else None}

@@ -6,7 +6,7 @@ its llama Q/K rows un-permuted back to Hugging Face's rotate-half order, so the 
 weights of a GGUF source are the file's quantized values, not the original float model's.
 Families whose files fuse q|k|v and gate|up (Phi-3: attn_qkv, qkv_proj) hand out each part's
 rows under its own name, so every family is quantized linear by linear; the writer stacks them
-back (writer.py, weight_names.HF_FUSED).
+back (writer.py, the Family's hf_fused).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import torch
 from engine.layers.llama3_rope import llama3_params
 from engine.loaders.weight_names import HF_LINEARS, hf_norms, hf_part, hf_to_gguf
 from engine.models.config import ModelConfig
-from engine.quant.hf_config import HF_ARCHITECTURES
 
 # the Hugging Face linears of a layer, and the names of both kinds: engine/loaders/weight_names.py
 LINEARS = HF_LINEARS
@@ -49,7 +48,7 @@ def fused_part(config: ModelConfig, name: str) -> tuple[str, list[int], int] | N
         return None
     _, _, i, rest = name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    part = hf_part(config.arch, module)
+    part = hf_part(config.family, module)
     if part is None:
         return None
     ours, stored, index = part
@@ -65,21 +64,19 @@ class GGUFSource:
     def __post_init__(self) -> None:
         from engine.loaders.gguf_config import config_from_file, open_gguf
         from engine.loaders.gguf_loader import check_tensors
-        from engine.model_files.families import FAMILIES
 
         self.file = open_gguf(self.path)
         self.config = config_from_file(self.file)
-        if self.config.arch not in HF_ARCHITECTURES:
-            raise ValueError(f"{self.path}: `ember quantize` writes {', '.join(HF_ARCHITECTURES)} checkpoints; "
-                             f"{self.config.arch} is not one of them yet")
+        if not self.config.family.hf_class:  # its Family names no Hugging Face architecture
+            raise ValueError(f"{self.path}: `ember quantize` cannot write {self.config.arch} checkpoints yet")
         self.tensors = check_tensors(self.file, self.config)
         if self.config.rope_freq_factors:  # refused now, not after quantizing, when config.json cannot say it
             try:
                 llama3_params(self._read("rope_freqs.weight"), self.config.head_dim, self.config.rope_theta)
             except ValueError as e:
                 raise ValueError(f"{self.path}: {e}; Hugging Face's config.json cannot hold it") from e
-        self.permuted = FAMILIES[self.config.arch].rope_interleaved
-        self.gguf_names = hf_to_gguf(self.config.arch)
+        self.permuted = self.config.family.rope_interleaved
+        self.gguf_names = hf_to_gguf(self.config.family)
 
     def _gguf_name(self, name: str) -> str:
         if name == "model.embed_tokens.weight":
@@ -172,9 +169,10 @@ def open_source(path: str | Path) -> GGUFSource | HFSource:
 
 def norm_modules(config: ModelConfig) -> list[str]:
     """The Hugging Face modules of a layer's norms in this family (Gemma's four and q/k's)."""
-    ours = ["input_layernorm", "post_attention_layernorm"] + (["q_norm", "k_norm"] if config.qk_norm else [])
-    ours += ["attn_output_norm", "mlp_output_norm"] if config.post_norms else []
-    return [hf_norms(config.arch)[n] for n in ours]
+    family = config.family
+    ours = ["input_layernorm", "post_attention_layernorm"] + (["q_norm", "k_norm"] if family.qk_norm else [])
+    ours += ["attn_output_norm", "mlp_output_norm"] if family.post_norms else []
+    return [hf_norms(config.family)[n] for n in ours]
 
 
 def layer_weights(src: Source, i: int) -> dict[str, torch.Tensor]:

@@ -18,8 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.checkpoint_formats.registry import encode_linear
-from engine.loaders.weight_names import FUSED, HF_FUSED
-from engine.model_files.families import FAMILIES
+from engine.loaders.weight_names import FUSED
 from engine.model_files.quant_config import QuantSpec
 from engine.quant.hf_config import hf_config
 from engine.quant.pipeline import LayerResult
@@ -43,7 +42,7 @@ class CheckpointWriter:
 
             check_hf_tokenizer(src.path, src.file)
         self.tensors: dict[str, torch.Tensor] = {}
-        self.norm_offset = FAMILIES[src.config.arch].hf_norm_offset
+        self.norm_offset = src.config.family.hf_norm_offset
 
     def _dense(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """float16, a norm as Hugging Face's code for the family reads it."""
@@ -62,8 +61,8 @@ class CheckpointWriter:
 
     def _stored(self, weights: dict[str, IntWeight], dense: dict[str, torch.Tensor]):
         """The family's fused modules from their parts (Phi-3: q|k|v as qkv_proj, gate|up as
-        gate_up_proj; engine/loaders/weight_names.py HF_FUSED), weights and biases."""
-        for ours, stored in HF_FUSED.get(self.src.config.arch, {}).items():
+        gate_up_proj; the Family's hf_fused), weights and biases."""
+        for ours, stored in self.src.config.family.hf_fused:
             parts = FUSED[ours][1]
             weights[stored] = cat_int_rows([weights.pop(m) for m in parts])
             if f"{parts[0]}.bias" in dense:

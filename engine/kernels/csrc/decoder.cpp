@@ -1,6 +1,7 @@
 // A whole decoder stack as one op: the forward pass of engine/models/llama.py with every matrix
 // quantized, for a flattened batch of decodes and prefill chunks, for every family of
-// engine/model_files/families.py (its switches are set_family's and add_layer's arguments).
+// engine/model_files/families.py (its switches are one Switches struct, set_family's; which
+// attention each layer runs is add_layer's).
 //
 //     h = embed(ids);  per layer:  r = r + h;  x = rms_norm(r) w_in
 //                                  q, k, v = split(x Wqkv^T + b);  [q, k = rms_norm per head]
@@ -22,6 +23,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "ember.h"
@@ -69,11 +72,35 @@ void write_kv(const float* src, int64_t ld, int64_t T, int64_t NKV, int64_t HD, 
 
 }  // namespace
 
+// The family's switches (engine/model_files/families.py), by the names engine/layers/
+// decoder_stack.py's stack_switches gives them: a new switch is a field and a key here and a key
+// there. A name missing or unknown is refused, so the two cannot drift apart unseen.
+struct Switches {
+  bool qk_norm = false;     // RMSNorm over each head of q and k before RoPE
+  bool post_norms = false;  // RMSNorm on the attention and MLP outputs before the residual adds
+  bool gelu = false;        // activation: 0 SiLU (SwiGLU), 1 GELU-tanh (GeGLU)
+  double scale = 0.0;       // softmax(q.k * scale)
+
+  static Switches from(const c10::Dict<std::string, double>& named) {
+    static const char* const keys[] = {"qk_norm", "post_norms", "activation", "scale"};
+    TORCH_CHECK(named.size() == std::size(keys), "the stack's switches are qk_norm, post_norms, activation and "
+                "scale; got ", named.size(), " names");
+    const auto get = [&](const char* key) {
+      const auto it = named.find(key);
+      TORCH_CHECK(it != named.end(), "the stack's switches lack ", key);
+      return it->value();
+    };
+    const double activation = get("activation");
+    TORCH_CHECK(activation == 0 || activation == 1, "activation ", activation, " is neither 0 (SiLU) nor 1 (GELU)");
+    return {get("qk_norm") != 0, get("post_norms") != 0, activation == 1, get("scale")};
+  }
+};
+
 struct DecoderStack : torch::CustomClassHolder {
   int64_t H, NKV, HD, D, F;
-  double eps, scale;
+  double eps;
   int64_t path = 0;
-  bool qk_norm = false, post_norms = false, gelu = false;
+  Switches sw;
   std::vector<Linear> linears;  // per layer: qkv, o, gate_up, down
   // per layer: input, post-attention, [q, k with qk_norm], [attention out, MLP out with
   // post_norms]; then the final norm
@@ -85,8 +112,9 @@ struct DecoderStack : torch::CustomClassHolder {
   std::vector<double> phase_s = std::vector<double>(7, 0.0);
 
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps_)
-      : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_),
-        scale(1.0 / std::sqrt((double)head_dim)) {}
+      : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_) {
+    sw.scale = 1.0 / std::sqrt((double)head_dim);
+  }
 
   void add_linear(at::Tensor qw, at::Tensor d, c10::optional<at::Tensor> m, c10::optional<at::Tensor> bias, int64_t n,
                   int64_t bits, int64_t group, c10::optional<at::Tensor> d_super, c10::optional<at::Tensor> m_super) {
@@ -97,10 +125,7 @@ struct DecoderStack : torch::CustomClassHolder {
                 "norm weights must be float32 [hidden] or [head_dim]");
     norms.push_back(w.contiguous());
   }
-  // The family's switches (engine/model_files/families.py); activation 0 SiLU, 1 GELU-tanh.
-  void set_family(bool qk_norm_, bool post_norms_, int64_t activation, double scale_) {
-    qk_norm = qk_norm_, post_norms = post_norms_, gelu = activation == 1, scale = scale_;
-  }
+  void set_family(c10::Dict<std::string, double> switches) { sw = Switches::from(switches); }
   void add_layer(int64_t window, int64_t rope) { windows.push_back(window), ropes.push_back(rope); }
   void set_path(int64_t p) { path = p; }
   void set_profile(bool on) { profile = on, phase_s.assign(phase_s.size(), 0.0); }
@@ -115,7 +140,7 @@ struct DecoderStack : torch::CustomClassHolder {
                      at::Tensor block_tables, at::Tensor seq_lens, std::vector<int64_t> query_start,
                      int64_t num_decodes) {
     const int64_t L = (int64_t)linears.size() / 4, T = hidden.size(0), qs = H * HD, kvs = NKV * HD;
-    const int64_t per = 2 + 2 * qk_norm + 2 * post_norms;  // norms a layer holds
+    const int64_t per = 2 + 2 * sw.qk_norm + 2 * sw.post_norms;  // norms a layer holds
     TORCH_CHECK((int64_t)norms.size() == per * L + 1 && (int64_t)k_caches.size() == L && (int64_t)v_caches.size() == L
                     && (int64_t)windows.size() == L, "the stack has ", L, " layers, ", norms.size(), " norms, ",
                 windows.size(), " layer specs and ", k_caches.size(), " caches");
@@ -180,7 +205,7 @@ struct DecoderStack : torch::CustomClassHolder {
       phase(0);
       linears[4 * l](x, path, qkv, scratch);  // [T, qs + 2 kvs]
       phase(1);
-      if (qk_norm)
+      if (sw.qk_norm)
         rms_norm_heads_(qkv.data_ptr<float>(), qkv.size(1), nl[2].data_ptr<float>(), nl[3].data_ptr<float>(), T,
                         H + NKV, NKV, HD, (float)eps);
       if (const int64_t r = ropes[l]; r >= 0)
@@ -191,22 +216,22 @@ struct DecoderStack : torch::CustomClassHolder {
       write_kv(qkvb + qs, ld, T, NKV, HD, slot, k_caches[l]);
       write_kv(qkvb + qs + kvs, ld, T, NKV, HD, slot, v_caches[l]);
       phase(2);
-      auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, scale, path, windows[l]);
+      auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, sw.scale, path, windows[l]);
       phase(3);
       linears[4 * l + 1](o.view({T, qs}), path, attn, scratch);
       phase(4);
-      const at::Tensor* post = nl + 2 + 2 * qk_norm;  // attention out, MLP out
-      if (post_norms)  // in place: a row's sum of squares is taken before its first write
+      const at::Tensor* post = nl + 2 + 2 * sw.qk_norm;  // attention out, MLP out
+      if (sw.post_norms)  // in place: a row's sum of squares is taken before its first write
         rms_norm(attn.data_ptr<float>(), post[0].data_ptr<float>(), attn.data_ptr<float>(), T, D, (float)eps);
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
       phase(0);
       linears[4 * l + 2](x, path, gu, scratch);
-      gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, gelu);
+      gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, sw.gelu);
       phase(5);
       linears[4 * l + 3](act, path, h, scratch);
       phase(6);
-      if (post_norms)
+      if (sw.post_norms)
         rms_norm(h.data_ptr<float>(), post[1].data_ptr<float>(), h.data_ptr<float>(), T, D, (float)eps);
     }
     add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
