@@ -351,3 +351,20 @@ def test_a_harmony_tool_call_parses_from_its_message_to_the_function(tmp_path, b
             client.chat.completions.create(model=_model(proc), messages=MSGS, tools=tools, tool_choice="required")
     finally:
         proc.stop()
+
+
+def test_a_reply_cut_while_thinking_continues_where_it_stopped(server):
+    client = openai_client(server)
+    cut = client.chat.completions.create(model=_model(server), messages=MSGS, temperature=0, max_tokens=3)
+    choice = cut.choices[0]
+    thought = choice.message.model_extra["reasoning_content"]
+    assert choice.finish_reason == "length" and not choice.message.content and thought == "h"  # stripped as in "hm"
+    so_far = {"role": "assistant", "content": "", "reasoning_content": thought}
+    rest = client.chat.completions.create(model=_model(server), messages=[*MSGS, so_far], temperature=0,
+                                          max_tokens=20, extra_body={"continue_final_message": True})
+    # the thoughts go on from the last token written (the script's next one), then the answer
+    assert rest.choices[0].message.model_extra["reasoning_content"] == "m"
+    assert rest.choices[0].message.content == "ok" and rest.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(model=_model(server), messages=MSGS, max_tokens=2,
+                                       extra_body={"continue_final_message": True})

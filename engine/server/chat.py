@@ -166,13 +166,33 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
 
 
 def render_prompt(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:
-    """The messages (and tools) through the model's chat template, ready for the reply."""
+    """The messages (and tools) through the model's chat template, ready for the reply; with
+    continue_final_message, ready for the rest of the last one (`continued`)."""
     extra = body.template_variables | ({"tools": shape.template_tools} if shape.template_tools else {})
+    messages = body.messages[:-1] if body.continue_final_message else body.messages
     try:
-        return engine.chat_template.render([m.as_template_dict() for m in body.messages],
-                                           add_generation_prompt=True, **extra)
+        prompt = engine.chat_template.render([m.as_template_dict() for m in messages],
+                                             add_generation_prompt=True, **extra)
     except TemplateError as e:
         raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
+    if not body.continue_final_message:
+        return prompt
+    last = body.messages[-1]
+    if last.reasoning_content and reasoning_format(engine.chat_template, prompt)[0] is not ReasoningFormat.THINK_TAGS:
+        raise APIError(400, "only a model that thinks in <think> tags can continue its reasoning_content",
+                       param="messages", code="invalid_value")
+    return prompt + continued(prompt, last.reasoning_content or "", last.text)
+
+
+def continued(prompt: str, reasoning: str, text: str) -> str:
+    """What follows the generation prompt when a reply is continued: its thoughts in a <think>
+    block (opened here unless the prompt's tail opened it) and left open while it has no answer,
+    then its answer so far. The reasoning parser then starts inside the block (reasoning_format
+    reads the prompt's tail), so the rest of the thoughts stream as reasoning."""
+    if not reasoning:
+        return text
+    opened = prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+    return ("" if opened else THINK_OPEN + "\n") + reasoning + (f"{THINK_CLOSE}\n\n{text}" if text else "")
 
 
 def think_tags(engine, fmt: ReasoningFormat, inside: bool) -> ThinkTags | None:

@@ -132,6 +132,7 @@ class ChatMessage(BaseModel):
     name: str | None = Field(None, max_length=256)
     tool_calls: list[ToolCall] | None = Field(None, max_length=128)  # an assistant's calls
     tool_call_id: str | None = Field(None, max_length=256)  # a tool result's call
+    reasoning_content: str | None = None  # an assistant's thinking: read only when its reply is continued
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self):
@@ -179,6 +180,9 @@ class ChatCompletionRequest(SamplingRequest):
         None, max_length=64, description="Extra variables for the chat template, e.g. {\"enable_thinking\": false}.")
     max_reasoning_tokens: int | None = Field(
         None, ge=0, le=INT32_MAX, description="Tokens a reasoning model may think before Ember closes the block.")
+    continue_final_message: bool = Field(
+        False, description="Continue the last message, the assistant's (its reasoning_content, then its content), "
+                           "instead of starting a new reply, as vLLM's field does.")
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -195,6 +199,12 @@ class ChatCompletionRequest(SamplingRequest):
         if self.reasoning_effort is not None:
             extra["reasoning_effort"] = self.reasoning_effort
         return extra
+
+    @model_validator(mode="after")
+    def _continues_the_assistant(self):
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
+        return self
 
     @model_validator(mode="after")
     def _tools_agree(self):
