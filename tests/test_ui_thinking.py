@@ -154,3 +154,23 @@ def test_the_effort_choice_shows_for_a_template_that_takes_one_and_reaches_it(qt
         ember.controller.close()
         ember.chat_store.close()
         sup.stop()
+
+
+def test_a_reply_that_thought_through_its_budget_says_so_and_continues(qtbot, app):
+    view = app.window.new_chat()
+    app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 3})
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000):
+        view.send("Say ok.")
+    reply = view.transcript.messages[-1]
+    assert (reply.content, reply.reasoning, reply.finish_reason) == ("", "h", "length") and reply.out_of_budget
+    shown = view.transcript.toPlainText()
+    assert "whole token budget thinking" in shown and "Copy thoughts" in shown
+    app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 32})
+    with qtbot.waitSignal(view.reply_finished, timeout=120_000) as done:
+        click_link(qtbot, view.transcript, "Continue", nth=1)  # the first is the notice's word
+    assert done.args == [view.chat_id, "done"], reply.error
+    assert view.transcript.messages[-1] is reply and (reply.content, reply.reasoning) == ("ok", "hm")
+    assert "budget" not in view.transcript.toPlainText() and "Continue" not in view.transcript.toPlainText()
+    stored = app.chat_store.messages(view.chat_id)[-1]
+    assert (stored.content, stored.reasoning, stored.finish_reason) == ("ok", "hm", "stop")
+    assert len(app.chat_store.messages(view.chat_id)) == 2  # the same reply, not a new one

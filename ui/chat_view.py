@@ -25,7 +25,7 @@ from ui.message_input import MessageInput
 from ui.reply_clock import ReplyClock
 from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptView
-from ui.transcript_message import TranscriptMessage, from_history
+from ui.transcript_message import TranscriptMessage, api_messages, from_history
 from ui.workers import GeneratorWorker
 
 log = logging.getLogger(__name__)
@@ -84,13 +84,14 @@ class ChatView(QWidget):
         layout.addLayout(buttons)
 
         self.input.submitted.connect(self.send)
-        self.send_button.clicked.connect(self._on_send_clicked)
+        self.send_button.clicked.connect(lambda: self.send(self.input.toPlainText()))
         self.stop_button.clicked.connect(self.stop)
         self.regenerate_button.clicked.connect(self.regenerate)
         self.actions = MessageActions(self.transcript, chat_store, versions, lambda: self.is_streaming, self.stop,
                                       parent=self)
         self.transcript.action_requested.connect(self.actions.run)
         self.actions.edit_requested.connect(self._put_back)
+        self.actions.continue_requested.connect(self.continue_reply)
         self._load()
 
     # ---- public API (tests drive these, as a user would through the buttons) ----
@@ -121,9 +122,9 @@ class ChatView(QWidget):
         if self.is_streaming:
             self.stop()
         msgs = self.transcript.messages
-        if not msgs or msgs[-1].role != "assistant" or self._last_assistant_id() is None:
+        if not msgs or msgs[-1].role != "assistant" or msgs[-1].msg_id is None:
             return
-        self._reply_id = self._last_assistant_id()
+        self._reply_id = msgs[-1].msg_id
         earlier = msgs.pop()
         self._start_reply(new_message=False)
         self._reply.versions = [v for v in earlier.versions or [earlier.content] if v]  # kept to flip back to
@@ -135,19 +136,31 @@ class ChatView(QWidget):
         return effective_settings(chat.settings, self._model_defaults(chat.model or self.engine.current_model))
 
     # ---- the reply ----
-    def _start_reply(self, new_message: bool) -> None:
+    def continue_reply(self, index: int) -> None:
+        """Let the last reply, which thought through its budget, go on with another Max tokens to spend."""
+        msgs = self.transcript.messages
+        if not self.is_streaming and index == len(msgs) - 1 and msgs[index].out_of_budget:
+            self._reply_id = msgs[index].msg_id
+            self._start_reply(new_message=False, continuing=msgs[index])
+
+    def _start_reply(self, new_message: bool, continuing: TranscriptMessage | None = None) -> None:
         settings = self.effective_settings()
         system, sampling = request_fields(settings)
         if settings.get("speculative") is False and (not self.engine.is_remote
                                                      or "speculative" in self.engine.last_status):
             sampling["speculative"] = "off"  # this chat opted out (other servers may not know the field)
-        history = self._api_messages(system)
-        self._reply = TranscriptMessage("assistant", "", "streaming")
-        self.transcript.messages.append(self._reply)
+        history = api_messages(self.transcript.messages, system)
+        if continuing is None:
+            self._reply = TranscriptMessage("assistant", "", "streaming")
+            self.transcript.messages.append(self._reply)
+        else:  # the server goes on from its thoughts (and answer) so far
+            history.append({"role": "assistant", "content": continuing.content, "reasoning_content": continuing.reasoning})
+            sampling["continue_final_message"] = True
+            self._reply, continuing.status, continuing.thought_s = continuing, "streaming", None
         if new_message:
             self._reply_id = self.chat_store.add_message(self.chat_id, "assistant", "", status="streaming")
         else:
-            self.chat_store.update_message(self._reply_id, "", "streaming")
+            self.chat_store.update_message(self._reply_id, self._reply.content, "streaming")
         self._reply.msg_id = self._reply_id
         self._clock, self._stats = ReplyClock(), None
         self._last_persist = self._clock.t_sent
@@ -170,12 +183,6 @@ class ChatView(QWidget):
         self.transcript.render_now()
         self.reply_started.emit(self.chat_id)
         self._worker.start()
-
-    def _api_messages(self, system: str | None) -> list[dict]:
-        out = [{"role": "system", "content": system}] if system else []
-        out += [{"role": m.role, "content": m.content} for m in self.transcript.messages
-                if m.role in ("user", "assistant") and m.content and m.status != "error"]
-        return out
 
     def _is_current(self) -> bool:
         """Signals from a worker this view has already let go of (stopped, replaced) are ignored."""
@@ -263,21 +270,12 @@ class ChatView(QWidget):
         self.input.setFocus()
         self.update_buttons()
 
-    def _last_assistant_id(self) -> int | None:
-        for m in reversed(self.chat_store.messages(self.chat_id)):
-            if m.role == "assistant":
-                return m.id
-        return None
-
     def _maybe_title_from(self, text: str) -> None:
         chat = self.chat_store.get_chat(self.chat_id)
         if (chat.title or DEFAULT_TITLE) == DEFAULT_TITLE:
             title = " ".join(text.split())[:48] or DEFAULT_TITLE
             self.chat_store.rename_chat(self.chat_id, title)
             self.title_changed.emit(self.chat_id, title)
-
-    def _on_send_clicked(self) -> None:
-        self.send(self.input.toPlainText())
 
     def _keep_typing_focus(self, focus: QWidget | None) -> None:
         """A button that had the keyboard (and is now disabled) must not hand it on to the search box."""

@@ -27,6 +27,7 @@ class MessageActions(QObject):
     """`run(action, index, block)` is connected to TranscriptView.action_requested."""
 
     edit_requested = Signal(str)  # a question taken back: its text, for the message box
+    continue_requested = Signal(int)  # a reply that thought through its budget, to go on (the chat view streams it)
 
     def __init__(self, transcript: TranscriptView, chat_store: ChatStore, versions: ReplyVersions | None,
                  is_streaming: Callable[[], bool], stop: Callable[[], None], parent: QObject | None = None) -> None:
@@ -42,6 +43,7 @@ class MessageActions(QObject):
         if not 0 <= index < len(msgs):
             return
         handler = {"copy": self.copy, "code": self.copy_code, "edit": self.edit, "delete": self.delete,
+                   "continue": lambda i, _b: self.continue_requested.emit(i),
                    "prev": lambda i, _b: self.flip(i, -1), "next": lambda i, _b: self.flip(i, +1)}.get(action)
         if handler is not None:
             handler(index, block)

@@ -57,11 +57,11 @@ def _written_by(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
     return f'[{name}]({ACTION_SCHEME}:model/{i} "{title}")'
 
 
-def _actions(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
+def _actions(m: TranscriptMessage, i: int, names: dict[str, str], last: bool) -> str:
     links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")]
     if m.role == "user":
         links.append(_link("edit", i, "Edit & resend"))
-    if m.out_of_budget:
+    if m.out_of_budget and last:
         links.append(_link("continue", i, "Continue"))
     links.append(_link("delete", i, "Delete"))
     if m.role == "assistant" and m.model:
@@ -149,7 +149,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
         elif m.status == "error":
             parts.append(f"> **⚠ Error:** {verbatim(m.error or 'the reply failed')}")
         if actions and m.status != "streaming" and (m.content or m.reasoning):
-            parts.append(_actions(m, i, names or {}))
+            parts.append(_actions(m, i, names or {}, i == len(messages) - 1))
     return "\n\n".join(parts) + "\n"
 
 

@@ -66,3 +66,11 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
                 msg.versions, msg.shown = kept, shown
         msgs.append(msg)
     return msgs
+
+
+def api_messages(messages: list[TranscriptMessage], system: str | None) -> list[dict]:
+    """What the next request sends: the system prompt, then each question and answer shown (no
+    failed reply, nothing empty)."""
+    out = [{"role": "system", "content": system}] if system else []
+    return out + [{"role": m.role, "content": m.content} for m in messages
+                  if m.role in ("user", "assistant") and m.content and m.status != "error"]
