@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 
 from app.catalog import Catalog
 from app.history import ChatStore
+from app.model_kind import COMPLETION, is_completion_model
 from app.reply_versions import ReplyVersions
 from app.sampling_defaults import store_defaults
 from app.settings import Settings
@@ -139,7 +140,7 @@ def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any 
                         open_model_manager=lambda parent: parts["app"].open_model_manager(parent),
                         open_settings=lambda parent: parts["app"].open_settings(parent),
                         model_defaults=store_defaults(store),
-                        local_models=lambda: [(m.id, m.name) for m in store.list()],
+                        local_models=lambda: [(m.id, _picker_name(store, m)) for m in store.list()],
                         reply_versions=ReplyVersions(settings.history_path))
     tray = TrayIcon(controller, save_settings=settings.save)
     window.tray = tray
@@ -165,6 +166,12 @@ def _setup_logging(settings: Settings) -> Path:
 
 def _verbose() -> bool:
     return logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+
+
+def _picker_name(store: ModelStore, m) -> str:
+    """A model's name in the chat's picker, marked when it is a base model (text completion)."""
+    completion = is_completion_model(m.path, store.chat_template(m.id) is not None)
+    return f"{m.name} ({COMPLETION})" if completion else m.name
 
 
 def _quit_on_signals(app: QApplication, quit_app: Callable[[], None]) -> None:

@@ -270,3 +270,16 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
         ChatTemplate.from_gguf(bad)
     with pytest.raises(FileNotFoundError):
         ChatTemplate.from_gguf(tmp_path / "missing.gguf")
+
+
+def test_a_base_model_is_known_for_text_completion_before_it_loads(tmp_path):
+    from app.model_kind import is_completion_model
+    from engine.loaders.chat_template import completion_only
+
+    base = write_gguf(tmp_path / "base.gguf", ["<s>", "</s>", "a"])
+    chatml = write_gguf(tmp_path / "chatml.gguf", ["<s>", "</s>", "<|im_start|>", "a"])
+    templated = write_gguf(tmp_path / "t.gguf", ["<s>", "</s>"], "{{ messages[0].content }}")
+    assert [completion_only(p) for p in (base, chatml, templated)] == [True, False, False]
+    assert ChatTemplate.from_gguf(base).plain_layout and not ChatTemplate.from_gguf(chatml).plain_layout
+    assert is_completion_model(base) and not is_completion_model(base, custom_template=True)
+    assert not is_completion_model(tmp_path / "missing.gguf")

@@ -173,3 +173,19 @@ def test_small_ones_log_wraps_export_confirms_and_no_tray_keeps_a_window(qtbot, 
     window.close()  # Ctrl+W with no tray: the window stays (minimized) and says how to quit
     assert window.isVisible() and "no system tray" in window.status.currentMessage()
     store.close()
+
+
+def test_a_chat_on_a_base_model_says_so(qtbot, tmp_path):
+    from ui.engine_controller import EngineController
+    from ui.main_window import MainWindow
+
+    settings = make_settings(tmp_path / "ember")
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    window = MainWindow(settings, store, EngineController(settings, None))
+    qtbot.addWidget(window)
+    view = window.new_chat()
+    window._on_engine_status({"status": "ready", "model": "gemma-3-270m", "completion_only": True})
+    assert "gemma-3-270m is a base model" in view.transcript.toPlainText()
+    window._on_engine_status({"status": "ready", "model": "smollm2", "completion_only": False})
+    assert "base model" not in view.transcript.toPlainText()
+    store.close()

@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.model_kind import COMPLETION, is_completion_model
 from app.settings import Settings
 from app.store import ModelManifest, ModelStore
 from engine.model_files.architectures import embeds_only
@@ -97,6 +98,9 @@ class InstalledTable(QWidget):
             self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
             self.table.setItem(row, 4, QTableWidgetItem(str(m.context_length or "?")))
             use, why = uses(m.architecture)
+            if use.startswith("chat") and is_completion_model(m.path, self.store.chat_template(m.id) is not None):
+                use, why = COMPLETION, ("A base model: its file has no chat template, so it continues text rather "
+                                        "than answering; best with /v1/completions, or set a chat template")
             use_item = QTableWidgetItem(use)
             use_item.setToolTip(why)
             self.table.setItem(row, 5, use_item)

@@ -29,6 +29,8 @@ from ui.tray import TrayIcon
 from ui.window_actions import build_menus
 
 log = logging.getLogger(__name__)
+COMPLETION_NOTICE = ("{name} is a base model: its file has no chat template, so it continues text rather than "
+                     "answering, and may repeat the question. A chat model (an instruct model) answers.")
 
 
 class MainWindow(QMainWindow):
@@ -129,10 +131,10 @@ class MainWindow(QMainWindow):
         """The engine's models, and (for the local engine) the store's, which it lists on its next poll."""
         ids, names = list(self.engine.models), dict(self.engine.model_names)
         if not self.engine.is_remote:
-            for model_id, name in self._local_models():
+            for model_id, name in self._local_models():  # the store's names say which are base models
                 if model_id not in ids:
                     ids.append(model_id)
-                names.setdefault(model_id, name)
+                names[model_id] = name
         ids.sort(key=lambda m: ((names.get(m) or m).casefold(), m))  # the same order however the engine lists them
         self.settings_panel.set_models(ids, names)
 
@@ -148,10 +150,20 @@ class MainWindow(QMainWindow):
             self.settings_panel.set_speculation_available(status.get("speculative") is not None)
             self.settings_panel.set_thinking_switch(bool((status.get("thinking") or {}).get("switch")))
             self.settings_panel.set_effort_choice(bool((status.get("thinking") or {}).get("effort")))
+        self._show_model_kind(status)
         view = self.current_view()  # the loaded model changed: its recommended settings may differ
         if view is not None and self.engine.current_model != self._shown_model \
                 and not self.chat_store.get_chat(view.chat_id).model:
             self._show_chat_settings(view)
+
+    def _show_model_kind(self, status: dict) -> None:
+        """Chats on a base model (no chat template) say so above their messages."""
+        loaded = status.get("model")
+        base = COMPLETION_NOTICE.format(name=self.engine.model_names.get(loaded, loaded)) \
+            if status.get("completion_only") else ""
+        for view in self._views.values():
+            if (self.chat_store.get_chat(view.chat_id).model or loaded) == loaded:
+                view.transcript.set_notice(base)
 
     def _on_chat_deleted(self, chat_id: int) -> None:
         view = self._views.pop(chat_id, None)

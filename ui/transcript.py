@@ -61,6 +61,7 @@ class TranscriptView(QTextBrowser):
         self._actions = actions
         self._messages: list[TranscriptMessage] = []
         self.model_names: dict[str, str] = {}  # id -> name, for the model under each reply (the chat view's)
+        self._notice = ""
         self._stick_to_end = True
         self._rendering = False
         self._render_timer = QTimer(self)
@@ -81,6 +82,12 @@ class TranscriptView(QTextBrowser):
         self._stick_to_end = True  # a chat opens at its latest message
         self.render_now()
 
+    def set_notice(self, text: str) -> None:
+        """A line above the chat, e.g. that its model completes text rather than chats ("": none)."""
+        if text != self._notice:
+            self._notice = text
+            self.render_now()
+
     def schedule_render(self) -> None:
         if not self._render_timer.isActive():
             self._render_timer.start()
@@ -89,7 +96,8 @@ class TranscriptView(QTextBrowser):
         self._render_timer.stop()
         self._rendering = True
         try:
-            self.document().setMarkdown(to_markdown(self._messages, self._actions, self.model_names), MARKDOWN)
+            self.document().setMarkdown(to_markdown(self._messages, self._actions, self.model_names, self._notice),
+                                        MARKDOWN)
             images_as_links(self.document())
             self._style_code_blocks()
         finally:

@@ -118,10 +118,12 @@ def _thinking_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
     return [f"{'▾' if opened else '▸'} _{took}_ {toggle}".rstrip()] + ([quoted] if opened else [])
 
 
-def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names: dict[str, str] | None = None) -> str:
+def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names: dict[str, str] | None = None,
+                notice: str = "") -> str:
     """The transcript as one Markdown document: a heading per turn, the text as the model wrote it;
-    `names` gives the models' names by id (a reply's model is shown by name)."""
-    parts: list[str] = []
+    `names` gives the models' names by id (a reply's model is shown by name); `notice`, a line above
+    the chat (what kind of model answers it)."""
+    parts: list[str] = [f"> ℹ {verbatim(notice)}"] if notice else []
     for i, m in enumerate(messages):
         if m.role == "system":
             continue

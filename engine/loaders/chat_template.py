@@ -74,11 +74,17 @@ class ChatTemplate:
             raise TemplateError(f"the chat template cannot be compiled: {e}") from None
 
     @property
+    def plain_layout(self) -> bool:
+        """No template and no ChatML tokens: a base model, for text completion; chats with it are
+        laid out as plain `Role: text` lines, which it tends to continue rather than answer."""
+        return self.is_fallback and self.source == PLAIN_TEMPLATE
+
+    @property
     def turn_stops(self) -> list[str]:
         """Stop strings a reply needs beyond the model's own end-of-turn token: in the plain
         layout, the next turn's label (a base model such as Gemma 3 270M writes the conversation
         on, both sides of it); none for a real template or ChatML."""
-        if self.is_fallback and self.source == PLAIN_TEMPLATE:
+        if self.plain_layout:
             return ["\nUser:", "\nAssistant:", "\nSystem:"]
         return []
 
@@ -163,6 +169,13 @@ def _normalize(messages: list[dict]) -> list[dict]:
             raise TemplateError(f"message {i} content must be a string or a list of text parts")
         out.append(m)
     return out
+
+
+def completion_only(path: str | Path) -> bool:
+    """Whether a model file (GGUF or Hugging Face folder) is a base model that its chats would run
+    in the plain layout (ChatTemplate.plain_layout), read from its metadata without loading it."""
+    meta = read_hf_template_metadata(path) if Path(path).is_dir() else read_template_metadata(path)
+    return not meta["chat_template"] and not meta["has_chatml_tokens"]
 
 
 def read_template_metadata(path: str | Path) -> dict:

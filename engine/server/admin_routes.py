@@ -100,6 +100,7 @@ def engine_status(t: EngineHandle) -> dict:
     if loaded is not None:  # what the GUI's per-chat Think switch may ask of this model
         d["thinking"] = thinking_switches(loaded.engine.chat_template)
         d["embeds_only"] = not loaded.generates  # an embedding model: no chats on it
+        d["completion_only"] = loaded.engine.chat_template.plain_layout  # a base model: no chat template
     spec = s.spec if s is not None else None
     if spec is not None:
         d["speculative"] = {
