@@ -231,3 +231,14 @@ def test_the_engines_loader_applies_a_models_load_settings(tiny_model_factory):
     loaded = factory(ModelSpec(id="t", path=str(path), load=LoadSettings(context_length=128, device="cpu")))
     assert (loaded.engine.max_model_len, loaded.device) == (128, "cpu")  # the model's own win
     loaded.engine.close()
+
+
+def test_ember_chat_loads_an_installed_model_with_its_settings(store, tmp_path, monkeypatch):
+    from app.cli_chat import installed_load_settings
+    from app.store import LoadSettings
+
+    m = store.import_path(write_tiny_gguf(tmp_path / "t.gguf", name="T"))
+    store.set_load_settings(m.id, LoadSettings(context_length=256, threads=2))
+    monkeypatch.setenv("EMBER_MODELS_DIR", str(store.root))
+    assert installed_load_settings(m.id) == LoadSettings(context_length=256, threads=2)
+    assert installed_load_settings(store.get(m.id).path) == LoadSettings()  # a path names no installed model
