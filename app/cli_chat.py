@@ -69,6 +69,20 @@ def installed_template(model: str | None) -> str | None:
     return str(p) if p else None
 
 
+def installed_load_settings(model: str | None):
+    """The context, device and threads the user set for an installed model named by id."""
+    from pathlib import Path
+
+    from engine.model_files.load_settings import LoadSettings, read_load_settings
+    from engine.model_files.manifest import is_model_id
+
+    if not model or not is_model_id(model) or Path(model).expanduser().exists():
+        return LoadSettings()
+    from app.settings import Settings
+
+    return read_load_settings(Settings.load().models_dir, model)
+
+
 def build_engine(args):
     """The engine on the backend, device and dtype that `engine.backends` decides (and logs)."""
     from engine.backends import BackendError, load_engine
@@ -77,11 +91,13 @@ def build_engine(args):
     from engine.config import EngineConfig
 
     path = resolve_model(args.model)
+    load = installed_load_settings(args.model)  # the model manager's Load settings…; flags win
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
-                          num_threads=args.threads, speculative=args.speculative,
-                          max_model_len=args.ctx, chat_template=args.chat_template or installed_template(args.model))
+                          num_threads=args.threads or load.threads, speculative=args.speculative,
+                          max_model_len=args.ctx or load.context_length,
+                          chat_template=args.chat_template or installed_template(args.model))
     try:
-        engine = load_engine(config, args.backend, args.device)[0]
+        engine = load_engine(config, args.backend, args.device if args.device != "auto" else load.device or "auto")[0]
         if not engine.runner.generates:
             engine.close()
             print(f"error: {path} is an embedding model ({engine.runner.architecture}): it makes embeddings, "

@@ -66,8 +66,9 @@ class EmberApp:
             self.model_manager.installed.load_requested.connect(self.controller.load_model)
             self.controller.load_finished.connect(self.model_manager.installed.on_load_finished)
             installed = self.model_manager.installed
-            self.controller.status_changed.connect(lambda status: installed.set_loaded(status.get("model")))
-            installed.set_loaded(self.controller.last_status.get("model"))
+            self.controller.status_changed.connect(
+                lambda status: installed.set_loaded(status.get("model"), status.get("max_model_len")))
+            installed.set_loaded(self.controller.last_status.get("model"), self.controller.last_status.get("max_model_len"))
         self.model_manager.show()
         self.model_manager.raise_()
         return self.model_manager
@@ -79,7 +80,9 @@ class EmberApp:
 
     def open_settings(self, parent: QWidget | None = None) -> SettingsDialog:
         before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
-        dialog = SettingsDialog(self.settings, self.window, models=[(m.id, m.name) for m in self.store.list()])
+        dialog = SettingsDialog(self.settings, self.window, models=[(m.id, m.name) for m in self.store.list()],
+                                engine_status=self.controller.last_status)
+        self.controller.status_changed.connect(dialog.memory.show_status)  # the loaded model's figures, live
         dialog.settings_saved.connect(lambda s: self._on_settings_saved(before))
         dialog.open()  # window-modal, does not block the event loop
         self.settings_dialog = dialog

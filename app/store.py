@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
+from engine.model_files.load_settings import LoadSettings, load_settings_path, read_load_settings
 from engine.model_files.manifest import (CHAT_TEMPLATE, MANIFEST, ModelManifest, chat_template_path, fsync_dir,
                                          is_model_id, read_manifest, slugify, validate_model_id, write_json_atomic,
                                          write_manifest, write_text_atomic)
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 IMPORT_MODES = ("copy", "move", "link")
 _DEFAULT_REMOVED = ".default_removed"  # the user deleted the bundled model: don't re-add it
 
-__all__ = ["DEFAULT_MODEL_ID", "IMPORT_MODES", "MANIFEST", "ModelFileError", "ModelManifest", "ModelStore", "fsync_dir",
-           "path_size", "sha256_file", "sha256_path", "validate_model_id", "write_json_atomic"]
+__all__ = ["DEFAULT_MODEL_ID", "IMPORT_MODES", "LoadSettings", "MANIFEST", "ModelFileError", "ModelManifest",
+           "ModelStore", "fsync_dir", "path_size", "sha256_file", "sha256_path", "validate_model_id", "write_json_atomic"]
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -195,6 +196,22 @@ class ModelStore:
             except TemplateSyntaxError as e:
                 raise ValueError(f"the chat template does not compile: line {e.lineno}: {e.message}") from None
             write_text_atomic(target, source)
+
+    # --- a model's load settings (context, device, threads) ----------------------------------
+    def load_settings(self, model_id: str) -> LoadSettings:
+        """What the user set for this model's loads (the defaults when nothing is set)."""
+        return read_load_settings(self.root, model_id)
+
+    def set_load_settings(self, model_id: str, settings: LoadSettings) -> None:
+        """Every later load of the model uses these (the defaults remove the file)."""
+        with self._lock:
+            if self.get(model_id) is None:
+                raise KeyError(f"no installed model {model_id!r}")
+            target = load_settings_path(self.root, model_id)
+            if settings.is_default:
+                target.unlink(missing_ok=True)
+            else:
+                write_json_atomic(target, settings.to_dict())
 
     # --- removing / checking ---------------------------------------------------------------
     def delete(self, model_id: str) -> None:

@@ -152,7 +152,9 @@ class LLMEngine:
             prefix_hit_rate=bm.prefix_hit_rate,
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             block_size=self.config.block_size, max_model_len=self.max_model_len,
-            spec=dataclasses.replace(self.speculator.stats) if self.speculator is not None else None)
+            spec=dataclasses.replace(self.speculator.stats) if self.speculator is not None else None,
+            weight_bytes=self.runner.weight_bytes, kv_bytes=self.runner.kv_bytes,
+            num_threads=self.runner.num_threads)
 
     def close(self) -> None:
         """Release the runner (and a draft model): models and KV memory are freed now (idempotent)."""

@@ -80,6 +80,21 @@ def free_memory_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
+_threads_before: int | None = None  # torch's thread count before a runner set its own
+
+
+def use_threads(n: int | None) -> None:
+    """torch's threads for a runner: `n`, or None for what they were before a runner set some
+    (threads are per process, and a model loaded after one with its own count must not keep it)."""
+    global _threads_before
+    if n:
+        _threads_before = torch.get_num_threads() if _threads_before is None else _threads_before
+        torch.set_num_threads(n)
+    elif _threads_before is not None:
+        torch.set_num_threads(_threads_before)
+        _threads_before = None
+
+
 class ModelRunner(Runner):
     """The Runner (engine/runner.py) over Ember's torch models and paged KV pool."""
 
@@ -88,8 +103,7 @@ class ModelRunner(Runner):
     prompt_cache = None  # block-hash prefix caching serves prefixes
 
     def __init__(self, config: EngineConfig, model: torch.nn.Module | None = None) -> None:
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        use_threads(config.num_threads)
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -109,6 +123,10 @@ class ModelRunner(Runner):
         self.num_blocks = num_kv_blocks(config, block_bytes, free_memory_bytes(self.device), self.max_model_len)
         self.kv_pool = KVPool(mc.num_layers, self.num_blocks, B, mc.num_kv_heads, width, self.kv_dtype, self.device)
         self.kv_caches = self.kv_pool.caches
+        self.kv_bytes = self.num_blocks * block_bytes
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in  # a tied head counted once
+                                {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}.values())
+        self.num_threads = torch.get_num_threads() if self.device.type == "cpu" else None
         self.sampler = StepSampler()
         log.info("KV pool: %d blocks of %d tokens (%.1f MiB %s), max_model_len %d", self.num_blocks, B,
                  self.num_blocks * block_bytes / 2**20,

@@ -38,3 +38,6 @@ class EngineStats:
     block_size: int
     max_model_len: int
     spec: SpecStats | None = None  # speculative decoding's counters, when it is on
+    weight_bytes: int | None = None  # the runner's weights and KV reservation (engine/runner.py)
+    kv_bytes: int | None = None
+    num_threads: int | None = None

@@ -69,6 +69,12 @@ class Runner(Protocol):
     # The widest window of the model's sliding-window layers (0: none); the block manager reports
     # the blocks they are done with to give_back_window (engine/kv_window.py).
     sliding_window: int = 0
+    # What it holds, for the engine's status (Settings shows the loaded model's real figures):
+    # its weights' bytes, the bytes reserved for its KV (kv_capacity_blocks blocks; a lazy pool
+    # commits them as chats write), and the CPU threads it computes with (None: not known, or a GPU).
+    weight_bytes: int | None = None
+    kv_bytes: int | None = None
+    num_threads: int | None = None
     # A profiling hook the benches set (app/bench/step_profile.py): while set, a runner that times
     # its phases (the torch runner: "forward", "head") reports each one's seconds every step.
     phase_timer: PhaseTimer | None = None

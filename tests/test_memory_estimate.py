@@ -36,6 +36,8 @@ def test_a_runner_sizes_its_pool_as_the_estimate_says(bundled_model_path, backen
     est = engine_memory(fp, backend, "float32", 1024, 3, free_bytes=16 * GiB)
     assert runner.kv_capacity_blocks() * config.block_size * est.kv_bytes_per_token == est.kv_max_bytes
     assert est.kv_max_bytes == 3 * 1024 * fp.kv_bytes_per_token(4 if backend == "torch" else 2)
+    assert runner.kv_bytes == est.kv_max_bytes  # what the engine's status reports as reserved
+    assert 0.5 * fp.weights_bytes < runner.weight_bytes < 10 * fp.weights_bytes and runner.num_threads == 2
     runner.close()
 
 
@@ -45,7 +47,10 @@ def test_the_settings_line_follows_chats_context_and_backend(qtbot, ui_settings)
     ModelStore(ui_settings.models_dir).ensure_default()
     dialog = SettingsDialog(ui_settings)
     qtbot.addWidget(dialog)
-    row = dialog.memory
+    row = dialog.memory  # no engine: "Loaded now" says so; the calculator is for the default model
+    assert row.loaded.text().startswith("The engine has not answered yet")
+    name = ModelStore(ui_settings.models_dir).get(ui_settings.default_model).name
+    assert row.what_if.text().startswith("<b>What if…</b> a calculator, not a setting") and name in row.what_if.text()
     row.chats.setValue(2)
     row.context.setValue(2048)
     two = row.text.text()

@@ -193,3 +193,52 @@ def test_the_engine_reads_a_checkpoint_directory_on_the_command_line(tmp_path):
         engine_view.spec_from_path(d)
     spec = engine_view.spec_from_path(write_tiny_gguf(tmp_path / "Tiny.Model.bin"))  # any suffix: the load reads it
     assert (spec.id, spec.format) == ("tiny.model", "gguf")
+
+
+def test_a_models_load_settings_sit_beside_its_manifest_and_the_engine_reads_them(store, tmp_path):
+    from app.store import LoadSettings
+    from engine.server.model_store import ModelStore as EngineStore
+
+    m = store.import_path(write_tiny_gguf(tmp_path / "t.gguf", name="T"))
+    assert store.load_settings(m.id) == LoadSettings() and EngineStore(store.root).get(m.id).load == LoadSettings()
+    mine = LoadSettings(context_length=256, device="cpu", threads=2)
+    store.set_load_settings(m.id, mine)
+    assert json.loads((store.root / m.id / "load_settings.json").read_text()) == {
+        "context_length": 256, "device": "cpu", "threads": 2}
+    assert store.load_settings(m.id) == mine and EngineStore(store.root).get(m.id).load == mine
+    store.set_load_settings(m.id, LoadSettings())  # back to the app's settings: no file
+    assert not (store.root / m.id / "load_settings.json").exists()
+    (store.root / m.id / "load_settings.json").write_text('{"device": "tpu", "threads": 0}')
+    assert EngineStore(store.root).get(m.id).load == LoadSettings()  # a damaged file never stops a load
+    with pytest.raises(KeyError):
+        store.set_load_settings("not-installed", mine)
+    for bad in ({"context_length": 8}, {"device": "gpu"}, {"threads": 0}, {"threads": "4"}):
+        with pytest.raises(ValueError):
+            LoadSettings(**bad)
+
+
+def test_the_engines_loader_applies_a_models_load_settings(tiny_model_factory):
+    from app.store import LoadSettings
+    from engine.server.loading import make_engine_factory
+    from engine.server.served_model import ModelSpec
+
+    path = tiny_model_factory(ctx=512)
+    factory = make_engine_factory("torch", "auto", max_model_len=384, num_kv_blocks=64)
+    spec = ModelSpec(id="t", path=str(path))
+    loaded = factory(spec)  # the server's own settings when the model has none
+    assert loaded.engine.max_model_len == 384
+    loaded.engine.close()
+    loaded = factory(ModelSpec(id="t", path=str(path), load=LoadSettings(context_length=128, device="cpu")))
+    assert (loaded.engine.max_model_len, loaded.device) == (128, "cpu")  # the model's own win
+    loaded.engine.close()
+
+
+def test_ember_chat_loads_an_installed_model_with_its_settings(store, tmp_path, monkeypatch):
+    from app.cli_chat import installed_load_settings
+    from app.store import LoadSettings
+
+    m = store.import_path(write_tiny_gguf(tmp_path / "t.gguf", name="T"))
+    store.set_load_settings(m.id, LoadSettings(context_length=256, threads=2))
+    monkeypatch.setenv("EMBER_MODELS_DIR", str(store.root))
+    assert installed_load_settings(m.id) == LoadSettings(context_length=256, threads=2)
+    assert installed_load_settings(store.get(m.id).path) == LoadSettings()  # a path names no installed model

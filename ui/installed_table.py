@@ -9,9 +9,10 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QM
 
 from app.model_kind import COMPLETION, is_completion_model
 from app.settings import Settings
-from app.store import ModelManifest, ModelStore
+from app.store import LoadSettings, ModelManifest, ModelStore
 from engine.model_files.architectures import embeds_only
 from ui.catalog_table import human_size
+from ui.load_settings_dialog import LoadSettingsDialog, context_words
 from ui.workers import FunctionWorker
 
 COLUMNS = ("Model", "Architecture", "Quantization", "Size", "Context", "Uses", "Source", "Status")
@@ -39,6 +40,7 @@ class InstalledTable(QWidget):
         self._worker: FunctionWorker | None = None  # one hashing job (verify or import) at a time
         self._status: dict[str, str] = {}
         self._loaded: str | None = None  # the engine's model now
+        self._loaded_context: int | None = None  # the context the engine runs it with
         self.table = QTableWidget(0, len(COLUMNS), self)
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -59,10 +61,12 @@ class InstalledTable(QWidget):
                                         "(templates in GGUF files are often wrong or missing)")
         self.reset_template_button = QPushButton("Use the file's template", self)
         self.reset_template_button.setToolTip("Go back to the chat template in the model's file")
+        self.load_settings_button = QPushButton("Load settings…", self)
+        self.load_settings_button.setToolTip("This model's context length, device and threads, for every load")
         self.message = QLabel(self, wordWrap=True)
         buttons = QHBoxLayout()
         for b in (self.load_button, self.verify_button, self.delete_button, self.default_button,
-                  self.template_button, self.reset_template_button):
+                  self.template_button, self.reset_template_button, self.load_settings_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.import_button)
@@ -76,6 +80,7 @@ class InstalledTable(QWidget):
         self.default_button.clicked.connect(self._on_default_clicked)
         self.import_button.clicked.connect(self._on_import_clicked)
         self.template_button.clicked.connect(self._on_template_clicked)
+        self.load_settings_button.clicked.connect(self._on_load_settings_clicked)
         self.reset_template_button.clicked.connect(
             lambda: (model_id := self.selected_id()) is not None and self.set_chat_template(model_id, None))
         self.table.itemSelectionChanged.connect(self._update_buttons)
@@ -96,7 +101,12 @@ class InstalledTable(QWidget):
             self.table.setItem(row, 2, QTableWidgetItem(m.quantization if m.format == "gguf"
                                                         else f"{m.quantization} ({m.format})"))
             self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
-            self.table.setItem(row, 4, QTableWidgetItem(str(m.context_length or "?")))
+            loaded = m.id == self._loaded
+            text, why = context_words(m.context_length, self.store.load_settings(m.id).context_length,
+                                      self._loaded_context if loaded else None)
+            context = QTableWidgetItem(text)
+            context.setToolTip(why)
+            self.table.setItem(row, 4, context)
             use, why = uses(m.architecture)
             if use.startswith("chat") and is_completion_model(m.path, self.store.chat_template(m.id) is not None):
                 use, why = COMPLETION, ("A base model: its file has no chat template, so it continues text rather "
@@ -105,7 +115,6 @@ class InstalledTable(QWidget):
             use_item.setToolTip(why)
             self.table.setItem(row, 5, use_item)
             self.table.setItem(row, 6, QTableWidgetItem(m.source))
-            loaded = m.id == self._loaded
             self.table.setItem(row, 7, QTableWidgetItem(self._status.get(m.id) or ("● loaded" if loaded else "")))
             if loaded:  # the model the engine serves now stands out in every column
                 for col in range(len(COLUMNS)):
@@ -116,10 +125,10 @@ class InstalledTable(QWidget):
                 self.table.selectRow(row)
         self._update_buttons()
 
-    def set_loaded(self, model_id: str | None) -> None:
-        """The model the engine has loaded (None: none), marked in its row."""
-        if model_id != self._loaded:
-            self._loaded = model_id
+    def set_loaded(self, model_id: str | None, context: int | None = None) -> None:
+        """The model the engine has loaded (None: none), marked in its row, and the context it runs."""
+        if (model_id, context) != (self._loaded, self._loaded_context):
+            self._loaded, self._loaded_context = model_id, context
             self.refresh()
 
     def model_ids(self) -> list[str]:
@@ -161,6 +170,19 @@ class InstalledTable(QWidget):
             return False
         what = "the chat template in its file" if path is None else f"the chat template in {Path(path).name}"
         self.message.setText(f"{model_id} uses {what} from its next load; Load to use it now.")
+        self.refresh()
+        self.changed.emit()
+        return True
+
+    def set_load_settings(self, model_id: str, load: LoadSettings) -> bool:
+        """Save the model's context, device and threads for its loads; the message says so or why not."""
+        try:
+            self.store.set_load_settings(model_id, load)
+        except (OSError, KeyError) as e:
+            self.message.setText(f"Load settings not saved: {e}")
+            return False
+        now = " (it is loaded now; Load it again to use them)" if model_id == self._loaded else ""
+        self.message.setText(f"{model_id} loads with these settings from now on{now}.")
         self.refresh()
         self.changed.emit()
         return True
@@ -237,6 +259,15 @@ class InstalledTable(QWidget):
         if path:
             self.set_chat_template(model_id, path)
 
+    def _on_load_settings_clicked(self) -> None:
+        model_id = self.selected_id()
+        manifest = self.store.get(model_id) if model_id is not None else None
+        if manifest is None:
+            return
+        dialog = LoadSettingsDialog(manifest, self.store.load_settings(model_id), self.settings, self)
+        if dialog.exec() == LoadSettingsDialog.Accepted:
+            self.set_load_settings(model_id, dialog.value())
+
     def _on_import_clicked(self) -> None:
         # A GPTQ/AWQ checkpoint is a folder: picking its config.json imports the folder.
         path, _ = QFileDialog.getOpenFileName(self, "Import a model", str(Path.home()),
@@ -249,6 +280,7 @@ class InstalledTable(QWidget):
         busy = self._worker is not None and not self._worker.is_finished
         self.load_button.setEnabled(has)
         self.template_button.setEnabled(has)
+        self.load_settings_button.setEnabled(has)
         self.reset_template_button.setEnabled(has and self.store.chat_template(self.selected_id()) is not None)
         self.verify_button.setEnabled(has and not busy)
         self.delete_button.setEnabled(has)

@@ -47,14 +47,15 @@ class SettingsDialog(QDialog):
     settings_saved = Signal(object)
 
     def __init__(self, settings: Settings, parent: QWidget | None = None,
-                 models: list[tuple[str, str]] | None = None) -> None:
-        """`models`: the installed models as (id, name), which the draft-model picker offers."""
+                 models: list[tuple[str, str]] | None = None, engine_status: dict | None = None) -> None:
+        """`models`: the installed models as (id, name), which the draft-model picker offers;
+        `engine_status`: the engine's last /v1/engine/status (`memory.show_status` takes later ones)."""
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
         self.setMinimumWidth(520)
         self.settings = settings
         self._make_fields(settings, models or [])
-        self._lay_out(settings)
+        self._lay_out(settings, engine_status)
         self._explain()
 
     def _make_fields(self, s: Settings, models: list[tuple[str, str]]) -> None:
@@ -90,8 +91,8 @@ class SettingsDialog(QDialog):
         self.error = QLabel(self, wordWrap=True)
         self.error.setStyleSheet("color: #c92a2a")
 
-    def _lay_out(self, s: Settings) -> None:
-        """The fields in their groups, the memory estimate following the engine's fields, Save and Cancel."""
+    def _lay_out(self, s: Settings, engine_status: dict | None) -> None:
+        """The fields in their groups, the loaded model's memory and the calculator after the engine's, Save and Cancel."""
         key_row = QHBoxLayout()
         key_row.addWidget(self.api_key, 1)
         key_row.addWidget(self.show_key)
@@ -102,14 +103,17 @@ class SettingsDialog(QDialog):
                                                       ("Ollama's port too", self.ollama_port),
                                                       ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
-        self.memory = MemoryEstimateRow(s, self)  # the engine's memory for N chats of C tokens
+        self.memory = MemoryEstimateRow(s, self, engine_status)  # the loaded model's figures; What if…
         for signal in (self.backend.currentTextChanged, self.device.currentTextChanged,
                        self.dtype.currentTextChanged, self.kv_fraction.valueChanged):
             signal.connect(lambda *_: self.memory.update_engine(self.backend.currentText(), self.device.currentText(),
                                                                 self.dtype.currentText(), self.kv_fraction.value() / 100))
         layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
                                                 ("Memory for chats", self.kv_fraction), ("Threads", self.threads),
-                                                ("Memory", self.memory), ("Speculative decoding", self.speculative)]))
+                                                ("Speculative decoding", self.speculative)]))
+        memory = QGroupBox("Memory", self)
+        QVBoxLayout(memory).addWidget(self.memory)
+        layout.addWidget(memory)
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("Server's key", self.connection_key)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))

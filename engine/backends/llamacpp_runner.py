@@ -76,7 +76,8 @@ class LlamaCppRunner(Runner):
                                  flash_attn=flash_attn, kv_unified=kv_unified)
         self._context = open_context(ll, self._model, cparams, self.num_blocks * B)
         self._batch = LlamaBatch(ll, self.n_batch + 1)  # reused every step
-        self._threads = threads
+        self._threads = self.num_threads = threads
+        self.weight_bytes, self.kv_bytes = int(ll.llama_model_size(self._model)), self.num_blocks * block_bytes
         self._scoring: ScoringContext | None = None
 
         # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.

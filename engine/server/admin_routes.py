@@ -90,7 +90,9 @@ def engine_status(t: EngineHandle) -> dict:
     s = t.stats
     d["kv"] = ({"blocks_used": s.kv_blocks_used, "blocks_total": s.kv_blocks_total,
                 "block_size": s.block_size, "tokens_cached": s.cached_tokens,
-                "prefix_hit_rate": s.prefix_hit_rate} if s is not None else None)
+                "prefix_hit_rate": s.prefix_hit_rate, "bytes_reserved": s.kv_bytes} if s is not None else None)
+    d["weight_bytes"] = s.weight_bytes if s is not None else None  # the loaded model's own figures
+    d["threads"] = s.num_threads if s is not None else None
     d["num_running"] = s.num_running if s is not None else 0
     d["num_waiting"] = s.num_waiting if s is not None else 0
     d["max_model_len"] = s.max_model_len if s is not None else None

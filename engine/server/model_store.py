@@ -8,9 +8,11 @@ whatever the manifest (written by the app) says.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
+from engine.model_files.load_settings import read_load_settings
 from engine.model_files.manifest import MANIFEST, chat_template_path, is_model_id, read_manifest, slugify
 from engine.model_files.meta import read_meta
 from engine.service.served_model import ModelSpec
@@ -42,7 +44,8 @@ class ModelStore:
         p = self._manifest_path(model_id)
         if p is not None and p.is_file():
             template = chat_template_path(self.root, model_id)
-            return spec_from_manifest(read_manifest(p), model_id, str(template) if template else None)
+            spec = spec_from_manifest(read_manifest(p), model_id, str(template) if template else None)
+            return replace(spec, load=read_load_settings(self.root, model_id))  # every load honours them
         if model_id == DEFAULT_MODEL_ID:
             return ModelSpec(id=DEFAULT_MODEL_ID, path=str(default_model_path()), format="gguf",
                              name=DEFAULT_MODEL_NAME)

@@ -27,8 +27,10 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
         kw = {k: v for k, v in config_kw.items() if v is not None}
         if spec.chat_template and "chat_template" not in kw:  # --chat-template, when given, wins
             kw["chat_template"] = spec.chat_template
+        load = spec.load  # the model's own load settings win over the server's
+        kw |= {k: v for k, v in (("max_model_len", load.context_length), ("num_threads", load.threads)) if v}
         config = EngineConfig(model_path=spec.path, **kw)
-        engine, decision = load_engine(config, backend, device)
+        engine, decision = load_engine(config, backend, load.device or device)
         return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
 
     return factory

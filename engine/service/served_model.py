@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.model_files.load_settings import LoadSettings
+
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
 
@@ -21,6 +23,7 @@ class ModelSpec:
     name: str | None = None
     context_length: int | None = None
     chat_template: str | None = None  # a template file the user set for this installed model
+    load: LoadSettings = LoadSettings()  # the user's context, device and threads for this model
 
 
 @dataclass(slots=True)
