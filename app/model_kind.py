@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from engine.loaders.chat_template import TemplateError, completion_only
+from engine.model_files.chat_layout import completion_only
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ COMPLETION = "text completion"
 def _completion_only(path: str, _mtime: float) -> bool:
     try:
         return completion_only(path)
-    except (OSError, ValueError, TemplateError) as e:  # unreadable now: say nothing rather than guess
+    except (OSError, ValueError) as e:  # unreadable now: say nothing rather than guess
         log.info("cannot read the chat template of %s: %s", path, e)
         return False
 

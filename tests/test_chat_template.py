@@ -274,7 +274,7 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
 
 def test_a_base_model_is_known_for_text_completion_before_it_loads(tmp_path):
     from app.model_kind import is_completion_model
-    from engine.loaders.chat_template import completion_only
+    from engine.model_files.chat_layout import completion_only
 
     base = write_gguf(tmp_path / "base.gguf", ["<s>", "</s>", "a"])
     chatml = write_gguf(tmp_path / "chatml.gguf", ["<s>", "</s>", "<|im_start|>", "a"])

@@ -30,6 +30,7 @@ GUI_BENCH = "app.bench.soak_gui"  # builds the app through GUI_ENTRY and drives 
 # The engine's modules the GUI's path may import: model-file facts, one definition for app, ui and engine.
 SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.model_files.meta",
                  "engine.model_files.manifest", "engine.model_files.load_settings", "engine.model_files.bundled",
+                 "engine.model_files.chat_layout",
                  "engine.model_files.fit",
                  "engine.model_files.footprint", "engine.model_files.memory", "engine.model_files.tool_call_syntax",
                  "engine.model_files.errors",

@@ -219,8 +219,8 @@ def test_a_models_load_settings_sit_beside_its_manifest_and_the_engine_reads_the
 
 def test_the_engines_loader_applies_a_models_load_settings(tiny_model_factory):
     from app.store import LoadSettings
-    from engine.server.loading import make_engine_factory
-    from engine.server.served_model import ModelSpec
+    from engine.service.loading import make_engine_factory
+    from engine.service.served_model import ModelSpec
 
     path = tiny_model_factory(ctx=512)
     factory = make_engine_factory("torch", "auto", max_model_len=384, num_kv_blocks=64)

@@ -171,13 +171,6 @@ def _normalize(messages: list[dict]) -> list[dict]:
     return out
 
 
-def completion_only(path: str | Path) -> bool:
-    """Whether a model file (GGUF or Hugging Face folder) is a base model that its chats would run
-    in the plain layout (ChatTemplate.plain_layout), read from its metadata without loading it."""
-    meta = read_hf_template_metadata(path) if Path(path).is_dir() else read_template_metadata(path)
-    return not meta["chat_template"] and not meta["has_chatml_tokens"]
-
-
 def read_template_metadata(path: str | Path) -> dict:
     """`tokenizer.chat_template`, BOS/EOS token text and whether <|im_start|> is a token."""
     from engine.model_files.gguf_file import GGUFFile
