@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
-from app.openai_stream import (ChatDelta, ChatStream, EngineClientError, Usage, describe, error_from_response,
-                               error_message, parse_usage, sse_events)
+from app.openai_stream import (ChatDelta, ChatStream, EngineClientError, ToolCall, Usage, describe,
+                               error_from_response, error_message, parse_usage, sse_events)
 
-__all__ = ["ChatDelta", "ChatStream", "EngineClient", "EngineClientError", "Usage", "sse_events"]
+__all__ = ["ChatDelta", "ChatStream", "EngineClient", "EngineClientError", "ToolCall", "Usage", "sse_events"]
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)  # a long prefill may be slow
@@ -153,14 +153,18 @@ class EngineClient:
         return ChatStream(response, t_sent)
 
     def chat(self, messages: list[dict], model: str | None = None, **sampling: Any) -> ChatDelta:
-        """A whole reply in one request (no streaming): its text, finish reason and usage."""
+        """A whole reply in one request (no streaming): its text, finish reason, usage, tool calls
+        and thinking."""
         body = self._body(messages, model, sampling) | {"stream": False}
         t_sent = time.perf_counter()
         reply = self._json("POST", "/v1/chat/completions", body, timeout=STREAM_TIMEOUT)
         try:
             choice = reply["choices"][0]
-            text = choice["message"].get("content") or ""
+            message = choice["message"]
+            text = message.get("content") or ""
+            calls = tuple(ToolCall(c.get("id") or "", c["function"]["name"], c["function"].get("arguments") or "")
+                          for c in message.get("tool_calls") or ())
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise EngineClientError("the server's chat completion has no choices") from None
+            raise EngineClientError("the server's chat completion has no choices or a malformed call") from None
         return ChatDelta(text, choice.get("finish_reason"), parse_usage(reply.get("usage")),
-                         None, time.perf_counter() - t_sent)
+                         None, time.perf_counter() - t_sent, message.get("reasoning_content") or "", calls)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Message:
     thought_s: float | None = None
     model: str | None = None  # the model that wrote a reply
     finish_reason: str | None = None
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON) of its calls
 
 
 class ChatStore:
@@ -168,7 +169,7 @@ class ChatStore:
     def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
                        tok_s: float | None = None, ttft: float | None = None, reasoning: str | None = None,
                        thought_s: float | None = None, model: str | None = None,
-                       finish_reason: str | None = None) -> None:
+                       finish_reason: str | None = None, tool_calls: list[tuple[str, str]] | None = None) -> None:
         """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
 
         The chat keeps its place in the list: a reply that streams or finishes does not move it
@@ -179,7 +180,7 @@ class ChatStore:
         sets, args = [], []
         for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft),
                               ("reasoning", reasoning), ("thought_s", thought_s), ("model", model),
-                              ("finish_reason", finish_reason)):
+                              ("finish_reason", finish_reason), ("tool_calls", _calls_json(tool_calls))):
             if value is not None:
                 sets.append(f"{column}=?")
                 args.append(str(value) if column in ("content", "reasoning") else value)
@@ -277,4 +278,16 @@ def _chat(row: sqlite3.Row) -> Chat:
 
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
-                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"])
+                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"],
+                   _calls(row["tool_calls"]))
+
+
+def _calls_json(calls: list[tuple[str, str]] | None) -> str | None:
+    return None if calls is None else json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
+
+
+def _calls(text: str | None) -> list[tuple[str, str]]:
+    try:
+        return [(c["name"], c["arguments"]) for c in json.loads(text or "[]")]
+    except (ValueError, TypeError, KeyError):
+        return []

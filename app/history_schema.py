@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 3  # 2: a reply's reasoning and how long the model thought; 3: its model and finish reason
+SCHEMA_VERSION = 3  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and tool calls
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS chats (
@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS messages (
     reasoning TEXT NOT NULL DEFAULT '',  -- a reasoning model's thinking, apart from its answer
     thought_s REAL,                      -- seconds it thought
     model TEXT,                          -- the model that wrote a reply (its id)
-    finish_reason TEXT                   -- the server's: stop, length, ...
+    finish_reason TEXT,                  -- the server's: stop, length, tool_calls, ...
+    tool_calls TEXT                      -- JSON list of {"name", "arguments"}: the calls a reply made
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
@@ -39,7 +40,7 @@ CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
 
 # Columns added since schema 1, for files written before them: (name, declaration).
 _ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"), ("model", "TEXT"),
-                  ("finish_reason", "TEXT"))
+                  ("finish_reason", "TEXT"), ("tool_calls", "TEXT"))
 
 
 def open_history(path: Path) -> sqlite3.Connection:

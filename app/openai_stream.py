@@ -40,6 +40,15 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made, as the server parsed it (a choice's `tool_calls`)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(frozen=True, slots=True)
 class ChatDelta:
     """One step of a streamed reply. Timing is measured here, on the client.
 
@@ -53,6 +62,7 @@ class ChatDelta:
     tok_s: float | None = None
     ttft: float | None = None
     reasoning: str = ""  # a reasoning model's thinking (delta.reasoning_content), apart from the answer
+    tool_calls: tuple[ToolCall, ...] = ()  # every call so far, on the deltas that add to them
 
 
 class ChatStream(Iterator[ChatDelta]):
@@ -69,6 +79,7 @@ class ChatStream(Iterator[ChatDelta]):
         self._closed = False
         self.text = ""
         self.reasoning = ""
+        self.calls: dict[int, dict] = {}  # the tool calls streamed so far, by index (fragments joined)
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.id: str | None = None
@@ -122,13 +133,15 @@ class ChatStream(Iterator[ChatDelta]):
             raise error_from_body(chunk, None)
         self.id = self.id or chunk.get("id")
         self.model = self.model or chunk.get("model")
-        text, thought, finish = "", "", None
+        text, thought, finish, calls = "", "", None, ()
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
             text, thought = delta.get("content") or "", delta.get("reasoning_content") or ""
             finish = choice.get("finish_reason")
+            if delta.get("tool_calls"):
+                calls = self._add_calls(delta["tool_calls"])
         usage = parse_usage(chunk.get("usage"))
         now = time.perf_counter()
         self.reasoning += thought
@@ -141,9 +154,22 @@ class ChatStream(Iterator[ChatDelta]):
             self.finish_reason = finish
         if usage is not None:
             self.usage = usage
-        if not (text or thought or finish or usage):
+        if not (text or thought or finish or usage or calls):
             return None  # role-only or empty keep-alive chunk
-        return ChatDelta(text, finish, usage, self.tok_s, self.ttft, thought)
+        return ChatDelta(text, finish, usage, self.tok_s, self.ttft, thought, calls)
+
+    def _add_calls(self, parts: Any) -> tuple[ToolCall, ...]:
+        """OpenAI's streamed tool calls: each part names its call's index; the id and name come
+        once, the arguments in pieces to join. Every call so far, whole."""
+        for part in parts if isinstance(parts, list) else ():
+            if not isinstance(part, dict):
+                continue
+            call = self.calls.setdefault(part.get("index", len(self.calls)), {"id": "", "name": "", "arguments": ""})
+            function = part.get("function") or {}
+            call["id"] = part.get("id") or call["id"]
+            call["name"] = function.get("name") or call["name"]
+            call["arguments"] += function.get("arguments") or ""
+        return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items()))
 
     def cancel(self) -> None:
         """Abort from any thread: shut the socket down so a blocked read returns at once."""

@@ -205,6 +205,8 @@ class ChatView(QWidget):
             self._clock.tokens = delta.usage.completion_tokens or self._clock.tokens
         if delta.finish_reason:
             self._reply.finish_reason = delta.finish_reason
+        if delta.tool_calls:  # the server's parsed calls, as data: the reply's text holds none of their syntax
+            self._reply.tool_calls = [(c.name, c.arguments) for c in delta.tool_calls]
         self._emit_stats(delta.tok_s)
         self.transcript.schedule_render()
         if now - self._last_persist >= PERSIST_INTERVAL_S:
@@ -239,7 +241,8 @@ class ChatView(QWidget):
             reply.model = (self._stream and self._stream.model) or self._stream_model
             self.chat_store.update_message(self._reply_id, reply.content, status, tok_s=reply.tok_s, ttft=reply.ttft,
                                            reasoning=reply.reasoning or None, thought_s=reply.thought_s,
-                                           model=reply.model, finish_reason=reply.finish_reason)
+                                           model=reply.model, finish_reason=reply.finish_reason,
+                                           tool_calls=reply.tool_calls)
         self._reply, self._stream = None, None
         self.transcript.model_names = self.engine.model_names
         self.transcript.render_now()

@@ -1,6 +1,7 @@
 """A chat as one Markdown document: a heading per turn, code blocks with a "Copy code" link, a line of
-actions under each message (copy, edit & resend, earlier replies), tool calls as a collapsed line per
-call that opens to the arguments as JSON, and a reasoning model's thinking above its answer. Pure
+actions under each message (copy, edit & resend, earlier replies), tool calls (the server's parsed
+calls, which reach the window as data: TranscriptMessage.tool_calls) as a collapsed line per call
+that opens to the arguments as JSON, and a reasoning model's thinking above its answer. Pure
 functions, Qt-free; TranscriptView renders what `to_markdown` writes.
 
 The actions are links of the form `ember:<action>/<message index>[/<code block>]`.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 
-from engine.model_files.tool_call_syntax import ToolFormat, parse_tool_calls
 from ui.transcript_message import TranscriptMessage
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -71,16 +71,6 @@ def _actions(m: TranscriptMessage, i: int, names: dict[str, str], last: bool) ->
     return " · ".join(links)
 
 
-def tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
-    """(the reply without its tool calls, [(name, arguments JSON)]): the syntaxes that mark a
-    call explicitly (Hermes/Qwen, Mistral); a Llama 3 call is bare JSON, shown as the model wrote it."""
-    for fmt in (ToolFormat.HERMES, ToolFormat.MISTRAL):
-        content, calls = parse_tool_calls(fmt, text)
-        if calls:
-            return content, [(c.name, c.arguments) for c in calls]
-    return text, []
-
-
 def _brief(arguments: str, limit: int = 60) -> str:
     """`city="Paris", unit="celsius"`, cut to `limit` characters."""
     try:
@@ -128,7 +118,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
         if m.role == "system":
             continue
         title = ROLE_TITLES.get(m.role, m.role.title())
-        body, calls = (m.content, []) if m.role != "assistant" or m.status == "streaming" else tool_calls(m.content)
+        body, calls = m.content, m.tool_calls
         thinking = _thinking_lines(m, i, actions) if m.reasoning else []
         if m.status == "streaming":
             body = (body + " ▍") if body else ("" if thinking else "_Reading the chat…_")

@@ -28,6 +28,7 @@ class TranscriptMessage:
     model: str | None = None  # the model that wrote a reply (its id)
     tok_s: float | None = None  # its speed and first-token time, as the client measured them
     ttft: float | None = None
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON), as the server parsed them
 
     @property
     def out_of_budget(self) -> bool:
@@ -59,7 +60,7 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
         msg = TranscriptMessage(m.role, m.content, status,
                                 "the reply was interrupted" if status == "error" else None, msg_id=m.id,
                                 reasoning=m.reasoning, thought_s=m.thought_s, finish_reason=m.finish_reason,
-                                model=m.model, tok_s=m.tok_s, ttft=m.ttft)
+                                model=m.model, tok_s=m.tok_s, ttft=m.ttft, tool_calls=m.tool_calls)
         if m.role == "assistant" and versions is not None:
             kept, shown = versions.get(m.id)
             if kept and kept[shown] == m.content:  # the one shown is the one stored
