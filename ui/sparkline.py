@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from PySide6.QtCore import QPointF, QSize, Qt
+from PySide6.QtCore import QPointF, QSize
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QWidget
 
@@ -51,7 +51,4 @@ class Sparkline(QWidget):
         fill.setAlpha(60)
         painter.fillPath(area, fill)
         painter.setPen(QPen(accent, 1.5))
-        painter.drawPath(line)
-        painter.setPen(self.palette().text().color())
-        painter.drawText(self.rect().adjusted(2, 0, -2, 0), Qt.AlignLeft | Qt.AlignVCenter,
-                         f"{self.values[-1]:.0f} tok/s")
+        painter.drawPath(line)  # a shape, not a figure: the chat's own line says its speed (the tooltip, the engine's)
