@@ -189,3 +189,23 @@ def test_a_chat_on_a_base_model_says_so(qtbot, tmp_path):
     window._on_engine_status({"status": "ready", "model": "smollm2", "completion_only": False})
     assert "base model" not in view.transcript.toPlainText()
     store.close()
+
+
+def test_replies_name_their_model_once_the_engine_lists_the_names(qtbot, tmp_path):
+    from ui.engine_controller import EngineController
+    from ui.main_window import MainWindow
+
+    settings = make_settings(tmp_path / "ember")
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    chat_id = store.create_chat("t")
+    store.add_message(chat_id, "user", "hi")
+    reply = store.add_message(chat_id, "assistant", "")
+    store.update_message(reply, "hello", "done", model="smollm2")
+    engine = EngineController(settings, None)
+    window = MainWindow(settings, store, engine)  # as after a restart: the names are not known yet
+    qtbot.addWidget(window)
+    view = window.current_view()
+    assert "smollm2" in view.transcript.toPlainText().split("\n")[-1]
+    engine._on_models([{"id": "smollm2", "name": "SmolLM2 135M Instruct"}])
+    qtbot.waitUntil(lambda: "SmolLM2 135M Instruct" in view.transcript.toPlainText(), timeout=2000)
+    store.close()

@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         self.settings_panel.settings_changed.connect(self._on_chat_settings_changed)
         self.settings_panel.model_changed.connect(self._on_chat_model_changed)
         engine.models_changed.connect(self.refresh_model_picker)
+        engine.models_changed.connect(self._name_models)
         engine.message.connect(self._on_engine_message)
         engine.status_changed.connect(self._on_engine_status)
         self._shown_model: str | None = None
@@ -155,6 +156,12 @@ class MainWindow(QMainWindow):
         if view is not None and self.engine.current_model != self._shown_model \
                 and not self.chat_store.get_chat(view.chat_id).model:
             self._show_chat_settings(view)
+
+    def _name_models(self, *_: object) -> None:
+        """The models under the replies by name, once /v1/models has said them (after a start)."""
+        for view in self._views.values():
+            view.transcript.model_names = self.engine.model_names
+            view.transcript.schedule_render()
 
     def _show_model_kind(self, status: dict) -> None:
         """Chats on a base model (no chat template) say so above their messages."""
