@@ -83,3 +83,20 @@ def test_badge_and_engine_agree_on_the_engines_probe(monkeypatch):
     from engine.backends.device import probe_machine
 
     check_agreement(probe_machine(), monkeypatch)
+
+
+def test_the_guis_kernel_types_are_the_loaders_and_its_backend_is_the_engines(bundled_model_path):
+    """The GUI's torch-free list of the types Ember's kernels hold is the loader's REPACKABLE, so the
+    Settings calculator names the backend the engine picks (torch on Ember's kernels for a Q4_1 file)."""
+    from engine.backends.device import model_footprint
+    from engine.loaders.gguf_blocks import REPACKABLE
+    from engine.model_files.fit import choose_backend
+    from engine.model_files.footprint import KERNEL_TYPES
+    from engine.model_files.meta import read_meta
+
+    assert KERNEL_TYPES == {t.name for t in REPACKABLE}
+    machine = dataclasses.replace(CPU, ember_kernels=True)
+    size = bundled_model_path.stat().st_size
+    gui = choose_backend(machine, footprint_of(read_meta(bundled_model_path), size))
+    engine = choose_backend(machine, model_footprint(bundled_model_path))
+    assert gui.backend == engine.backend == "torch"

@@ -8,12 +8,15 @@ is loaded) under the dialog's engine fields; its two boxes only explore and are 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from app.fit import memory_line
 from app.store import ModelStore
 from engine.model_files.footprint import default_context
+from engine.model_files.meta import ModelFileError, read_meta
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -56,6 +59,7 @@ class MemoryEstimateRow(QWidget):
         self._engine = (settings.backend, settings.device, settings.dtype, settings.kv_memory_fraction)
         self._status: dict = {}
         self._model = None
+        self._meta = None  # the chosen model's file header
         self.loaded = QLabel(self, wordWrap=True, alignment=Qt.AlignLeft | Qt.AlignTop, objectName="loadedFigures")
         self.loaded.setTextInteractionFlags(Qt.TextSelectableByMouse)
         line = QFrame(self, frameShape=QFrame.HLine, frameShadow=QFrame.Sunken)
@@ -88,6 +92,7 @@ class MemoryEstimateRow(QWidget):
         if self._model is None or self._model.id != model_id:
             try:
                 self._model = self._store.get(model_id) or self._store.get(self._settings.default_model)
+                self._meta = file_meta(self._model.path) if self._model is not None else None
             except (OSError, ValueError):
                 self._model = None
             if self._model is not None:  # start from the context this model runs with
@@ -123,7 +128,16 @@ class MemoryEstimateRow(QWidget):
             return
         backend, device, dtype, fraction = self._engine
         device = self._store.load_settings(m.id).device or device  # the model's own device, as its loads use
-        self.text.setText(memory_line(m.size_bytes, m, backend=backend, device=device, dtype=dtype,
+        self.text.setText(memory_line(m.size_bytes, self._meta or m, backend=backend, device=device, dtype=dtype,
                                       kv_memory_fraction=fraction, context=self.context.value(),
                                       chats=self.chats.value()))
         self._fit_labels()
+
+
+def file_meta(path: str):
+    """The file's own header (which types its matrices have, so whether Ember's kernels run it), read
+    once a model is chosen; None when it cannot be read (the manifest's facts then)."""
+    try:
+        return read_meta(Path(path))
+    except (OSError, ModelFileError):
+        return None

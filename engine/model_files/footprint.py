@@ -32,6 +32,10 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsi
     return int(num_layers * num_kv_heads * (head_dim + (value_head_dim or head_dim)) * itemsize)
 
 
+# The GGUF types Ember's kernels hold quantized (engine/loaders/gguf_blocks.py's REPACKABLE, named
+# here torch-free for the GUI's estimates; tests/test_fit_agreement.py checks they agree)
+KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
+
 @dataclass(frozen=True, slots=True)
 class ModelFootprint:
     """The model's memory shape: weight bytes and KV bytes per token of context."""
@@ -79,7 +83,7 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
                           get("num_kv_heads") or 0, get("head_dim") or 0,
                           get("context_length") or MAX_DEFAULT_CONTEXT,
                           architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
-                          value_head_dim=get("value_head_dim") or 0,
+                          value_head_dim=get("value_head_dim") or 0, kernels_cover=bool(get("kernels_cover")),
                           sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0,
                           ember_engine_why_not=NOT_YET.get(arch, "") or (
                               "an embedding model: llama.cpp embeds it" if embeds_only(arch) else ""))

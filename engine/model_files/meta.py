@@ -12,6 +12,7 @@ import gguf  # constants only (file types, block sizes); no torch
 
 from engine.model_files.errors import ModelFileError
 from engine.model_files.families import hf_family, hf_model_types, swa_period
+from engine.model_files.footprint import KERNEL_TYPES
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
 from engine.model_files.quant_config import parse_quantization_config
 
@@ -32,6 +33,7 @@ class ModelMeta:
     value_head_dim: int | None = None  # of the values, where it differs (None: head_dim)
     sliding_window: int = 0  # tokens a windowed layer attends to (0: every layer attends to all)
     sliding_layers: int = 0  # how many layers are windowed
+    kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (footprint.KERNEL_TYPES)
 
 
 def read_meta(path: Path) -> ModelMeta:
@@ -98,6 +100,7 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
         value_head_dim=_scalar_max(field(f"{arch}.attention.value_length")),
         sliding_window=window,
         sliding_layers=windowed,
+        kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if len(t.shape) == 2),
     )
 
 
@@ -211,6 +214,7 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
         num_layers=config.get("num_hidden_layers"),
         num_kv_heads=config.get("num_key_value_heads") or n_heads,
         head_dim=head_dim,
+        kernels_cover=True,  # 4 and 8 bits, the kernels' widths (a layout they lack is held dense at load)
     )
 
 
