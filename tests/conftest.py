@@ -15,7 +15,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # never the user's settings or models, also for engines a module-scoped fixture starts before the
 # per-test home below exists (their engine reads the app's settings on a pull, app/api_pull.py)
 os.environ["EMBER_HOME"] = tempfile.mkdtemp(prefix="ember-test-home-")
-sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers such as gguf_factory
+# tests/ mirrors the source by room (engine/, kernels/, server/, app/, ui/); the helpers they share
+# (gguf_factory, server_util, ui_support, corpus, ...) and data/ live here, importable from every room
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

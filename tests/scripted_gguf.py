@@ -18,6 +18,8 @@ from gguf_factory import CHATML_TEMPLATE, EOS_ID, IM_END_ID, SPECIAL_TOKENS, bpe
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 64
 THINK_TOKENS = ("<think>", "</think>")  # added, user-defined tokens: the detokenizer writes them out
+# The thinking model's reply, `<think>\thm</think> ok`: ĉ is "\t", Ġ " " (byte-level BPE); no "\n": it ends the prompt
+THINKING_SCRIPT = ["<think>", "ĉ", "h", "m", "</think>", "Ġ", "o", "k"]
 # A Qwen3-style template: ChatML, and an empty think block when thinking is switched off.
 THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
     "{{ '<|im_start|>assistant\\n' }}",

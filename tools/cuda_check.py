@@ -2,7 +2,7 @@
 
     python tools/cuda_check.py [--model GGUF | --qwen-shapes] [--hf] [--out DIR]
 
-1. the CUDA tests (tests/test_int4_linear.py: tinygemm's layer against a float64 reference, a
+1. the CUDA tests (tests/kernels/test_int4_linear.py: tinygemm's layer against a float64 reference, a
    whole model 4-bit on the GPU against bf16 and the CPU);
 2. Int4Linear (tinygemm) against dense bf16 on Qwen2.5-Coder-1.5B's matrices, 28 layers, at
    1, 8, 32 and 512 rows: the time of one forward pass through the linear layers;
@@ -246,7 +246,7 @@ def main() -> int:
         Path(args.out, "cuda_check.json").write_text(json.dumps(report, indent=2))
         return 0
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                            str(ROOT / "tests" / "test_int4_linear.py")], cwd=ROOT)
+                            str(ROOT / "tests" / "kernels" / "test_int4_linear.py")], cwd=ROOT)
     report["tests_rc"] = tests.returncode
     report["copy_gb_s"] = copy_bandwidth() / 1e9
     print(f"copy bandwidth {report['copy_gb_s']:.0f} GB/s (read + write)", flush=True)

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from corpus import corpus_text
 from engine.loaders.gguf_loader import load_model
 from model_oracles import agreement, format_summary, llama_cpp_logits, llama_cpp_model, our_logits, summarize
 from real_models import gemma3_270m_or_skip
 from server_util import openai_client, start_engine
-from test_fidelity import corpus_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 PROMPT = "The capital of France is"

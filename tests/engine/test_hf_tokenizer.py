@@ -15,7 +15,7 @@ from engine.loaders.gguf_vocab import write_hf_tokenizer
 from engine.loaders.hf_tokenizer import HFTokenizer, clean_spaces
 from engine.loaders.tokenizer import Tokenizer, load_tokenizer
 
-CORPUS = sorted((Path(__file__).parent / "data" / "corpus").glob("*.txt"))
+CORPUS = sorted((Path(__file__).parents[1] / "data" / "corpus").glob("*.txt"))
 CHAT = ("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWrite <|im_start|> "
         "and <|im_end|> literally, and </s> <s> <tool_call>x</tool_call><|endoftext|><|endoftext|>"
         "<|im_end|>\n<|im_start|>assistant\n")

@@ -22,7 +22,7 @@ import pytest
 
 from engine.kernel_library import kernels_installed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.bundle, pytest.mark.slow,
               pytest.mark.skipif(not kernels_installed(), reason="the bundle needs Ember's kernels built")]
 

@@ -72,7 +72,7 @@ def test_the_models_replies_are_the_same_text_on_every_cpu_path_and_under_torchs
     monkeypatch.delenv("EMBER_CPU_PATH")
     env = os.environ | {"ATEN_CPU_CAPABILITY": "default"}
     texts["torch default"] = subprocess.run([sys.executable, "-c", WRITE, str(bundled_model_path)], env=env,
-                                            cwd=Path(__file__).parent.parent, capture_output=True, text=True,
+                                            cwd=Path(__file__).parents[2], capture_output=True, text=True,
                                             check=True, timeout=600).stdout
     first = next(iter(texts.values()))
     assert len(first) > 2000 and REQUESTS[7] in first

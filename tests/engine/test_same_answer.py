@@ -15,10 +15,10 @@ import asyncio
 
 import httpx
 import pytest
+from corpus import corpus_text
 from server_util import start_engine
 
 from engine.kernel_library import kernels_installed
-from test_fidelity import corpus_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

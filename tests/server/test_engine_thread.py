@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
+from counting_runner import make_engine
 from engine.sampling_params import SamplingParams
 from engine.model_files.errors import ModelFileError
 from engine.service.engine_thread import EngineThread
 from engine.service.handle import EngineState, EngineUnavailable
 from engine.service.loading import check_model_file
 from engine.service.served_model import LoadedModel, ModelSpec
-from test_runner import make_engine
 
 
 class Factory:

@@ -20,7 +20,7 @@ from app.version import ember_version
 from server_util import LONG_CTX
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ember_cmd(*argv: str) -> list[str]:

@@ -15,33 +15,19 @@ model over its paged KV pool.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
+from corpus import CTX, corpus_chunks, corpus_text
 from engine.loaders.gguf_config import read_model_config
 from engine.loaders.gguf_loader import load_model
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
                            greedy_chat_departures, llama_cpp_logits, our_logits, reference_logits, summarize)
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
-CTX = 512
-NUM_CHUNKS = 4  # 4 x 511 = 2,044 predictions, chunks spread evenly over the whole corpus
 U32 = 2.0 ** -24  # float32 unit roundoff
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def corpus_text() -> str:
-    return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CORPUS.glob("*.txt")))
-
-
-def corpus_chunks(tokens: list[int]) -> list[list[int]]:
-    available = len(tokens) // CTX
-    assert available >= NUM_CHUNKS, f"corpus too short: {len(tokens)} tokens"
-    starts = [round(i * (available - 1) / (NUM_CHUNKS - 1)) * CTX for i in range(NUM_CHUNKS)]
-    return [tokens[s:s + CTX] for s in starts]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from engine.loaders.chat_template import ChatTemplate
 from engine.loaders.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 MSGS = [{"role": "user", "content": "Say ok."}]
 
 

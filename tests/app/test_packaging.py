@@ -18,7 +18,7 @@ from app.engine_process import EngineProcess
 from app.frozen import ember_command, engine_child_command
 from resources import resource_path
 
-PACKAGING = Path(__file__).resolve().parents[1] / "packaging"
+PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 
 
 def load_build_script():

@@ -14,7 +14,7 @@ import ast
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVER = "engine.server"
 PROTOCOLS = ("openai", "ollama", "anthropic")  # at least these; a new one is found by itself
 ENGINE_THREAD = "engine.service.engine_thread"

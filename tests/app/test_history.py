@@ -14,7 +14,7 @@ import pytest
 
 from app.history import ChatStore, HistoryError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corpus import CTX, corpus_chunks, corpus_text
 from engine.kernels import kernels
 from engine.loaders.gguf_loader import load_model
 from engine.layers.quant_linear import QuantLinear
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
                            greedy_chat_departures, llama_cpp_logits, our_logits, summarize)
-from test_fidelity import CTX, corpus_chunks, corpus_text, qwen_05b_llama_cpp_logits
+from test_fidelity import qwen_05b_llama_cpp_logits
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -16,7 +16,7 @@ import pytest
 from engine.model_files.fit import DTYPES, MachineInfo, auto_dtype, choose_backend, cpu_has_fast_bf16
 from engine.model_files.footprint import GiB, MiB, ModelFootprint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOL = ModelFootprint("gguf", 92 * MiB, 30, 3, 64, 8192)
 GPTQ = ModelFootprint("gptq", int(3.9 * GiB), 32, 8, 128, 32768)
 

@@ -120,7 +120,7 @@ def test_q8_kv_fidelity_against_llama_cpp(bundled_model_path):
     lossy cache); printed beside what llama.cpp's own q8_0 cache costs it."""
     import llama_cpp
     from model_oracles import agreement, format_summary, llama_cpp_logits, summarize
-    from test_fidelity import CTX, corpus_chunks, corpus_text
+    from corpus import CTX, corpus_chunks, corpus_text
 
     from engine.loaders.gguf_loader import load_model
 

@@ -181,7 +181,7 @@ PARENT = textwrap.dedent("""
 @pytest.mark.slow
 def test_the_engine_ends_when_the_app_is_killed(tiny_model_factory):
     """No stop() call at all (the app was SIGKILLed): the engine must not live on holding its port."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     app = subprocess.Popen([sys.executable, "-c", PARENT, str(tiny_model_factory())], cwd=root,
                            stdout=subprocess.PIPE, text=True)
     try:

@@ -11,17 +11,16 @@ import openai
 import pytest
 
 from gguf_factory import CHATML_TEMPLATE
-from scripted_gguf import write_scripted_model
+from scripted_gguf import THINKING_SCRIPT, write_scripted_model
 from server_util import openai_client, start_engine
 
-SCRIPT = ["<think>", "ĉ", "h", "m", "</think>", "Ġ", "o", "k"]  # ĉ: "\t", Ġ: " " (byte-level BPE); no "\n": it ends the prompt
 MSGS = [{"role": "user", "content": "Say ok."}]
 
 
 @pytest.fixture(scope="module", params=["torch", "llama.cpp"])
 def server(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("think")
-    proc = start_engine(write_scripted_model(d / "thinker.gguf", SCRIPT), d, backend=request.param)
+    proc = start_engine(write_scripted_model(d / "thinker.gguf", THINKING_SCRIPT), d, backend=request.param)
     yield proc
     proc.stop()
 
@@ -68,10 +67,10 @@ def test_a_template_without_thinking_leaves_the_text_alone(tmp_path, how):
     """Reasoning is read from the template in use: the file's, or the one --chat-template gives."""
     if how == "--chat-template":
         (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
-        path, extra = write_scripted_model(tmp_path / "thinker.gguf", SCRIPT), ("--chat-template",
+        path, extra = write_scripted_model(tmp_path / "thinker.gguf", THINKING_SCRIPT), ("--chat-template",
                                                                               str(tmp_path / "chatml.jinja"))
     else:
-        path, extra = write_scripted_model(tmp_path / "plain.gguf", SCRIPT, template=CHATML_TEMPLATE), ()
+        path, extra = write_scripted_model(tmp_path / "plain.gguf", THINKING_SCRIPT, template=CHATML_TEMPLATE), ()
     proc = start_engine(path, tmp_path, *extra)
     try:
         r = openai_client(proc).chat.completions.create(model=_model(proc), messages=MSGS, temperature=0,
@@ -132,7 +131,7 @@ def test_a_negative_budget_is_a_400(server):
 
 
 def test_the_server_default_budget_applies_unless_a_request_says(tmp_path):
-    proc = start_engine(write_scripted_model(tmp_path / "thinker.gguf", SCRIPT), tmp_path,
+    proc = start_engine(write_scripted_model(tmp_path / "thinker.gguf", THINKING_SCRIPT), tmp_path,
                         "--max-reasoning-tokens", "1")
     try:
         client = openai_client(proc)
@@ -152,7 +151,7 @@ def test_ember_generate_prints_the_thinking_apart(tmp_path):
     import subprocess
     import sys
 
-    path = write_scripted_model(tmp_path / "thinker.gguf", SCRIPT)
+    path = write_scripted_model(tmp_path / "thinker.gguf", THINKING_SCRIPT)
     env = {**os.environ, "EMBER_HOME": str(tmp_path / "home")}
     (tmp_path / "chatml.jinja").write_text(CHATML_TEMPLATE)
     for flags, want in (([], "Thinking: hm\n\nok\n"), (["--raw"], "<think>\thm</think> ok\n"),
@@ -304,8 +303,8 @@ def test_a_required_tool_call_after_thinking_parses(tmp_path, backend):
 
     from scripted_gguf import THINKING_TOOLS_TEMPLATE
 
-    proc = start_engine(write_scripted_model(tmp_path / "tools.gguf", SCRIPT, template=THINKING_TOOLS_TEMPLATE),
-                        tmp_path, backend=backend)
+    path = write_scripted_model(tmp_path / "tools.gguf", THINKING_SCRIPT, template=THINKING_TOOLS_TEMPLATE)
+    proc = start_engine(path, tmp_path, backend=backend)
     try:
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},

@@ -20,7 +20,7 @@ from engine.loaders.hf_tokenizer import HFTokenizer
 from engine.loaders.tokenizer import Tokenizer
 from engine.model_files.gguf_file import GGUFFile
 
-CORPUS = sorted((Path(__file__).parent / "data" / "corpus").glob("*.txt"))
+CORPUS = sorted((Path(__file__).parents[1] / "data" / "corpus").glob("*.txt"))
 SP = "\u2581"
 # Pieces of the tiny vocabulary, best score first; their characters are pieces too (below), so
 # every merge has two tokens as parts, as in a trained SentencePiece model.

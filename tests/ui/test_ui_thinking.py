@@ -12,8 +12,7 @@ import pytest
 from app.gui_main import build_app
 from app.history import ChatStore
 from app.supervisor import SupervisorState
-from scripted_gguf import write_scripted_model
-from test_reasoning_api import SCRIPT
+from scripted_gguf import THINKING_SCRIPT, write_scripted_model
 from test_ui_messages import click_link
 from ui_support import make_settings, start_engine
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def app(qtbot, tmp_path):
     settings = make_settings(tmp_path / "app")
-    sup = start_engine(settings, write_scripted_model(tmp_path / "thinker.gguf", SCRIPT))
+    sup = start_engine(settings, write_scripted_model(tmp_path / "thinker.gguf", THINKING_SCRIPT))
     ember = build_app(settings, supervisor=sup, poll_interval_ms=200)
     qtbot.addWidget(ember.window)
     ember.window.show()

@@ -15,7 +15,7 @@ import pytest
 from app.store import ModelStore, sha256_file
 from store_helpers import FakeHub, Fault, sha256, write_tiny_gguf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")

@@ -23,7 +23,7 @@ from engine.loaders.tokenizer import load_tokenizer
 
 MODEL = dict(arch="llama", hidden=128, ffn=256, n_heads=4, n_kv_heads=2)
 TEXT = "Hello, world! The quick brown fox 🙂 def main():\n    return 0  <|im_start|>user"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
