@@ -3,7 +3,7 @@
 A path runs only where the CPU has every feature it declares: the paths are not a ladder
 (Zen 4 and the Ice Lake Xeons have AVX-512 VNNI without AVX-VNNI; Zen 3 has neither), so a
 path is never inferred from a faster one. Feature names are /proc/cpuinfo's. The C++ side
-(engine/kernels/csrc/cpu_paths.cpp) holds the same table; tests/test_cpu_paths.py checks that they agree.
+(engine/kernels/csrc/cpu_paths.cpp) holds the same table; tests/kernels/test_cpu_paths.py checks that they agree.
 Torch-free: the GUI's fit probe asks whether the kernels can run here.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared steps of the per-family `ember quantize` tests (tests/test_quantize_gemma3.py,
+"""Shared steps of the per-family `ember quantize` tests (tests/engine/test_quantize_gemma3.py,
 test_quantize_phi3.py): a tiny family GGUF through the real CLI at 8 bits, and the check that
 the checkpoint Ember loads back is the file's model."""
 from __future__ import annotations

@@ -9,7 +9,7 @@ it for the dense path and for embedding rows: 1 byte a weight in all, half of bf
 
 tinygemm dequantizes w = (q - 8) scale + zero; a QuantWeight is w = d q + m, so scale = d
 and zero = m + 8 d (`scales_and_zeros`, checked on the CPU twin of the kernel in
-tests/test_int4_linear.py). Both are bf16 there: the price of the kernel, measured by
+tests/kernels/test_int4_linear.py). Both are bf16 there: the price of the kernel, measured by
 tools/cuda_check.py on a GPU.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Block layouts are ggml's (ggml-common.h), little-endian, f16 scales. Each function takes the raw
 bytes of a whole tensor as a uint8 tensor, views it as [n_blocks, type_size] and returns the
 flat float32 weights [n_blocks * block_size] in file order; `dequantize` reshapes to (rows, cols).
-`gguf.quants.dequantize` is the oracle (tests/test_dequant.py).
+`gguf.quants.dequantize` is the oracle (tests/engine/test_dequant.py).
 """
 from __future__ import annotations
 

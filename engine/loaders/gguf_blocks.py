@@ -2,7 +2,7 @@
 
 Each GGUF type is rewritten as w = d q + m per group of 32 (16 for Q6_K) with float32 d and m
 computed as ggml computes them, so QuantWeight.dequantize() equals gguf.quants.dequantize bit
-for bit (tests/test_repack.py):
+for bit (tests/kernels/test_repack.py):
   Q4_0  d (q - 8)            -> 4-bit q, d, m = -8 d       (d q and 8 d are exact in float32)
   Q4_1  d q + m              -> 4-bit q, d, m
   Q4_K  d sc_j q - dmin m_j  -> 4-bit q, d sc_j, -(dmin m_j) per 32-value sub-block j

@@ -33,7 +33,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsi
 
 
 # The GGUF types Ember's kernels hold quantized (engine/loaders/gguf_blocks.py's REPACKABLE, named
-# here torch-free for the GUI's estimates; tests/test_fit_agreement.py checks they agree)
+# here torch-free for the GUI's estimates; tests/app/test_fit_agreement.py checks they agree)
 KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
 
 @dataclass(frozen=True, slots=True)

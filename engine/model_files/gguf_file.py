@@ -6,7 +6,7 @@ fails on damaged files with errors that do not say what is wrong. Here every len
 is checked against the file size before it is used (nothing is allocated from a size the file
 claims), and large arrays (token lists, merges) stay unread until someone asks for them, so
 listing or importing a model reads a dozen keys in milliseconds. numpy and gguf-py's constants
-only: no torch. Tests compare it with GGUFReader (tests/test_gguf_header.py).
+only: no torch. Tests compare it with GGUFReader (tests/engine/test_gguf_header.py).
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv;
 n_kv x (string key, u32 type, value); n_tensors x (string name, u32 n_dims, u64 dims[n_dims]

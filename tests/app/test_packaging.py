@@ -1,5 +1,5 @@
 """The desktop bundle's parts that need no build (issue 17): the freedesktop files, the icons, and
-how a frozen program finds its resources and starts its own engine. tests/test_bundle.py builds
+how a frozen program finds its resources and starts its own engine. tests/app/test_bundle.py builds
 the bundle and runs it."""
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from model_oracles import (agreement, assert_agrees, decode_meta, kv_pool, llama
                            our_logits, prefill_meta, reference_logits, summarize)
 
 ARCHS = ["llama", "qwen3", "smollm3", "gemma3", "phi3"]
-assert set(ARCHS) == set(FAMILIES) - {"qwen2"}  # qwen2: tests/test_model_tiny.py's files
+assert set(ARCHS) == set(FAMILIES) - {"qwen2"}  # qwen2: tests/engine/test_model_tiny.py's files
 LAYERS = {"smollm3": 4}
 T = 70
 

@@ -1,8 +1,8 @@
 """Fidelity of the quantized torch engine (weights kept 4/8-bit, int8 activations, Ember's CPU
-kernels) against llama.cpp on the same files, with the bars of tests/test_fidelity.py: llama.cpp
+kernels) against llama.cpp on the same files, with the bars of tests/engine/test_fidelity.py: llama.cpp
 also quantizes activations to 8 bits per 32 values, so the two should agree as llama.cpp's own
 builds agree with each other. Run on the path this CPU uses (all paths give the same bits:
-tests/test_qlinear.py).
+tests/kernels/test_qlinear.py).
 """
 from __future__ import annotations
 

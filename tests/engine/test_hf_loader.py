@@ -234,7 +234,7 @@ EPS32 = torch.finfo(torch.float32).eps
 def int8_bound(lin, w, x: torch.Tensor) -> torch.Tensor:
     """How far the kernels' y may be from x W^T (float64, W = w.dequantize()) for one QuantLinear.
 
-    tests/test_qlinear.py: the op rounds x to int8 per row and block of 32 (in the layer's
+    tests/kernels/test_qlinear.py: the op rounds x to int8 per row and block of 32 (in the layer's
     permuted column order when it has one), s = amax/127 rounded to float16, so each x_k is off by
     at most (1/2 + 127 2^-11) s_b(k): |dy| <= (1/2 + 127 2^-11) sum_k |w_k| s_b(k). The tiles
     also hold the group offset m (4-bit: -s z; 8-bit: s (128 - z)) rounded to float16, off by at
@@ -286,7 +286,7 @@ def test_every_quantized_linear_is_the_captured_weight_within_int8_rounding(made
 
 
 # Dense vs kernel logits. The kernels quantize every activation row to int8 per 32 values, so
-# each matmul is off by at most (1/2 + 127 2^-11) sum_k |w_k| s_b(k) (tests/test_qlinear.py),
+# each matmul is off by at most (1/2 + 127 2^-11) sum_k |w_k| s_b(k) (tests/kernels/test_qlinear.py),
 # with s_b = amax/127 of the block: about 1/254 of sum |w| |x|, under 1% of |y| for these
 # Gaussian-like rows. The kernel head is in addition rounded to 8 bits per 32 (as llama.cpp
 # keeps a GGUF's output at Q8_0): weight errors of at most amax/254 per value. Two layers of

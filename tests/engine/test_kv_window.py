@@ -3,7 +3,7 @@ real engine and pool with a tiny Gemma 3 (5 of 6 layers slide over 32 tokens; Q8
 decoder stack runs): the same greedy replies as an engine that keeps every block, the chat's
 next turn still hits the prefix cache, and the pool holds fewer pages.
 
-The block manager's own rules (which blocks, which hits) are in tests/test_block_manager.py.
+The block manager's own rules (which blocks, which hits) are in tests/engine/test_block_manager.py.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 sampled output has the target's distribution, a rejection leaves the KV as a fresh prefill would.
 
 Greedy exactness runs on the bundled model on Ember's kernels, which compute every row of a step
-on its own (the same bits whatever the batch: tests/test_qlinear.py), so "identical" is the bar,
+on its own (the same bits whatever the batch: tests/kernels/test_qlinear.py), so "identical" is the bar,
 not "identical up to near-ties". The distribution tests use seeded requests and a chi-square
 p-value floor of 1e-3: deterministic, and a wrong sampler fails them by orders of magnitude.
 """
@@ -295,7 +295,7 @@ def test_greedy_random_drafts_many_prompts(bundled_model_path):
 
 
 def test_prompt_lookup_on_the_llamacpp_runner_departs_only_at_near_ties(bundled_model_path):
-    """llama.cpp's rows depend on their place in the batch (tests/test_same_answer.py), so a
+    """llama.cpp's rows depend on their place in the batch (tests/engine/test_same_answer.py), so a
     verify pass may round a logit differently than a one-token decode: greedy output with drafts
     must equal plain output up to a first difference where the plain top-2 logprobs are within
     NEAR_TIE (tests/model_oracles.py's rule)."""

@@ -2,7 +2,7 @@
 why in words, and the model that served before keeps answering (a real engine process).
 
 The model that fails is a GGUF of an architecture no runner knows, put in the store by hand (as
-an older Ember could have; today's import refuses it: tests/test_model_families_load.py).
+an older Ember could have; today's import refuses it: tests/engine/test_model_families_load.py).
 """
 from __future__ import annotations
 

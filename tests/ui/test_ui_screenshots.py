@@ -1,7 +1,7 @@
 """Screenshots for reviewers, rendered offscreen into artifacts/screenshots/ (gitignored).
 
 The main window shows a reply streamed from the real bundled model (SmolLM2-135M-Instruct);
-run `pytest tests/test_ui_screenshots.py` and open the PNGs.
+run `pytest tests/ui/test_ui_screenshots.py` and open the PNGs.
 """
 from __future__ import annotations
 

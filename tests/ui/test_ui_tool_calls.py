@@ -11,9 +11,8 @@ import pytest
 
 from app.client import EngineClient
 from app.history import ChatStore
-from scripted_gguf import THINKING_TOOLS_TEMPLATE, write_scripted_model
+from scripted_gguf import THINKING_SCRIPT, THINKING_TOOLS_TEMPLATE, write_scripted_model
 from server_util import start_engine
-from test_reasoning_api import SCRIPT
 from test_ui_messages import click_link
 from ui.transcript import TranscriptView
 from ui.transcript_message import TranscriptMessage, from_history
@@ -64,8 +63,8 @@ def test_calls_are_stored_with_the_reply(tmp_path, qtbot):
 
 @pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
 def test_the_stream_carries_the_servers_calls_as_data(tmp_path, backend):
-    proc = start_engine(write_scripted_model(tmp_path / "tools.gguf", SCRIPT, template=THINKING_TOOLS_TEMPLATE),
-                        tmp_path, backend=backend)
+    model = write_scripted_model(tmp_path / "tools.gguf", THINKING_SCRIPT, template=THINKING_TOOLS_TEMPLATE)
+    proc = start_engine(model, tmp_path, backend=backend)
     try:
         client = EngineClient(proc.base_url, api_key=proc.api_key)
         deltas = list(client.chat_stream([{"role": "user", "content": "Say ok."}], temperature=0, max_tokens=200,

@@ -1,7 +1,7 @@
 // The code paths and the CPU features each one needs. A path runs only where the CPU has every
 // one of them: the paths are not a ladder (Zen 4 and Ice Lake have AVX-512 VNNI and no AVX-VNNI,
 // Zen 3 has neither). engine/kernel_paths.py declares the same table in /proc/cpuinfo's
-// spelling; tests/test_cpu_paths.py checks that the two agree with each other and the CPU.
+// spelling; tests/kernels/test_cpu_paths.py checks that the two agree with each other and the CPU.
 #include <torch/library.h>
 
 #include <string>

@@ -244,7 +244,7 @@ struct DecoderStack : torch::CustomClassHolder {
 }  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
-  // The stack's SwiGLU / GeGLU on its own: [T, 2f] gate | up -> [T, f] (tests/test_pointwise_kernels.py)
+  // The stack's SwiGLU / GeGLU on its own: [T, 2f] gate | up -> [T, f] (tests/kernels/test_pointwise_kernels.py)
   lib.def("gated_act(Tensor gate_up, bool gelu) -> Tensor", [](const at::Tensor& gu, bool gelu) {
     TORCH_CHECK(gu.dim() == 2 && gu.scalar_type() == at::kFloat && gu.size(1) % 2 == 0,
                 "gate_up must be float32 [T, 2f]");

@@ -18,7 +18,7 @@
 // per task, and q (for scores) or the accumulator (for a += w V) sits in registers while the
 // rows stream past. A head's arithmetic is that of its own row alone, whichever rows share its
 // task (attention_tile.h), so a row's output has the same bits in any batch. The AVX2 and
-// AVX-512 paths add in different orders: close, not equal. tests/test_paged_attention_kernel.py
+// AVX-512 paths add in different orders: close, not equal. tests/kernels/test_paged_attention_kernel.py
 // checks all of it against float64.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

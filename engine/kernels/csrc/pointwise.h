@@ -90,7 +90,7 @@ inline void rope_(float* x, int64_t row_stride, const float* C, const float* S, 
 // rounding to float. Those double operations are exact enough that the order of their roundings
 // never reaches the float result: this code (FMAs or not) gave glibc 2.36's expf bit for bit on
 // all 2.24e9 floats in [-103, 88]. Lanes outside |x| < 88 (overflow, underflow, inf, nan) take
-// glibc's own expf. tests/test_pointwise_kernels.py checks against libm's expf.
+// glibc's own expf. tests/kernels/test_pointwise_kernels.py checks against libm's expf.
 struct Exp2Table {
   uint64_t bits[32];  // bits of 2^(i/32) less i << 47, so that adding k << 47 gives 2^(k/32)
   Exp2Table() {

@@ -1,6 +1,6 @@
 // The 256-bit tile kernels, once per path: ember::avx2 (AVX2, FMA, F16C: what Zen 3 has) and
 // ember::avxvnni (the same with AVX-VNNI's vpdpbusd). Each copy is compiled for its own
-// instruction set only; tests/test_kernel_isa.py reads the library's object code to check it.
+// instruction set only; tests/kernels/test_kernel_isa.py reads the library's object code to check it.
 #pragma once
 #include "qtiles.h"
 
