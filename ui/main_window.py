@@ -279,8 +279,8 @@ class MainWindow(QMainWindow):
                 self.hidden_to_tray.emit()
             else:
                 self.showMinimized()
-                self.status.showMessage("There is no system tray here, so Ember stays open, minimized, to keep "
-                                        "serving. Quit Ember from the File menu.", 20000)
+                self.status.showMessage("No system tray: Ember keeps serving, minimized. File → Quit Ember quits.",
+                                        20000)
             return
         event.accept()
         self.engine.request_quit()
