@@ -19,8 +19,11 @@ from ui.transcript_message import TranscriptMessage
 
 RENDER_INTERVAL_MS = 40  # at most ~25 re-layouts a second while tokens stream in
 WEB_SCHEMES = ("http", "https", "mailto")
-# GitHub's dialect with raw HTML read as text: a reply's `<div>` or `</think>` is shown, never interpreted
-MARKDOWN = QTextDocument.MarkdownFeature(QTextDocument.MarkdownDialectGitHub.value
+# GitHub's dialect with raw HTML read as text (a reply's `<div>` or `</think>` is shown, never
+# interpreted) and `_x_` as emphasis, as GitHub renders it, not md4c's underline (MD_FLAG_UNDERLINE),
+# which looks like a link
+MD_FLAG_UNDERLINE = 0x4000
+MARKDOWN = QTextDocument.MarkdownFeature((QTextDocument.MarkdownDialectGitHub.value & ~MD_FLAG_UNDERLINE)
                                          | QTextDocument.MarkdownNoHTML.value)
 
 

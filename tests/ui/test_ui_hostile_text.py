@@ -142,3 +142,11 @@ def test_a_chat_with_html_keeps_its_message_reply_and_buttons(qtbot, ember):
     assert shown_whole()
     view.actions.copy(0)
     assert QGuiApplication.clipboard().text() == question
+
+
+def test_underscores_are_emphasis_not_an_underline_that_looks_like_a_link(qtbot):
+    view = TranscriptView()
+    qtbot.addWidget(view)
+    view.set_messages([TranscriptMessage("assistant", "an _emphasised_ word")])
+    fmt = view.document().find("emphasised").charFormat()
+    assert fmt.fontItalic() and not fmt.fontUnderline()
