@@ -66,6 +66,22 @@ def shared_engine(tmp_path_factory, tiny_model_factory):
 
 
 @pytest.fixture
+def ember(qtbot, tmp_path, shared_engine):
+    """The whole app (window, tray, controller) on the module's shared engine, which outlives it."""
+    from app.gui_main import build_app
+
+    app = build_app(make_settings(tmp_path / "app"), supervisor=shared_engine, poll_interval_ms=200)
+    qtbot.addWidget(app.window)
+    app.window.show()
+    app.controller.start()
+    yield app
+    for view in list(app.window._views.values()):
+        view.stop()
+    app.controller.close()
+    app.chat_store.close()
+
+
+@pytest.fixture
 def own_engine(ui_settings, tiny_model_factory):
     """An engine process for one test (which may kill or stop it)."""
     sup = start_engine(ui_settings, tiny_model_factory(ctx=LONG_CTX), backoff=(0.2, 1.0), extra_args=LONG_KV)

@@ -15,26 +15,11 @@ from ui.chat_view import ChatView
 from ui.status_poll import IDLE_POLL_FACTOR
 from ui.transcript import TranscriptView
 from server_util import long_max_tokens
-from ui_support import GapMeter, allowed_gap_ms, make_settings, record_client_threads, own_engine, replies_ignore_eos, shared_engine, tiny_gguf, ui_settings  # noqa: F401
+from ui_support import GapMeter, allowed_gap_ms, ember, make_settings, record_client_threads, own_engine, replies_ignore_eos, shared_engine, tiny_gguf, ui_settings  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
 GREEDY_LONG = {"temperature": 0.0, "max_tokens": 60}
-
-
-@pytest.fixture
-def ember(qtbot, tmp_path, shared_engine):  # noqa: F811
-    """The whole app (window, tray, controller) on the shared engine."""
-    settings = make_settings(tmp_path / "app")
-    app = build_app(settings, supervisor=shared_engine, poll_interval_ms=200)
-    qtbot.addWidget(app.window)
-    app.window.show()
-    app.controller.start()
-    yield app
-    for view in list(app.window._views.values()):
-        view.stop()
-    app.controller.close()  # the shared engine outlives this window
-    app.chat_store.close()
 
 
 def new_chat(app, **settings) -> ChatView:

@@ -9,11 +9,10 @@ import threading
 import pytest
 from PySide6.QtGui import QGuiApplication
 
-from app.gui_main import build_app
 from ui.transcript import TranscriptView
 from ui.transcript_markdown import verbatim
 from ui.transcript_message import TranscriptMessage, from_history
-from ui_support import make_settings, shared_engine  # noqa: F401
+from ui_support import ember, shared_engine  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,20 +101,6 @@ def test_verbatim_shows_any_text_as_typed(qtbot):
     for text in texts:
         view.document().setMarkdown(verbatim(text))
         assert view.toPlainText() == text
-
-
-@pytest.fixture
-def ember(qtbot, tmp_path, shared_engine):  # noqa: F811
-    settings = make_settings(tmp_path / "app")
-    app = build_app(settings, supervisor=shared_engine, poll_interval_ms=200)
-    qtbot.addWidget(app.window)
-    app.window.show()
-    app.controller.start()
-    yield app
-    for view in list(app.window._views.values()):
-        view.stop()
-    app.controller.close()
-    app.chat_store.close()
 
 
 def test_a_chat_with_html_keeps_its_message_reply_and_buttons(qtbot, ember):
