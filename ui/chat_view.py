@@ -17,9 +17,9 @@ from app.client import ChatDelta
 from app.history import ChatStore
 from app.reply_versions import ReplyVersions
 from app.sampling_defaults import effective_settings, request_fields
-from ui.error_words import reply_error_text
 from ui.elided_label import ElidedLabel
 from ui.engine_controller import EngineController
+from ui.error_words import reply_error_text
 from ui.message_actions import MessageActions, keep_versions
 from ui.message_input import MessageInput
 from ui.reply_clock import ReplyClock
@@ -154,7 +154,8 @@ class ChatView(QWidget):
             self._reply = TranscriptMessage("assistant", "", "streaming")
             self.transcript.messages.append(self._reply)
         else:  # the server goes on from its thoughts (and answer) so far
-            history.append({"role": "assistant", "content": continuing.content, "reasoning_content": continuing.reasoning})
+            history.append({"role": "assistant", "content": continuing.content,
+                            "reasoning_content": continuing.reasoning})
             sampling["continue_final_message"] = True
             self._reply, continuing.status, continuing.thought_s = continuing, "streaming", None
         if new_message:

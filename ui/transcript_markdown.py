@@ -53,8 +53,7 @@ def _written_by(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
     """The model that wrote a reply, by name; its speed when the pointer rests on it (the link's title)."""
     figures = [f"{m.tok_s:.1f} tok/s" if m.tok_s else "", f"first token {1000 * m.ttft:.0f} ms" if m.ttft else ""]
     title = " · ".join(f for f in figures if f) or m.model
-    name = _PUNCT.sub(r"\\\g<0>", names.get(m.model, m.model))
-    return f'[{name}]({ACTION_SCHEME}:model/{i} "{title}")'
+    return f'[{verbatim(names.get(m.model, m.model))}]({ACTION_SCHEME}:model/{i} "{title}")'
 
 
 def _actions(m: TranscriptMessage, i: int, names: dict[str, str], last: bool) -> str:
