@@ -174,7 +174,7 @@ def _verbose() -> bool:
 def _picker_name(store: ModelStore, m) -> str:
     """A model's name in the chat's picker, marked when it is a base model (text completion)."""
     completion = is_completion_model(m.path, store.chat_template(m.id) is not None)
-    return f"{m.name} ({COMPLETION})" if completion else m.name
+    return f"{m.name} · {COMPLETION}" if completion else m.name
 
 
 def _quit_on_signals(app: QApplication, quit_app: Callable[[], None]) -> None:

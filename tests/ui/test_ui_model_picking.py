@@ -52,7 +52,8 @@ def test_two_models_of_one_name_are_told_apart(qtbot, ember, tmp_path):
                                 model_id=f"same-{i}")
     ember.window.refresh_model_picker()
     labels = [t for d, t in picker_items(ember.window.settings_panel).items() if d and d.startswith("same-")]
-    assert sorted(labels) == ["Same Name (same-1)", "Same Name (same-2)"]
+    # (tiny files with no chat template: base models, marked so)
+    assert sorted(labels) == ["Same Name · text completion (same-1)", "Same Name · text completion (same-2)"]
 
 
 def test_a_refresh_asked_while_one_is_in_flight_is_not_lost(qtbot, ember, tmp_path, monkeypatch):
