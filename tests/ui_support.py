@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,20 +66,29 @@ def shared_engine(tmp_path_factory, tiny_model_factory):
     sup.stop()
 
 
-@pytest.fixture
-def ember(qtbot, tmp_path, shared_engine):
-    """The whole app (window, tray, controller) on the module's shared engine, which outlives it."""
+@contextmanager
+def app_on(qtbot, settings: Settings, supervisor: EngineSupervisor):
+    """The whole app (window, tray, controller) on an engine it does not own, which outlives it."""
     from app.gui_main import build_app
 
-    app = build_app(make_settings(tmp_path / "app"), supervisor=shared_engine, poll_interval_ms=200)
+    app = build_app(settings, supervisor=supervisor, poll_interval_ms=200)
     qtbot.addWidget(app.window)
     app.window.show()
     app.controller.start()
-    yield app
-    for view in list(app.window._views.values()):
-        view.stop()
-    app.controller.close()
-    app.chat_store.close()
+    try:
+        yield app
+    finally:
+        for view in list(app.window._views.values()):
+            view.stop()
+        app.controller.close()
+        app.chat_store.close()
+
+
+@pytest.fixture
+def ember(qtbot, tmp_path, shared_engine):
+    """The whole app on the module's shared engine."""
+    with app_on(qtbot, make_settings(tmp_path / "app"), shared_engine) as app:
+        yield app
 
 
 @pytest.fixture

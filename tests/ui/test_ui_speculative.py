@@ -18,7 +18,7 @@ from server_util import LONG_CTX
 from ui.settings_dialog import SettingsDialog
 from ui.speculative_row import EXPLANATION
 from ui.status_bar import speculation_text
-from ui_support import LONG_KV, make_settings, replies_ignore_eos, start_engine, ui_settings  # noqa: F401
+from ui_support import LONG_KV, app_on, make_settings, replies_ignore_eos, start_engine, ui_settings  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,16 +91,8 @@ def ngram_engine(tmp_path_factory, tiny_model_factory):
 
 @pytest.fixture
 def ember(qtbot, tmp_path, ngram_engine):
-    app = build_app(make_settings(tmp_path / "app", speculative="ngram"), supervisor=ngram_engine,
-                    poll_interval_ms=200)
-    qtbot.addWidget(app.window)
-    app.window.show()
-    app.controller.start()
-    yield app
-    for view in list(app.window._views.values()):
-        view.stop()
-    app.controller.close()
-    app.chat_store.close()
+    with app_on(qtbot, make_settings(tmp_path / "app", speculative="ngram"), ngram_engine) as app:
+        yield app
 
 
 def drafted(client: EngineClient) -> int:
