@@ -28,6 +28,7 @@ from engine.server.auth import check_bind, is_loopback
 
 if typing.TYPE_CHECKING:
     from engine.server.ollama.pull import Puller
+    from engine.service.residency import ResidencyConfig
 
 log = logging.getLogger("engine.server")
 
@@ -107,6 +108,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def residency_config(args) -> "ResidencyConfig":
+    """--memory-budget (GiB; 0 automatic), --max-loaded-models, --keep-alive (Ollama's durations)."""
+    from engine.service.keep_alive import parse_keep_alive
+    from engine.service.residency import ResidencyConfig
+
+    try:
+        return ResidencyConfig(budget_bytes=int(getattr(args, "memory_budget", 0) * 2**30),
+                               max_models=getattr(args, "max_loaded_models", 3),
+                               keep_alive_s=parse_keep_alive(getattr(args, "keep_alive", "5m")))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def build_engine_thread(args):
+    """The engine thread the flags describe: its factory, the file check, the residency rules."""
+    from engine.service.engine_thread import EngineThread
+    from engine.service.loading import check_model_file, estimate_bytes, fits_now, make_engine_factory
+
+    residency = residency_config(args)
+    return EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
+                        check=check_model_file, residency=residency,
+                        estimate=lambda s: estimate_bytes(s, residency), fits_now=fits_now)
+
+
 def resolve_api_key(args) -> str | None:
     if args.api_key_file:
         return Path(args.api_key_file).read_text(encoding="utf-8").strip() or None
@@ -142,8 +167,6 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
     import uvicorn
 
     from engine.server.app import ServerSettings, create_app
-    from engine.service.engine_thread import EngineThread
-    from engine.service.loading import check_model_file, make_engine_factory
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
 
     try:
@@ -154,8 +177,7 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         return 2
     if not api_key:
         log.warning("no API key set: any program on this machine can use the server")
-    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
-                          check=check_model_file)
+    thread = build_engine_thread(args)
     # a remote bind is protected by its key; its Host names are whatever the network calls it
     remote = args.allow_remote and not is_loopback(args.host)
     allowed = tuple(args.allowed_host) or (("*",) if remote else ())
@@ -163,7 +185,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
     app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
                                             allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
-                                            max_reasoning_tokens=args.max_reasoning_tokens),
+                                            max_reasoning_tokens=args.max_reasoning_tokens,
+                                            default_model=spec),
                      puller=make_puller(args.models_dir) if make_puller else None)
     socks = []
     for p in (args.port, *([args.ollama_port] if args.ollama_port else [])):

@@ -20,6 +20,7 @@ from engine.server.auth import SecurityMiddleware, SecurityPolicy
 from engine.server.embeddings import Embeddings
 from engine.server.errors import install_error_handlers
 from engine.server.model_store import ModelStore
+from engine.server.model_use import HoldsMiddleware
 from engine.server.ollama.model_routes import build_ollama_models_router
 from engine.server.ollama.pull import Puller
 from engine.server.ollama.routes import build_ollama_router
@@ -28,6 +29,7 @@ from engine.server.openai.completions_routes import build_completions_router
 from engine.server.openai.embedding_routes import build_embeddings_router
 from engine.server.openai.responses_routes import build_responses_router
 from engine.service.handle import EngineHandle
+from engine.service.served_model import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = 16 << 20
     max_reasoning_tokens: int | None = None  # a reasoning model's thinking, capped unless a request says
+    default_model: ModelSpec | None = None  # what a request that names no model gets when none is loaded
     extra: dict = field(default_factory=dict)
 
 
@@ -70,8 +73,9 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     app.include_router(build_anthropic_router())
     app.include_router(build_admin_router())  # /health, /v1/models, /metrics, /v1/engine/*
 
-    # outermost last: metrics → security (Host, Origin, key, size) → CORS → routes, so that a
-    # refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400
+    # outermost last: metrics → security (Host, Origin, key, size) → CORS → holds → routes, so that
+    # a refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400
+    app.add_middleware(HoldsMiddleware, thread=engine_thread)  # a request's models, released at its end
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
