@@ -19,6 +19,7 @@ from engine.server.anthropic.routes import build_anthropic_router
 from engine.server.auth import SecurityMiddleware, SecurityPolicy
 from engine.server.embeddings import Embeddings
 from engine.server.errors import install_error_handlers
+from engine.server.json_body import JSONBodyMiddleware
 from engine.server.model_store import ModelStore
 from engine.server.ollama.model_routes import build_ollama_models_router
 from engine.server.ollama.pull import Puller
@@ -70,8 +71,10 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     app.include_router(build_anthropic_router())
     app.include_router(build_admin_router())  # /health, /v1/models, /metrics, /v1/engine/*
 
-    # outermost last: metrics → security (Host, Origin, key, size) → CORS → routes, so that a
-    # refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400
+    # outermost last: metrics → security (Host, Origin, key, size) → CORS → JSON bodies → routes,
+    # so that a refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400, and a
+    # body is read as JSON only once the request is allowed
+    app.add_middleware(JSONBodyMiddleware)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
