@@ -37,7 +37,7 @@ def engine_args(settings: Settings) -> dict[str, Any]:
     used by the supervisor's engine and `ember serve`. The key is among them; `to_argv` refuses it."""
     return {"model_id": settings.default_model, "models_dir": str(settings.models_dir),
             "host": settings.server_host, "port": settings.server_port, "ollama_port": settings.ollama_port,
-            "api_key": settings.api_key,
+            "ollama_keyless": settings.ollama_keyless, "api_key": settings.api_key,
             "backend": settings.backend, "device": settings.device, "dtype": settings.dtype,
             "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads,
             "speculative": engine_speculative(settings.speculative, settings.models_dir)}

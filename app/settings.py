@@ -72,6 +72,8 @@ class Settings(BaseModel):
     server_port: int = Field(8765, ge=0, le=65535, description="Port of the local server (0 picks a free one)")
     ollama_port: int = Field(0, ge=0, le=65535, description="Also serve on this port, for programs that expect "
                                                            "Ollama at 11434 (0: off)")
+    ollama_keyless: bool = Field(False, description="Programs on this computer may use the Ollama port without "
+                                                    "the API key (web pages still may not)")
     api_key: str = Field(default_factory=_new_api_key, min_length=8, max_length=512,
                          description="Bearer key that clients of the local server must send")
     backend: Literal["auto", "torch", "llama.cpp"] = Field("auto", description="Inference backend")

@@ -78,6 +78,9 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",
                    help="also serve on this port, for programs that expect Ollama at 11434 (0: off)")
+    p.add_argument("--ollama-keyless", action="store_true", default=d.get("ollama_keyless", False),
+                   help="programs on this computer may use the Ollama port without the API key, as Ollama's "
+                        "clients expect (the key is still needed on --port; web pages are still refused)")
     p.add_argument("--api-key", default=d.get("api_key"),
                    help="required Bearer key (also EMBER_API_KEY; --api-key-file keeps it out of `ps`)")
     p.add_argument("--api-key-file", default=d.get("api_key_file"), help="read the API key from this file")
@@ -130,6 +133,21 @@ def write_ready_file(path: str, data: dict) -> None:
     os.replace(tmp, p)
 
 
+def server_settings(args, api_key: str | None):
+    """The app's ServerSettings from the flags: who may talk to it, and how."""
+    from engine.server.app import ServerSettings
+
+    # a remote bind is protected by its key; its Host names are whatever the network calls it
+    remote = args.allow_remote and not is_loopback(args.host)
+    allowed = tuple(args.allowed_host) or (("*",) if remote else ())
+    if args.max_reasoning_tokens is not None and args.max_reasoning_tokens < 0:
+        raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
+    keyless = (args.ollama_port,) if args.ollama_keyless and args.ollama_port else ()
+    return ServerSettings(api_key=api_key, models_dir=args.models_dir, allowed_hosts=allowed,
+                          cors_origins=tuple(args.cors_origin), keyless_ports=keyless,
+                          max_reasoning_tokens=args.max_reasoning_tokens)
+
+
 def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:
     """`make_puller(models_dir)`: the app's downloads behind Ollama's /api/pull (see engine/server/ollama/pull.py)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -141,7 +159,7 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         return 2
     import uvicorn
 
-    from engine.server.app import ServerSettings, create_app
+    from engine.server.app import create_app
     from engine.service.engine_thread import EngineThread
     from engine.service.loading import check_model_file, make_engine_factory
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
@@ -156,15 +174,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         log.warning("no API key set: any program on this machine can use the server")
     thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
                           check=check_model_file)
-    # a remote bind is protected by its key; its Host names are whatever the network calls it
-    remote = args.allow_remote and not is_loopback(args.host)
-    allowed = tuple(args.allowed_host) or (("*",) if remote else ())
-    if args.max_reasoning_tokens is not None and args.max_reasoning_tokens < 0:
-        raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
-    app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
-                                            allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
-                                            max_reasoning_tokens=args.max_reasoning_tokens),
-                     puller=make_puller(args.models_dir) if make_puller else None)
+    settings = server_settings(args, api_key)
+    app = create_app(thread, settings, puller=make_puller(args.models_dir) if make_puller else None)
     socks = []
     for p in (args.port, *([args.ollama_port] if args.ollama_port else [])):
         try:
@@ -184,7 +195,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         if server.started:
             log.info("Ember engine listening on http://%s:%d (pid %d)", args.host, port, os.getpid())
             if args.ollama_port:
-                log.info("and on http://%s:%d for Ollama's clients", args.host, args.ollama_port)
+                log.info("and on http://%s:%d for Ollama's clients%s", args.host, args.ollama_port,
+                         " (without the key from this computer)" if settings.keyless_ports else "")
             if args.ready_file:
                 write_ready_file(args.ready_file, {"port": port, "pid": os.getpid(), "host": args.host})
     threading.Thread(target=announce, name="announce", daemon=True).start()

@@ -66,8 +66,13 @@ class SettingsDialog(QDialog):
         self.server_port.setSpecialValueText("any free port")
         self.ollama_port = QSpinBox(self, minimum=0, maximum=65535, value=s.ollama_port)
         self.ollama_port.setSpecialValueText("off")
-        self.ollama_port.setToolTip("Also listen here for programs that expect Ollama (its port is 11434); "
-                                    "they send the key too")
+        self.ollama_port.setToolTip("Also listen here for programs that expect Ollama (its port is 11434)")
+        self.ollama_keyless = QCheckBox("without the key", self, checked=s.ollama_keyless)
+        self.ollama_keyless.setToolTip("Programs on this computer may use the Ollama port without the API key, "
+                                       "as Ollama's own clients expect. The key is still needed on Ember's port, "
+                                       "and web pages are still refused")
+        self.ollama_port.valueChanged.connect(lambda port: self.ollama_keyless.setEnabled(port > 0))
+        self.ollama_keyless.setEnabled(s.ollama_port > 0)
         self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
         self.show_key = QCheckBox("Show", self)
         self.show_key.toggled.connect(self._on_show_key)
@@ -97,10 +102,13 @@ class SettingsDialog(QDialog):
         key_row.addWidget(self.api_key, 1)
         key_row.addWidget(self.show_key)
         key_row.addWidget(self.copy_key)
+        ollama_row = QHBoxLayout()
+        ollama_row.addWidget(self.ollama_port, 1)
+        ollama_row.addWidget(self.ollama_keyless)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
         layout.addWidget(self._group("Local server", [("Port", self.server_port),
-                                                      ("Ollama's port too", self.ollama_port),
+                                                      ("Ollama's port too", ollama_row),
                                                       ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
         self.memory = MemoryEstimateRow(s, self, engine_status)  # the loaded model's figures; What if…
@@ -137,6 +145,7 @@ class SettingsDialog(QDialog):
         return {
             "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
             "server_port": self.server_port.value(), "ollama_port": self.ollama_port.value(),
+            "ollama_keyless": self.ollama_keyless.isChecked(),
             "api_key": self.api_key.text().strip(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),

@@ -37,6 +37,7 @@ class ServerSettings:
     models_dir: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # extra Host names beyond loopback (remote binds)
     cors_origins: tuple[str, ...] = ()
+    keyless_ports: tuple[int, ...] = ()  # ports where a client on this machine needs no key (Ollama's, if allowed)
     max_body_bytes: int = 16 << 20
     max_reasoning_tokens: int | None = None  # a reasoning model's thinking, capped unless a request says
     extra: dict = field(default_factory=dict)
@@ -80,7 +81,7 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key"])
     app.add_middleware(SecurityMiddleware, policy=SecurityPolicy.build(
-        settings.api_key, settings.allowed_hosts, settings.cors_origins,
+        settings.api_key, settings.allowed_hosts, settings.cors_origins, settings.keyless_ports,
         max_body_bytes=settings.max_body_bytes))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # counts refusals too
     return app

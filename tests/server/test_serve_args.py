@@ -54,17 +54,24 @@ def test_ember_serve_takes_the_settings_where_no_flag_is_typed(tmp_path):
     assert (args.model_id, args.models_dir, args.api_key) == (s.default_model, str(s.models_dir), s.api_key)
 
 
-def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path):
-    s = Settings(data_dir=tmp_path, server_port=9100, threads=2, dtype="bfloat16", device="cpu")
+@pytest.mark.parametrize("keyless", [False, True])
+def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path, keyless):
+    s = Settings(data_dir=tmp_path, server_port=9100, threads=2, dtype="bfloat16", device="cpu",
+                 ollama_port=11434, ollama_keyless=keyless)
     cmd = EngineSupervisor(s, model_id="some-model")._command(port=0)
     served = serve_args(ember_parser().parse_args(["serve"]), s)
     for dest, value in engine_args(s).items():
         if dest in ("port", "api_key"):  # the launcher's own --port; the key travels in the environment
             continue
         flag = "--" + dest.replace("_", "-")
+        assert getattr(served, dest) == value, dest
+        if isinstance(value, bool):  # a switch: there or not
+            assert (flag in cmd) == value, dest
+            continue
         want = "some-model" if dest == "model_id" else str(value)
         assert cmd[cmd.index(flag) + 1] == want, dest
-        assert getattr(served, dest) == value, dest
+    parsed = engine_parser().parse_args(cmd[cmd.index("serve"):])  # the child's own parser reads it back
+    assert (parsed.ollama_port, parsed.ollama_keyless) == (11434, keyless)
     assert s.api_key not in cmd
     assert cmd[cmd.index("--port") + 1] == "0" and "--ready-file" in cmd
 
