@@ -24,6 +24,7 @@ from pathlib import Path
 
 from engine.backends.cli_args import add_backend_args
 from engine.config import EngineConfig
+from engine.keep_alive import parse_keep_alive
 from engine.server.auth import check_bind, is_loopback
 
 if typing.TYPE_CHECKING:
@@ -95,7 +96,39 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
                    help="a reasoning model thinks at most N tokens unless a request says otherwise "
                         "(default: no limit)")
     add_config_args(p, d)
+    add_residency_args(p, d)
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"))
+
+
+def add_residency_args(p: argparse.ArgumentParser, d: dict) -> None:
+    """The models kept loaded at once: how much memory they share, how many, how long an idle one stays."""
+    p.add_argument("--memory-budget", type=_bounded(float, 0.0, 65536.0), default=d.get("memory_budget", 0.0),
+                   metavar="GIB", help="memory the loaded models may use together (weights, KV cache, buffers), "
+                                       "in GiB (0: about 75%% of this machine's RAM)")
+    p.add_argument("--max-loaded-models", type=_bounded(int, 1, 16), default=d.get("max_loaded_models", 3),
+                   metavar="N", help="the most models loaded at the same time (1 to 16)")
+    p.add_argument("--keep-alive", type=_keep_alive, default=d.get("keep_alive", "5m"), metavar="DURATION",
+                   help="how long an idle model stays loaded, as Ollama's keep_alive: 5m, 1h30m, or seconds; "
+                        "-1 forever, 0 unload at once (a request's own keep_alive wins)")
+
+
+def _bounded(kind: type, low: float, high: float):
+    def parse(text: str):
+        value = kind(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
+
+
+def _keep_alive(text: str) -> str:
+    """Checked here, kept as typed: the engine reads it with parse_keep_alive."""
+    try:
+        parse_keep_alive(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
 
 
 def serve_defaults() -> dict:

@@ -88,3 +88,28 @@ def test_settings_defaults_match_engine_config_where_they_overlap(tmp_path):
     assert s.kv_memory_fraction == CONFIG_DEFAULTS["kv_memory_fraction"]
     assert s.dtype == CONFIG_DEFAULTS["dtype"]
     assert s.threads == CONFIG_DEFAULTS["num_threads"]
+
+
+def test_the_residency_settings_reach_the_engine_childs_argv(tmp_path):
+    """The budget, the most models at once and keep_alive: Settings → the supervisor's child and `ember serve`."""
+    defaults = engine_parser().parse_args(["serve"])
+    assert (defaults.memory_budget, defaults.max_loaded_models, defaults.keep_alive) == (0.0, 3, "5m")
+    fresh = Settings(data_dir=tmp_path)
+    assert (fresh.memory_budget_gb, fresh.max_loaded_models, fresh.keep_alive) == (0.0, 3, "5m")
+    for keep in ("1h30m", "-1m", "-1", "0"):  # "-1m" must not read as an option on the child's command line
+        s = Settings(data_dir=tmp_path, memory_budget_gb=6.5, max_loaded_models=2, keep_alive=keep)
+        cmd = EngineSupervisor(s, model_id="some-model")._command(port=0)
+        child = engine_parser().parse_args(cmd[cmd.index("serve"):])
+        assert (child.memory_budget, child.max_loaded_models, child.keep_alive) == (6.5, 2, keep)
+        served = serve_args(ember_parser().parse_args(["serve"]), s)
+        assert (served.memory_budget, served.max_loaded_models, served.keep_alive) == (6.5, 2, keep)
+    typed = serve_args(ember_parser().parse_args(["serve", "--keep-alive", "10m", "--max-loaded-models", "4"]), s)
+    assert (typed.keep_alive, typed.max_loaded_models, typed.memory_budget) == ("10m", 4, 6.5)  # typed flags win
+
+
+@pytest.mark.parametrize("argv", [["--keep-alive", "5x"], ["--keep-alive", ""], ["--max-loaded-models", "0"],
+                                  ["--max-loaded-models", "17"], ["--memory-budget", "-1"]])
+def test_bad_residency_flags_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(["serve", *argv])
+    assert argv[0] in capsys.readouterr().err
