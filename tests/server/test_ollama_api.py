@@ -85,6 +85,9 @@ def test_the_ollama_port_serves_the_same_api_under_the_same_rules(server):
     assert r.message.content == ollama.Client(host=server.base_url, headers=auth, timeout=120).chat(
         model="model", messages=MSGS, options=GREEDY).message.content
     assert httpx.get(server.ollama_url + "/api/tags").status_code == 401
+    with pytest.raises(ollama.ResponseError) as e:  # without --ollama-keyless the key is asked for there too
+        ollama.Client(host=server.ollama_url, timeout=120).chat(model="model", messages=MSGS, options=GREEDY)
+    assert e.value.status_code == 401
     assert httpx.get(server.ollama_url + "/api/tags", headers=auth | {"Host": "evil.example"}).status_code == 403
 
 
