@@ -164,7 +164,8 @@ def build_engine_thread(args):
     residency = residency_config(args)
     return EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
                         check=check_model_file, residency=residency,
-                        estimate=lambda s: estimate_bytes(s, residency), fits_now=fits_now)
+                        estimate=lambda s: estimate_bytes(s, residency, args.num_kv_blocks, args.max_model_len),
+                        fits_now=fits_now)
 
 
 def resolve_api_key(args) -> str | None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupported_architecture
+from engine.model_files.footprint import default_context
+from engine.model_files.memory import DEFAULT_BLOCK_SIZE
 from engine.model_files.meta import read_meta
 from engine.service.residency import ResidencyConfig
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
@@ -40,15 +42,23 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
     return factory
 
 
-def estimate_bytes(spec: ModelSpec, residency: ResidencyConfig) -> int:
-    """What the budget counts for a model before it loads: its file's weights and its KV pool's
-    cap (the runner's own figures replace it once loaded)."""
+def estimate_bytes(spec: ModelSpec, residency: ResidencyConfig, num_kv_blocks: int | None = None,
+                   max_model_len: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """What the budget counts for a model before it loads (the runner's own figures replace it once
+    loaded): its weights (the file) and its KV pool, counted as float32 so as never to fall short:
+    a fixed pool's blocks, else its share of the budget but at least one full context (the pool's
+    floor, memory.py)."""
     p = Path(spec.path)
     try:
         weights = p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.glob("*.safetensors"))
-    except OSError:
-        weights = 0  # the load itself says what is wrong with the path
-    return weights + residency.kv_cap_bytes(weights)
+        fp = footprint_of(read_meta(p), weights)
+    except (OSError, ValueError):
+        return 0  # the load itself says what is wrong with the path
+    per_token = fp.kv_bytes_per_token(4)
+    if num_kv_blocks:
+        return weights + num_kv_blocks * block_size * per_token
+    context = default_context(fp.context_length or 4096, spec.load.context_length or max_model_len)
+    return weights + max(residency.kv_cap_bytes(weights), context * per_token)
 
 
 def fits_now(nbytes: int) -> bool:

@@ -57,9 +57,10 @@ class ResidencyConfig:
     def kv_cap_bytes(self, weights_bytes: int) -> int:
         """Each model's KV pool is capped at its share of the budget (an even split over
         max_models, less its weights), never above the engine's own cap: a runner sizes its
-        pool from free memory, which would otherwise leave nothing for the next model."""
+        pool from free memory, which would otherwise leave nothing for the next model. At least
+        1 byte: the pool then holds one full context, its floor (memory.py)."""
         share = self.budget // self.max_models - weights_bytes - RUNTIME_OVERHEAD_BYTES
-        return max(min(share, KV_CACHE_MAX_BYTES), 0)
+        return max(min(share, KV_CACHE_MAX_BYTES), 1)
 
 
 @dataclass(slots=True)

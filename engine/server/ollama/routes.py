@@ -9,12 +9,13 @@ a raw generate is the same steps without the template. Replies are NDJSON lines 
 default) or one object, the last with Ollama's counts and durations (nanoseconds). Errors are
 Ollama's shape, {"error": "..."}; the middleware's refusals (key, Host, Origin) stay OpenAI's.
 
-Model names: Ollama's `name:tag`; `:latest` is stripped to find the installed id. As on /v1,
-only the loaded model answers (an installed one is a 400 saying to load it): a client does not
-switch the model the app is using. keep_alive is accepted and ignored for the same reason.
+Model names: Ollama's `name:tag`; `:latest` is stripped to find the installed id. A model not
+loaded is loaded just in time beside the others (engine/server/model_use.py); `keep_alive` says how
+long it stays once idle, and an empty request with `keep_alive: 0` unloads it, as in Ollama.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import datetime, timezone
@@ -22,18 +23,20 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from engine.keep_alive import parse_keep_alive
 from engine.server.chat import ChatChoice, ChatRun, start_chat
 from engine.server.errors import APIError, shaped_route, validated
 from engine.server.ollama.embeddings import (OllamaEmbeddingsRequest, OllamaEmbedRequest, ollama_embed_reply,
                                              ollama_embeddings_reply)
+from engine.server.model_use import resolve, use_model
 from engine.server.ollama.models import tag
 from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest, SamplingRequest
-from engine.server.model_use import use_model
 from engine.server.serving import Job, encode, fit_context, sampling_params
 from engine.server.structured import response_format_grammar
 from engine.server.tool_protocol import ResponseFormat
+from engine.service.handle import KEEP_DEFAULT
 from engine.service.served_model import LoadedModel
 
 NDJSON = "application/x-ndjson"
@@ -59,9 +62,19 @@ def ollama_not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
 
 
-async def _loaded(request: Request, name: str, text: bool = True) -> LoadedModel:
+def keep_alive_of(value) -> float | None | object:
+    """A request's keep_alive in seconds (None: forever); absent, the server's setting."""
+    if value is None:
+        return KEEP_DEFAULT
     try:
-        return await use_model(request, name, text)
+        return parse_keep_alive(value)
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+async def _loaded(request: Request, name: str, text: bool = True, keep_alive=None) -> LoadedModel:
+    try:
+        return await use_model(request, name, text, keep_alive_of(keep_alive))
     except APIError as e:
         raise (ollama_not_found(name) if e.status == 404 else e) from None
 
@@ -199,11 +212,22 @@ def _line(d: dict) -> str:
     return json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _loaded_reply(loaded: LoadedModel, chat: bool) -> dict:
-    """An empty request is Ollama's way to load a model: it is loaded (or use_model said why not)."""
-    d = {"model": tag(loaded.spec.id), "created_at": _now()}
+def _loaded_reply(model_id: str, chat: bool, reason: str = "load") -> dict:
+    """An empty request is Ollama's way to load a model (or, with keep_alive 0, to unload it)."""
+    d = {"model": tag(model_id), "created_at": _now()}
     d |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-    return d | {"done": True, "done_reason": "load"}
+    return d | {"done": True, "done_reason": reason}
+
+
+async def _unload(request: Request, name: str, chat: bool) -> dict:
+    """`ollama stop`: an empty request with keep_alive 0 unloads the model (once its replies end)."""
+    state = request.app.state
+    try:
+        spec = resolve(state.engine_thread, state.model_store, state.settings.default_model, name)
+    except APIError as e:
+        raise (ollama_not_found(name) if e.status == 404 else e) from None
+    await asyncio.wrap_future(state.engine_thread.unload(spec.id))
+    return _loaded_reply(spec.id, chat, "unload")
 
 
 def build_ollama_router() -> APIRouter:
@@ -212,9 +236,11 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/chat")
     async def chat(body: ChatRequest, request: Request):
         t0 = time.monotonic()
-        loaded = await _loaded(request, body.model)
+        if not body.messages and keep_alive_of(body.keep_alive) == 0:
+            return await _unload(request, body.model, chat=True)
+        loaded = await _loaded(request, body.model, keep_alive=body.keep_alive)
         if not body.messages:
-            return _loaded_reply(loaded, chat=True)
+            return _loaded_reply(loaded.spec.id, chat=True)
         req = validated(ChatCompletionRequest, {
             "model": loaded.spec.id, "messages": _openai_messages(body.messages), "tools": body.tools,
             "response_format": _response_format(body.format), **body.options.sampler_fields(),
@@ -231,9 +257,11 @@ def build_ollama_router() -> APIRouter:
             if getattr(body, field):
                 raise APIError(400, f"{field} is not supported by Ember's /api/generate"
                                + ("; send the conversation to /api/chat" if field == "context" else ""))
-        loaded = await _loaded(request, body.model, text=False)
+        if not body.prompt and keep_alive_of(body.keep_alive) == 0:
+            return await _unload(request, body.model, chat=False)
+        loaded = await _loaded(request, body.model, text=False, keep_alive=body.keep_alive)
         if not body.prompt:
-            return _loaded_reply(loaded, chat=False)
+            return _loaded_reply(loaded.spec.id, chat=False)
         sampler = body.options.sampler_fields()
         if body.raw:
             run = await _start_raw(request, loaded, body.prompt, sampler, body.format)
@@ -249,7 +277,7 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/embed")
     async def embed(body: OllamaEmbedRequest, request: Request):
         t0 = time.monotonic()
-        loaded = await _loaded(request, body.model, text=False)
+        loaded = await _loaded(request, body.model, text=False, keep_alive=body.keep_alive)
         inputs = [body.input] if isinstance(body.input, str) else body.input
         res = await request.app.state.embeddings.run(request, loaded, inputs, truncate=body.truncate)
         return ollama_embed_reply(body.model, res, body.dimensions, t0)
