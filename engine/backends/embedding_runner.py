@@ -28,6 +28,9 @@ class EmbeddingRunner(Runner):
         self.architecture = meta.architecture
         self.max_model_len = default_context(meta.context_length or 512, config.max_model_len)
         self.vocab_size = 0  # no logits
+        # the vectors come from llama.cpp's embeddings context on this file (engine/server/embeddings.py):
+        # the file's size is what the memory budget counts for it
+        self.weight_bytes = Path(config.model_path).stat().st_size
 
     def kv_capacity_blocks(self) -> int:
         return 1  # the block manager needs a pool; nothing is ever scheduled into it

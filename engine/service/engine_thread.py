@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def model_bytes(loaded: LoadedModel) -> int:
+    """What the budget counts for a loaded model: the runner's weights and KV reservation, and its
+    draft model's (speculative decoding), from their own figures."""
+    s, spec = loaded.engine.stats(), loaded.engine.speculator
+    return (s.weight_bytes or 0) + (s.kv_bytes or 0) + (spec.drafter.memory_bytes if spec is not None else 0)
+
+
 class EngineThread:
     """Owns the engines. Handlers call the methods above the loop (handle.EngineHandle); only the
     loop writes state. `factory(spec, kv_cache_max_bytes=...)` loads a model (on the loader thread),
@@ -263,8 +270,7 @@ class EngineThread:
         dt = time.perf_counter() - self._load_started.pop(spec.id, time.perf_counter())
         nbytes = 0
         if isinstance(result, LoadedModel):
-            s = result.engine.stats()
-            nbytes = (s.weight_bytes or 0) + (s.kv_bytes or 0)
+            nbytes = model_bytes(result)
             self._loaded_msg = f"{spec.id} loaded in {dt:.1f}s"
             log.info("%s ready on %s (%s): %s", spec.id, result.backend, result.device,
                      result.decision.get("reason", ""))

@@ -172,6 +172,11 @@ class DraftModelDrafter:
         if seq.is_finished:
             self._generators.pop(seq.seq_id, None)
 
+    @property
+    def memory_bytes(self) -> int:
+        """Its weights and KV reservation, counted with the target's in the memory budget."""
+        return (self.runner.weight_bytes or 0) + (self.runner.kv_bytes or 0)
+
     def close(self) -> None:
         for sh in self._shadows.values():
             self.block_manager.free(sh)

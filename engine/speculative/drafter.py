@@ -20,6 +20,9 @@ class Drafter(Protocol):
     # Whether the acceptance of a draft that was not used can be checked after the step for free
     # (prompt lookup: its proposal is known without running anything).
     shadow: bool
+    # Bytes the drafter holds (a draft model's weights and KV; 0 for prompt lookup): counted with
+    # its target in the engine's memory budget (engine/service/residency.py).
+    memory_bytes: int
 
     def available(self, seqs: list[Sequence], max_k: int) -> list[int]:
         """How many drafts each sequence could get now (n-gram: the match's continuation, 0 when

@@ -25,6 +25,7 @@ class _Index:
 class NgramDrafter:
     name = "ngram"
     shadow = True
+    memory_bytes = 0
 
     def __init__(self, min_n: int = 2, max_n: int = 5) -> None:
         if not 1 <= min_n <= max_n:
