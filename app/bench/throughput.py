@@ -73,6 +73,10 @@ def run(args) -> int:
     from engine.model_files.bundled import default_model_path
 
     path = args.model or str(default_model_path())
+    if args.with_model:  # two models resident at once (app/bench/two_models.py)
+        from app.bench.two_models import run_two
+
+        return run_two(args, path, args.with_model)
     engines = {b: build_engine(path, args, b) for b in args.backend}
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=args.threads, verbose=False)
     for engine in engines.values():
@@ -114,4 +118,8 @@ def register(bench_sub) -> None:
     p.add_argument("--profile", type=int, nargs="*", default=[16], metavar="N",
                    help="after the table, profile the torch runner's decode step at N chats "
                         "(GEMM / attention / other kernels / Python and dispatch); none: --profile")
+    p.add_argument("--with-model", metavar="PATH",
+                   help="a second model: the largest --concurrency split over both models, resident at once on "
+                        "the server's engine thread, against all of it on the first model alone")
+    p.add_argument("--rounds", type=int, default=3, help="with --with-model: rounds of each, alternated")
     p.set_defaults(func=run)
