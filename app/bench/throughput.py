@@ -10,23 +10,7 @@ import statistics
 import time
 
 from app.bench import add_model_args
-from app.bench.lib.workloads import build_engine
-
-QUESTIONS = [
-    "Explain how a hash map works.", "Write a haiku about autumn.", "What is a prime number?",
-    "Give three tips for learning Python.", "Why is the sky blue?", "Summarize the plot of Hamlet.",
-    "How do vaccines work?", "What is the capital of Australia and why?",
-]
-
-
-def chat_prompts(engine, n: int) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        q = QUESTIONS[i % len(QUESTIONS)] + (f" (variant {i})" if i >= len(QUESTIONS) else "")
-        text = engine.chat_template.render([{"role": "user", "content": q}], add_generation_prompt=True)
-        out.append(engine.tokenizer.encode(text))
-    return out
-
+from app.bench.lib.workloads import build_engine, chat_prompts
 
 def run_ember(engine, prompts, new_tokens: int) -> dict:
     from engine.sampling_params import SamplingParams

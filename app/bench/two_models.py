@@ -12,7 +12,7 @@ import queue
 import statistics
 import time
 
-from app.bench.throughput import chat_prompts
+from app.bench.lib.workloads import chat_prompts
 
 
 def _round(thread, groups, new_tokens: int) -> dict:

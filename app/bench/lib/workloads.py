@@ -45,3 +45,19 @@ def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
                        max_model_len=1024,
                        enable_prefix_caching=prefix_caching)
     return load_engine(cfg, backend, args.device)[0]
+
+
+QUESTIONS = [
+    "Explain how a hash map works.", "Write a haiku about autumn.", "What is a prime number?",
+    "Give three tips for learning Python.", "Why is the sky blue?", "Summarize the plot of Hamlet.",
+    "How do vaccines work?", "What is the capital of Australia and why?",
+]
+
+
+def chat_prompts(engine, n: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        q = QUESTIONS[i % len(QUESTIONS)] + (f" (variant {i})" if i >= len(QUESTIONS) else "")
+        text = engine.chat_template.render([{"role": "user", "content": q}], add_generation_prompt=True)
+        out.append(engine.tokenizer.encode(text))
+    return out
