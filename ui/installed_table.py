@@ -91,9 +91,10 @@ class InstalledTable(QWidget):
         self._update_buttons()
 
     def show_status(self, status: dict) -> None:
-        """Mark the models a polled /v1/engine/status lists as loaded (the context is the most recent one's)."""
-        models = {m["id"]: {"id": m["id"], "state": m.get("state"), "bytes": m.get("bytes")} for m in resident(status)}
-        if status.get("model") in models:
+        """Mark the models a polled /v1/engine/status lists as loaded, with the context each runs."""
+        models = {m["id"]: {"id": m["id"], "state": m.get("state"), "bytes": m.get("bytes"),
+                            "context": m.get("context_length")} for m in resident(status)}
+        if status.get("model") in models and not models[status["model"]]["context"]:
             models[status["model"]]["context"] = status.get("max_model_len")
         self.set_resident(models)
 
