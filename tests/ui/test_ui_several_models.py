@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
+from app.client import EngineClientError
 from app.gui_main import build_app
 from app.store import ModelStore
+from ui.error_words import reply_error_text
 from ui.installed_table import InstalledTable
 from ui.pending_reply import PendingReply
 from ui.resident_models import memory_line, models_line, models_tooltip, pending_words, resident
@@ -48,6 +50,16 @@ def test_the_words_for_a_reply_that_waits():
     loading = several(model("smollm2"), model("qwen", state="loading"))
     assert pending_words(loading, "qwen", NAMES) == "Loading Qwen 0.5B…"
     assert pending_words(REMOTE, "qwen", NAMES) == "" and pending_words({}, None, NAMES) == ""
+
+
+def test_a_chats_model_that_cannot_load_or_wait_says_so_in_words():
+    refused = EngineClientError("loading beta failed: beta.gguf: truncated; alpha is still loaded", 400,
+                                code="model_load_failed")
+    assert reply_error_text(refused, remote=False) == ("Could not load beta: beta.gguf: truncated. alpha is still "
+                                                       "loaded. Choose another model in the picker, then press "
+                                                       "Regenerate.")
+    full = EngineClientError("too many requests wait for memory", 503, code="queue_full")
+    assert "Regenerate in a moment" in reply_error_text(full, remote=False)
 
 
 def test_the_status_bars_words_for_several_models_and_for_a_remote_server():
