@@ -7,8 +7,12 @@ of these keys, so each function falls back to the one model the top-level fields
 """
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
+
+# what a short name leaves out of a store name: the quantization, "(Q4_1)", and the tuning words
+_NOISE = re.compile(r"\([^)]*\)|\b(?:instruct|chat|it|awq|gptq|gguf|f16|bf16|fp16|q\d\w*|iq\d\w*)\b", re.I)
 
 
 def resident(status: dict) -> list[dict]:
@@ -55,6 +59,11 @@ def name_of(model: str, names: dict[str, str], status: dict | None = None) -> st
     return names.get(model) or found.get("name") or model
 
 
+def short_name(name: str) -> str:
+    """"SmolLM2 135M Instruct (Q4_1)" -> "SmolLM2 135M": a status bar's room for several models."""
+    return " ".join(_NOISE.sub(" ", name).split()).strip(" -_.") or name
+
+
 def pending_words(status: dict, model: str | None, names: dict[str, str]) -> str:
     """What a reply that has not begun waits for: memory (its place in line), or its model's load; "" for neither."""
     position = queue_position(status, model)
@@ -73,10 +82,15 @@ def _size(n: float | None) -> str:
 
 
 def models_line(status: dict, names: dict[str, str], this_chat: str | None) -> str:
-    """E.g. "Models: SmolLM2 (this chat) · Qwen 0.5B (loading…)"; "" when none is loaded."""
+    """E.g. "SmolLM2 135M (this chat) · Qwen2.5 Coder 0.5B (loading…)", short names when several
+    are loaded (and they stay apart; the tooltip has the whole ones); "" when none is loaded."""
+    models = resident(status)
+    full = [name_of(m["id"], names, status) for m in models]
+    short = [short_name(n) for n in full]
+    shown = short if len(models) > 1 and len(set(short)) == len(short) else full
     parts = []
-    for m in resident(status):
-        words = [name_of(m["id"], names, status)]
+    for m, name in zip(models, shown):
+        words = [name]
         if m["id"] == this_chat:
             words.append("(this chat)")
         if m.get("state") == "loading":
@@ -86,7 +100,7 @@ def models_line(status: dict, names: dict[str, str], this_chat: str | None) -> s
         parts.append(" ".join(words))
     if not parts:
         return ""
-    return ("Model: " if len(parts) == 1 else "Models: ") + " · ".join(parts)
+    return f"Model: {parts[0]}" if len(parts) == 1 else " · ".join(parts)  # several: the names say it
 
 
 def chats_by_model(status: dict, chats: Iterable[tuple[str, str | None]]) -> dict[str, list[str]]:

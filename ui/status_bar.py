@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar, QWi
 from app.supervisor import SupervisorState
 from ui.elided_label import ElidedLabel
 from ui.engine_controller import REMOTE, EngineController
-from ui.resident_models import memory_line, models_line, models_tooltip, running
+from ui.resident_models import memory_line, models_line, models_tooltip, resident, running
 from ui.resources import engine_state_icon
 from ui.sparkline import Sparkline
 
@@ -115,6 +115,7 @@ class EngineStatusBar(QStatusBar):
         this_chat = self.engine.current_model if "models" in status else None  # one model: no mark needed
         self.model_label.setText(models_line(status, self.engine.model_names, this_chat))
         self.model_label.setToolTip(models_tooltip(status, self.engine.model_names, self._chats()))
+        self.kv_label.setVisible(len(resident(status)) <= 1)  # one model's KV: the memory line speaks for several
         text, tip = memory_line(status)
         self.memory_label.setText(text)
         self.memory_label.setToolTip(tip)

@@ -13,7 +13,7 @@ from app.store import ModelStore
 from ui.error_words import reply_error_text
 from ui.installed_table import InstalledTable
 from ui.pending_reply import PendingReply
-from ui.resident_models import memory_line, models_line, models_tooltip, pending_words, resident
+from ui.resident_models import memory_line, models_line, models_tooltip, pending_words, resident, short_name
 from ui.status_bar import busy_text
 from ui.status_poll import IDLE_POLL_FACTOR, engine_idle
 from ui.transcript import TranscriptView
@@ -65,11 +65,16 @@ def test_a_chats_model_that_cannot_load_or_wait_says_so_in_words():
 def test_the_status_bars_words_for_several_models_and_for_a_remote_server():
     status = several(model("smollm2", running=1, expires_at=1000.0 + 300), model("qwen", state="loading"),
                      queue=[{"model": "phi", "position": 1, "waiting_s": 1.0}])
-    assert models_line(status, NAMES, "smollm2") == "Models: SmolLM2 (this chat) · Qwen 0.5B (loading…)"
+    assert models_line(status, NAMES, "smollm2") == "SmolLM2 (this chat) · Qwen 0.5B (loading…)"
     tip = models_tooltip(status, NAMES, [("Fox story", "smollm2"), ("Code", None), ("Sums", "qwen")], now=1000.0)
     assert "SmolLM2 (smollm2): 512 MiB (weights 256 MiB, chat memory 256 MiB), writing 1 reply" in tip
     assert "used by: Fox story, Code" in tip and "used by: Sums" in tip  # a chat without its own: the most recent
     assert "unloads in 5 min if left idle" in tip and tip.count("unloads") == 1
+    assert [short_name(n) for n in ("SmolLM2 135M Instruct (Q4_1)", "Qwen2.5 Coder 0.5B Instruct AWQ",
+                                    "gemma-3-270m-it Q4_K_M", "Chatty")] == \
+        ["SmolLM2 135M", "Qwen2.5 Coder 0.5B", "gemma-3-270m", "Chatty"]
+    twins = {"smollm2": "Twin (Q4_1)", "qwen": "Twin (Q8_0)"}  # short names that would look alike stay whole
+    assert models_line(several(model("smollm2"), model("qwen")), twins, None) == "Twin (Q4_1) · Twin (Q8_0)"
     assert memory_line(status)[0] == "Models 1.0 GiB of 2.0 GiB" and "at most 3 models" in memory_line(status)[1]
     assert busy_text(status) == "Writing a reply · 1 waiting for memory"
     assert busy_text(several(model("smollm2", running=1), model("qwen", running=2))) == "Writing 3 replies"
@@ -103,13 +108,15 @@ def test_the_status_bar_marks_the_chat_in_views_model_and_says_the_memory(app):
     window.open_chat(code.chat_id)
     controller._on_status(several(model("smollm2", running=1), model("qwen")))
     assert controller.current_model == "qwen" and controller.serving_model == "smollm2"
-    assert bar.model_label.text() == "Models: SmolLM2 · Qwen 0.5B (this chat)"
+    assert bar.model_label.text() == "SmolLM2 · Qwen 0.5B (this chat)"
     assert "used by: Fox story" in bar.model_label.toolTip() and "used by: Code" in bar.model_label.toolTip()
     assert bar.memory_label.text() == "Models 1.0 GiB of 2.0 GiB" and not bar.memory_label.isHidden()
+    assert bar.kv_label.isHidden()  # the most recent model's KV figure alone would mislead
     window.open_chat(fox.chat_id)  # the mark follows the chat in view at once, before the next poll
-    assert bar.model_label.text() == "Models: SmolLM2 (this chat) · Qwen 0.5B"
+    assert bar.model_label.text() == "SmolLM2 (this chat) · Qwen 0.5B"
     controller._on_status(dict(REMOTE))  # a remote server: one model, no memory line
     assert bar.model_label.text() == "Model: Qwen 0.5B" and bar.memory_label.isHidden()
+    assert not bar.kv_label.isHidden()
 
 
 def test_a_reply_that_has_not_begun_says_what_it_waits_for(qtbot, app):
