@@ -37,9 +37,11 @@ def engine_args(settings: Settings) -> dict[str, Any]:
     used by the supervisor's engine and `ember serve`. The key is among them; `to_argv` refuses it."""
     return {"model_id": settings.default_model, "models_dir": str(settings.models_dir),
             "host": settings.server_host, "port": settings.server_port, "ollama_port": settings.ollama_port,
-            "api_key": settings.api_key,
+            "ollama_keyless": settings.ollama_keyless, "api_key": settings.api_key,
             "backend": settings.backend, "device": settings.device, "dtype": settings.dtype,
             "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads,
+            "memory_budget": settings.memory_budget_gb, "max_loaded_models": settings.max_loaded_models,
+            "keep_alive": settings.keep_alive,
             "speculative": engine_speculative(settings.speculative, settings.models_dir)}
 
 
@@ -52,8 +54,8 @@ def to_argv(args: Mapping[str, Any]) -> list[str]:
         flag = "--" + dest.replace("_", "-")
         if value is True:
             argv.append(flag)
-        elif value is not None and value is not False:
-            argv += [flag, str(value)]
+        elif value is not None and value is not False:  # "-1m" would read as an option: "--keep-alive=-1m"
+            argv += [f"{flag}={value}"] if str(value).startswith("-") else [flag, str(value)]
     return argv
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from app.speculative_setting import check_speculative
+from engine.keep_alive import parse_keep_alive
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,19 @@ def _check_url(value: str | None) -> str | None:
     return value
 
 
+def _keep_alive_text(value: Any) -> Any:
+    """A number in the file or a JSON body is seconds, as Ollama reads it: kept as its text."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _check_keep_alive(value: str) -> str:
+    parse_keep_alive(value)  # its ValueError names the value and the forms
+    return value.strip()
+
+
+KeepAlive = Annotated[str, BeforeValidator(_keep_alive_text), AfterValidator(_check_keep_alive)]
+
+
 class Settings(BaseModel):
     """Every user-facing setting, with its bounds; the engine's own knobs live in EngineConfig."""
 
@@ -72,6 +86,8 @@ class Settings(BaseModel):
     server_port: int = Field(8765, ge=0, le=65535, description="Port of the local server (0 picks a free one)")
     ollama_port: int = Field(0, ge=0, le=65535, description="Also serve on this port, for programs that expect "
                                                            "Ollama at 11434 (0: off)")
+    ollama_keyless: bool = Field(False, description="Programs on this computer may use the Ollama port without "
+                                                    "the API key (web pages still may not)")
     api_key: str = Field(default_factory=_new_api_key, min_length=8, max_length=512,
                          description="Bearer key that clients of the local server must send")
     backend: Literal["auto", "torch", "llama.cpp"] = Field("auto", description="Inference backend")
@@ -79,6 +95,12 @@ class Settings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Torch engine's dtype")
     kv_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Share of free memory given to the KV cache")
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads for inference (default: automatic)")
+    memory_budget_gb: float = Field(0.0, ge=0.0, le=65536.0,
+                                    description="Memory the loaded models may use together, in GiB "
+                                                "(0: automatic, about 75% of this computer's memory)")
+    max_loaded_models: int = Field(3, ge=1, le=16, description="The most models loaded at the same time")
+    keep_alive: KeepAlive = Field("5m", description="How long a model nobody uses stays loaded: 5m, 1h30m, or "
+                                                    "seconds; -1 keeps it loaded, 0 unloads it at once (as Ollama)")
     speculative: Annotated[str, AfterValidator(check_speculative)] = Field(
         "off", description="Speculative decoding: off, ngram (prompt lookup) or a draft model (an installed "
                            "model's id or a .gguf file); the replies are the same, only faster")

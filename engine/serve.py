@@ -24,10 +24,12 @@ from pathlib import Path
 
 from engine.backends.cli_args import add_backend_args
 from engine.config import EngineConfig
+from engine.keep_alive import parse_keep_alive
 from engine.server.auth import check_bind, is_loopback
 
 if typing.TYPE_CHECKING:
     from engine.server.ollama.pull import Puller
+    from engine.service.residency import ResidencyConfig
 
 log = logging.getLogger("engine.server")
 
@@ -78,6 +80,9 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",
                    help="also serve on this port, for programs that expect Ollama at 11434 (0: off)")
+    p.add_argument("--ollama-keyless", action="store_true", default=d.get("ollama_keyless", False),
+                   help="programs on this computer may use the Ollama port without the API key, as Ollama's "
+                        "clients expect (the key is still needed on --port; web pages are still refused)")
     p.add_argument("--api-key", default=d.get("api_key"),
                    help="required Bearer key (also EMBER_API_KEY; --api-key-file keeps it out of `ps`)")
     p.add_argument("--api-key-file", default=d.get("api_key_file"), help="read the API key from this file")
@@ -92,7 +97,39 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
                    help="a reasoning model thinks at most N tokens unless a request says otherwise "
                         "(default: no limit)")
     add_config_args(p, d)
+    add_residency_args(p, d)
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"))
+
+
+def add_residency_args(p: argparse.ArgumentParser, d: dict) -> None:
+    """The models kept loaded at once: how much memory they share, how many, how long an idle one stays."""
+    p.add_argument("--memory-budget", type=_bounded(float, 0.0, 65536.0), default=d.get("memory_budget", 0.0),
+                   metavar="GIB", help="memory the loaded models may use together (weights, KV cache, buffers), "
+                                       "in GiB (0: about 75%% of this machine's RAM)")
+    p.add_argument("--max-loaded-models", type=_bounded(int, 1, 16), default=d.get("max_loaded_models", 3),
+                   metavar="N", help="the most models loaded at the same time (1 to 16)")
+    p.add_argument("--keep-alive", type=_keep_alive, default=d.get("keep_alive", "5m"), metavar="DURATION",
+                   help="how long an idle model stays loaded, as Ollama's keep_alive: 5m, 1h30m, or seconds; "
+                        "-1 forever, 0 unload at once (a request's own keep_alive wins)")
+
+
+def _bounded(kind: type, low: float, high: float):
+    def parse(text: str):
+        value = kind(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is not between {low:g} and {high:g}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
+
+
+def _keep_alive(text: str) -> str:
+    """Checked here, kept as typed: the engine reads it with parse_keep_alive."""
+    try:
+        parse_keep_alive(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip()
 
 
 def serve_defaults() -> dict:
@@ -105,6 +142,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible server"))
     return parser
+
+
+def residency_config(args) -> "ResidencyConfig":
+    """--memory-budget (GiB; 0 automatic), --max-loaded-models, --keep-alive (Ollama's durations)."""
+    from engine.keep_alive import parse_keep_alive
+    from engine.service.residency import ResidencyConfig
+
+    try:
+        return ResidencyConfig(budget_bytes=int(args.memory_budget * 2**30), max_models=args.max_loaded_models,
+                               keep_alive_s=parse_keep_alive(args.keep_alive))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def build_engine_thread(args):
+    """The engine thread the flags describe: its factory, the file check, the residency rules."""
+    from engine.service.engine_thread import EngineThread
+    from engine.service.loading import check_model_file, estimate_bytes, fits_now, make_engine_factory
+
+    residency = residency_config(args)
+    return EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
+                        check=check_model_file, residency=residency,
+                        estimate=lambda s: estimate_bytes(s, residency), fits_now=fits_now)
 
 
 def resolve_api_key(args) -> str | None:
@@ -130,6 +190,22 @@ def write_ready_file(path: str, data: dict) -> None:
     os.replace(tmp, p)
 
 
+def server_settings(args, api_key: str | None, default_model=None):
+    """The app's ServerSettings from the flags: who may talk to it, and how; `default_model` is the
+    spec a request naming no model gets when none is loaded (the one the server started with)."""
+    from engine.server.app import ServerSettings
+
+    # a remote bind is protected by its key; its Host names are whatever the network calls it
+    remote = args.allow_remote and not is_loopback(args.host)
+    allowed = tuple(args.allowed_host) or (("*",) if remote else ())
+    if args.max_reasoning_tokens is not None and args.max_reasoning_tokens < 0:
+        raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
+    keyless = (args.ollama_port,) if args.ollama_keyless and args.ollama_port else ()
+    return ServerSettings(api_key=api_key, models_dir=args.models_dir, allowed_hosts=allowed,
+                          cors_origins=tuple(args.cors_origin), keyless_ports=keyless,
+                          max_reasoning_tokens=args.max_reasoning_tokens, default_model=default_model)
+
+
 def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:
     """`make_puller(models_dir)`: the app's downloads behind Ollama's /api/pull (see engine/server/ollama/pull.py)."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -141,9 +217,7 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         return 2
     import uvicorn
 
-    from engine.server.app import ServerSettings, create_app
-    from engine.service.engine_thread import EngineThread
-    from engine.service.loading import check_model_file, make_engine_factory
+    from engine.server.app import create_app
     from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
 
     try:
@@ -154,17 +228,9 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         return 2
     if not api_key:
         log.warning("no API key set: any program on this machine can use the server")
-    thread = EngineThread(make_engine_factory(args.backend, args.device, **config_kwargs(args)),
-                          check=check_model_file)
-    # a remote bind is protected by its key; its Host names are whatever the network calls it
-    remote = args.allow_remote and not is_loopback(args.host)
-    allowed = tuple(args.allowed_host) or (("*",) if remote else ())
-    if args.max_reasoning_tokens is not None and args.max_reasoning_tokens < 0:
-        raise SystemExit("error: --max-reasoning-tokens must be 0 or more")
-    app = create_app(thread, ServerSettings(api_key=api_key, models_dir=args.models_dir,
-                                            allowed_hosts=allowed, cors_origins=tuple(args.cors_origin),
-                                            max_reasoning_tokens=args.max_reasoning_tokens),
-                     puller=make_puller(args.models_dir) if make_puller else None)
+    thread = build_engine_thread(args)
+    settings = server_settings(args, api_key, default_model=spec)
+    app = create_app(thread, settings, puller=make_puller(args.models_dir) if make_puller else None)
     socks = []
     for p in (args.port, *([args.ollama_port] if args.ollama_port else [])):
         try:
@@ -184,7 +250,8 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
         if server.started:
             log.info("Ember engine listening on http://%s:%d (pid %d)", args.host, port, os.getpid())
             if args.ollama_port:
-                log.info("and on http://%s:%d for Ollama's clients", args.host, args.ollama_port)
+                log.info("and on http://%s:%d for Ollama's clients%s", args.host, args.ollama_port,
+                         " (without the key from this computer)" if settings.keyless_ports else "")
             if args.ready_file:
                 write_ready_file(args.ready_file, {"port": port, "pid": os.getpid(), "host": args.host})
     threading.Thread(target=announce, name="announce", daemon=True).start()

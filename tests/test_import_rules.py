@@ -36,7 +36,7 @@ SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.m
                  "engine.model_files.errors",
                  "engine.model_files.quant_config", "engine.model_files.architectures",
                  "engine.model_files.families",
-                 "engine.kernel_library", "engine.kernel_paths")
+                 "engine.kernel_library", "engine.kernel_paths", "engine.keep_alive")
 
 
 def shared(name: str) -> bool:

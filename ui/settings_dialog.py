@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
                                QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
@@ -66,8 +66,13 @@ class SettingsDialog(QDialog):
         self.server_port.setSpecialValueText("any free port")
         self.ollama_port = QSpinBox(self, minimum=0, maximum=65535, value=s.ollama_port)
         self.ollama_port.setSpecialValueText("off")
-        self.ollama_port.setToolTip("Also listen here for programs that expect Ollama (its port is 11434); "
-                                    "they send the key too")
+        self.ollama_port.setToolTip("Also listen here for programs that expect Ollama (its port is 11434)")
+        self.ollama_keyless = QCheckBox("without the key", self, checked=s.ollama_keyless)
+        self.ollama_keyless.setToolTip("Programs on this computer may use the Ollama port without the API key, "
+                                       "as Ollama's own clients expect. The key is still needed on Ember's port, "
+                                       "and web pages are still refused")
+        self.ollama_port.valueChanged.connect(lambda port: self.ollama_keyless.setEnabled(port > 0))
+        self.ollama_keyless.setEnabled(s.ollama_port > 0)
         self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
         self.show_key = QCheckBox("Show", self)
         self.show_key.toggled.connect(self._on_show_key)
@@ -82,6 +87,7 @@ class SettingsDialog(QDialog):
         self.threads = QSpinBox(self, minimum=0, maximum=1024, value=s.threads or 0)
         self.threads.setSpecialValueText("automatic")
         self.speculative = SpeculativeRow(s.speculative, models, self)
+        self._make_residency_fields(s)
         self.theme = self._combo(["system", "light", "dark"], s.theme)
         self.close_to_tray = QCheckBox("Closing the window keeps the engine serving from the tray", self,
                                        checked=s.close_to_tray)
@@ -91,16 +97,27 @@ class SettingsDialog(QDialog):
         self.error = QLabel(self, wordWrap=True)
         self.error.setStyleSheet("color: #c92a2a")
 
+    def _make_residency_fields(self, s: Settings) -> None:
+        """The models kept loaded at once: their memory together, how many, how long an idle one stays."""
+        self.memory_budget = QDoubleSpinBox(self, minimum=0.0, maximum=65536.0, decimals=1, singleStep=1.0,
+                                            suffix=" GiB", value=s.memory_budget_gb)
+        self.memory_budget.setSpecialValueText("automatic (75% of memory)")
+        self.max_loaded_models = QSpinBox(self, minimum=1, maximum=16, value=s.max_loaded_models)
+        self.keep_alive = QLineEdit(s.keep_alive, self, placeholderText="5m")
+
     def _lay_out(self, s: Settings, engine_status: dict | None) -> None:
         """The fields in their groups, the loaded model's memory and the calculator after the engine's, Save and Cancel."""
         key_row = QHBoxLayout()
         key_row.addWidget(self.api_key, 1)
         key_row.addWidget(self.show_key)
         key_row.addWidget(self.copy_key)
+        ollama_row = QHBoxLayout()
+        ollama_row.addWidget(self.ollama_port, 1)
+        ollama_row.addWidget(self.ollama_keyless)
         layout = QVBoxLayout(self)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
         layout.addWidget(self._group("Local server", [("Port", self.server_port),
-                                                      ("Ollama's port too", self.ollama_port),
+                                                      ("Ollama's port too", ollama_row),
                                                       ("Key for other programs", key_row),
                                                       ("", self.close_to_tray)]))
         self.memory = MemoryEstimateRow(s, self, engine_status)  # the loaded model's figures; What if…
@@ -110,7 +127,10 @@ class SettingsDialog(QDialog):
                                                                 self.dtype.currentText(), self.kv_fraction.value() / 100))
         layout.addWidget(self._group("Engine", [("Backend", self.backend), ("Device", self.device), ("Precision", self.dtype),
                                                 ("Memory for chats", self.kv_fraction), ("Threads", self.threads),
-                                                ("Speculative decoding", self.speculative)]))
+                                                ("Speculative decoding", self.speculative),
+                                                ("Memory for models", self.memory_budget),
+                                                ("Models at once", self.max_loaded_models),
+                                                ("Unload an unused model after", self.keep_alive)]))
         memory = QGroupBox("Memory", self)
         QVBoxLayout(memory).addWidget(self.memory)
         layout.addWidget(memory)
@@ -129,6 +149,13 @@ class SettingsDialog(QDialog):
                                     "context (the KV cache): 0.25 is a quarter. More lets longer or more chats run")
         self.api_key.setToolTip("Programs that use Ember's server send this key (Authorization: Bearer …)")
         self.connection_key.setToolTip("The key the remote server asks for, if any")
+        self.memory_budget.setToolTip("Memory the loaded models may use together (their weights and chats). "
+                                      "When a new one does not fit, the one unused the longest is unloaded")
+        self.max_loaded_models.setToolTip("How many models stay loaded at the same time, e.g. a chat model "
+                                          "and an embedding model, or the models two chats use")
+        self.keep_alive.setToolTip("How long a model nobody uses stays loaded: 5m, 1h30m or seconds; "
+                                   "-1 keeps it loaded, 0 unloads it at once. A program may ask otherwise "
+                                   "(Ollama's keep_alive)")
         self.dtype.setToolTip("Weights and KV cache of the torch backend. auto: bf16 on GPUs and on CPUs with "
                               "fast bf16 (AVX512-BF16, AMX), float32 elsewhere; llama.cpp keeps the file's quantization")
 
@@ -137,11 +164,14 @@ class SettingsDialog(QDialog):
         return {
             "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
             "server_port": self.server_port.value(), "ollama_port": self.ollama_port.value(),
+            "ollama_keyless": self.ollama_keyless.isChecked(),
             "api_key": self.api_key.text().strip(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),
             "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,
             "speculative": self.speculative.value(),
+            "memory_budget_gb": round(self.memory_budget.value(), 1), "max_loaded_models": self.max_loaded_models.value(),
+            "keep_alive": self.keep_alive.text().strip() or Settings.model_fields["keep_alive"].default,
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,
             "connection_key": self.connection_key.text().strip() or None,

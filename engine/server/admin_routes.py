@@ -18,6 +18,8 @@ from engine.server.model_store import ModelNotFound, ModelStore
 from engine.server.reasoning import thinking_switches
 from engine.service import heap
 from engine.service.handle import EngineHandle
+from engine.service.model_set import QueueFull
+from engine.server.residency_status import residency_status
 
 
 class LoadModelRequest(BaseModel):
@@ -25,6 +27,13 @@ class LoadModelRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
     model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)]
     wait: bool = Field(True, description="Answer once the model is loaded (or failed).")
+    keep_alive: float | None = Field(None, description="Seconds it stays once idle (default: until unloaded).")
+
+
+class UnloadModelRequest(BaseModel):
+    """POST /v1/engine/unload's body: one model, or (none named) every model."""
+    model_config = ConfigDict(extra="ignore")
+    model: Annotated[str, StringConstraints(pattern=MODEL_ID_PATTERN)] | None = None
 
 
 def build_admin_router() -> APIRouter:
@@ -53,9 +62,10 @@ def build_admin_router() -> APIRouter:
         return await _load(request.app.state.engine_thread, request.app.state.model_store, body)
 
     @router.post("/v1/engine/unload")
-    async def unload(request: Request):
+    async def unload(request: Request, body: UnloadModelRequest | None = None):
+        """Unloads now, or (a model with replies running) as soon as they end: nothing is cut."""
         t = request.app.state.engine_thread
-        await asyncio.wrap_future(t.unload())
+        await asyncio.wrap_future(t.unload(body.model if body else None))
         return health_body(t)
 
     return router
@@ -70,17 +80,15 @@ def health_body(t: EngineHandle) -> dict:
 
 
 def model_list(t: EngineHandle, store: ModelStore) -> dict:
-    """The loaded model first, then the store's, each once."""
-    loaded = t.model
+    """The loaded models first (most recently used first), then the store's, each once."""
+    loaded = {m.spec.id for m in t.models if m.state == "ready"}
     entries, seen = [], set()
-    specs = ([loaded.spec] if loaded else []) + store.list()
-    for spec in specs:
+    for spec in [m.spec for m in t.models] + store.list():
         if spec.id in seen:
             continue
         seen.add(spec.id)
         entries.append({"id": spec.id, "object": "model", "created": 0, "owned_by": "ember",
-                        "name": spec.name, "format": spec.format,
-                        "loaded": bool(loaded and loaded.spec.id == spec.id)})
+                        "name": spec.name, "format": spec.format, "loaded": spec.id in loaded})
     return {"object": "list", "data": entries}
 
 
@@ -110,6 +118,7 @@ def engine_status(t: EngineHandle) -> dict:
             "acceptance_rate": spec.acceptance_rate, "mean_accepted_length": spec.mean_accepted,
             "tokens_per_target_pass": spec.tokens_per_pass, "draft_seconds": round(spec.draft_seconds, 3),
             "verify_seconds": round(spec.verify_seconds, 3)}
+    d |= residency_status(t.status)
     if heap.enabled():  # a soak's view of what the process holds (engine/service/heap.py)
         d["heap"] = heap.heap_report(t.trimmer)
     return d
@@ -122,11 +131,13 @@ async def _load(t: EngineHandle, store: ModelStore, body: LoadModelRequest):
         raise APIError(404, str(e), code="model_not_found", param="model") from None
     except (OSError, ValueError) as e:
         raise APIError(400, f"the manifest of {body.model!r} is unusable: {e}", code="invalid_manifest") from None
-    fut = t.load(spec)
+    fut = t.load(spec, body.keep_alive)
     if not body.wait:
         return JSONResponse(health_body(t), status_code=202)
     try:
         await asyncio.wrap_future(fut)
+    except QueueFull as e:
+        raise APIError(503, str(e), code="queue_full", headers={"Retry-After": "10"}) from None
     except (OSError, ValueError, RuntimeError, MemoryError) as e:
         # a missing or malformed file, or a model that does not fit: the message says which,
         # and the engine's status whether the model loaded before it serves again

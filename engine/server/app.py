@@ -19,7 +19,9 @@ from engine.server.anthropic.routes import build_anthropic_router
 from engine.server.auth import SecurityMiddleware, SecurityPolicy
 from engine.server.embeddings import Embeddings
 from engine.server.errors import install_error_handlers
+from engine.server.json_body import JSONBodyMiddleware
 from engine.server.model_store import ModelStore
+from engine.server.model_use import HoldsMiddleware
 from engine.server.ollama.model_routes import build_ollama_models_router
 from engine.server.ollama.pull import Puller
 from engine.server.ollama.routes import build_ollama_router
@@ -28,6 +30,7 @@ from engine.server.openai.completions_routes import build_completions_router
 from engine.server.openai.embedding_routes import build_embeddings_router
 from engine.server.openai.responses_routes import build_responses_router
 from engine.service.handle import EngineHandle
+from engine.service.served_model import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,10 @@ class ServerSettings:
     models_dir: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # extra Host names beyond loopback (remote binds)
     cors_origins: tuple[str, ...] = ()
+    keyless_ports: tuple[int, ...] = ()  # ports where a client on this machine needs no key (Ollama's, if allowed)
     max_body_bytes: int = 16 << 20
     max_reasoning_tokens: int | None = None  # a reasoning model's thinking, capped unless a request says
+    default_model: ModelSpec | None = None  # what a request that names no model gets when none is loaded
     extra: dict = field(default_factory=dict)
 
 
@@ -70,14 +75,17 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     app.include_router(build_anthropic_router())
     app.include_router(build_admin_router())  # /health, /v1/models, /metrics, /v1/engine/*
 
-    # outermost last: metrics → security (Host, Origin, key, size) → CORS → routes, so that a
-    # refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400
+    # outermost last: metrics → security (Host, Origin, key, size) → CORS → JSON bodies → holds →
+    # routes, so that a refused origin gets an OpenAI-shaped 403 and not CORS's plain-text 400, and
+    # a body is read as JSON only once the request is allowed
+    app.add_middleware(HoldsMiddleware, thread=engine_thread)  # a request's models, released at its end
+    app.add_middleware(JSONBodyMiddleware)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key"])
     app.add_middleware(SecurityMiddleware, policy=SecurityPolicy.build(
-        settings.api_key, settings.allowed_hosts, settings.cors_origins,
+        settings.api_key, settings.allowed_hosts, settings.cors_origins, settings.keyless_ports,
         max_body_bytes=settings.max_body_bytes))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # counts refusals too
     return app

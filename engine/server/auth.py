@@ -8,6 +8,10 @@
 - API key: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it),
   compared in constant time; /health stays open so a supervisor can poll it (it reveals only the
   state and the model's name).
+- Keyless ports: Ollama's clients mostly have no field for a key, so where the user allows it
+  ("Ollama's port too", `--ollama-keyless`) a client on this machine (a loopback peer address,
+  from the ASGI scope's "client") is served without one on that port (the scope's "server").
+  Host and Origin are checked there as everywhere, so a web page still cannot reach it.
 A pure ASGI middleware, so streaming responses pass through untouched.
 """
 from __future__ import annotations
@@ -63,12 +67,19 @@ class SecurityPolicy:
     cors_origins: frozenset[str] = frozenset()  # browser origins allowed ("*" allows any)
     max_body_bytes: int = 16 << 20
     open_paths: frozenset[str] = field(default=OPEN_PATHS)
+    keyless_ports: frozenset[int] = frozenset()  # where a client on this machine needs no key (Ollama's)
 
     @classmethod
     def build(cls, api_key: str | None = None, allowed_hosts: Iterable[str] = (),
-              cors_origins: Iterable[str] = (), **kw) -> "SecurityPolicy":
+              cors_origins: Iterable[str] = (), keyless_ports: Iterable[int] = (), **kw) -> "SecurityPolicy":
         return cls(api_key or None, frozenset(h.lower() for h in allowed_hosts),
-                   frozenset(o.rstrip("/").lower() for o in cors_origins), **kw)
+                   frozenset(o.rstrip("/").lower() for o in cors_origins),
+                   keyless_ports=frozenset(keyless_ports), **kw)
+
+    def keyless(self, server: tuple | None, client: tuple | None) -> bool:
+        """A request from this machine (`client`: the peer's address) to a keyless port (`server`: the
+        listening socket's address, as the ASGI scope gives both)."""
+        return bool(server and client and server[1] in self.keyless_ports and is_loopback(str(client[0])))
 
     def host_allowed(self, host_header: str | None) -> bool:
         if not host_header:
@@ -117,7 +128,8 @@ class SecurityMiddleware:
             return await _deny(send, 403, "browser requests from an opaque origin are not allowed",
                                "forbidden_origin")
         is_preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
-        key_ok = p.key_ok(headers.get("authorization"), headers.get("x-api-key"))
+        key_ok = (p.keyless(scope.get("server"), scope.get("client"))
+                  or p.key_ok(headers.get("authorization"), headers.get("x-api-key")))
         if not is_preflight and scope["path"] not in p.open_paths and not key_ok:
             given = headers.get("authorization") or headers.get("x-api-key")
             msg = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"

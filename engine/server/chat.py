@@ -25,7 +25,8 @@ from engine.server.errors import APIError
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
-from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
+from engine.server.model_use import use_model
+from engine.server.serving import Job, encode, fit_context, sampling_params
 from engine.server.structured import ReplyShape, reply_shape
 
 
@@ -129,7 +130,7 @@ class ChatRun:
 async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str) -> ChatRun:
     """Model, reply shape, prompt, context, params; submit the n choices (see the docstring)."""
     state = request.app.state
-    loaded = require_model(state.engine_thread, state.model_store, body.model)
+    loaded = await use_model(request, body.model)
     engine = loaded.engine
     shape = await reply_shape(engine, body)
     prompt = render_prompt(engine, body, shape)

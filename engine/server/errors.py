@@ -29,9 +29,10 @@ class APIError(Exception):
     """An error a handler raises on purpose; it becomes an OpenAI error body."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None, type: str | None = None) -> None:
+                 param: str | None = None, type: str | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers  # e.g. Retry-After on a 503
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
@@ -91,7 +92,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.param, exc.type),
-                            status_code=exc.status)
+                            status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -125,7 +126,9 @@ def shaped_route(error_response: Callable[[int, str], JSONResponse]) -> type[API
                 try:
                     return await handler(request)
                 except APIError as e:
-                    return error_response(e.status, e.message)
+                    response = error_response(e.status, e.message)
+                    response.headers.update(e.headers or {})
+                    return response
                 except RequestValidationError as e:
                     return error_response(400, validation_message(e)[0])
                 except StarletteHTTPException as e:  # FastAPI's own, e.g. a body that is not JSON

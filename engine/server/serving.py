@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -16,35 +15,8 @@ from starlette.requests import Request
 from engine.llm_engine import ContextLengthError
 from engine.sampling_params import SamplingParams
 from engine.service.handle import EngineHandle, EngineUnavailable
-from engine.service.served_model import LoadedModel
 from engine.server.errors import APIError
-from engine.server.model_store import ModelStore
 from engine.server.openai.protocol import SamplingRequest
-
-
-def require_model(thread: EngineHandle, store: ModelStore, requested: str | None,
-                  text: bool = True) -> LoadedModel:
-    """The loaded model, if the request names it (or names nothing); with `text`, one that
-    generates (an embedding model answers only the embedding routes)."""
-    loaded = thread.model
-    if loaded is None:
-        if thread.state == "loading":
-            raise APIError(503, "the model is still loading; try again shortly", code="model_loading")
-        raise APIError(503, f"no model is loaded ({thread.message}); POST /v1/engine/load first",
-                       code="model_not_loaded")
-    spec = loaded.spec
-    if requested and requested not in (spec.id, spec.name, Path(spec.path).name, "default"):
-        if store.exists(requested):
-            raise APIError(400, f"the model {requested!r} is installed but not loaded (loaded: "
-                           f"{spec.id!r}); POST /v1/engine/load to switch", code="model_not_loaded",
-                           param="model")
-        raise APIError(404, f"the model {requested!r} does not exist", code="model_not_found",
-                       param="model")
-    if text and not loaded.generates:
-        raise APIError(400, f"{spec.id!r} is an embedding model: it makes embeddings (/v1/embeddings, "
-                       "/v1/rerank, /api/embed), not text; load a chat model to chat",
-                       code="invalid_model", param="model")
-    return loaded
 
 
 async def encode(engine, text: str) -> list[int]:

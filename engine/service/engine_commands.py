@@ -32,13 +32,29 @@ class Abort:
 
 
 @dataclass(frozen=True, slots=True)
-class Load:
+class Acquire:
+    """A request wants `spec` resident: the future resolves to its LoadedModel, held until a
+    Release (loaded just in time, after waiting for memory if it must)."""
     spec: ModelSpec
+    keep_alive_s: float | None  # how long it stays once idle (None: until unloaded or memory is short)
     future: concurrent.futures.Future
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    model_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The loader finished `spec`: the model, or the exception its load raised."""
+    spec: ModelSpec
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Unload:
+    model_id: str | None  # None: every model
     future: concurrent.futures.Future
 
 
@@ -47,4 +63,4 @@ class Stop:
     """End the loop: the server is shutting down."""
 
 
-Command = Add | Abort | Load | Unload | Stop
+Command = Add | Abort | Acquire | Release | Loaded | Unload | Stop

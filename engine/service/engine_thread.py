@@ -1,13 +1,16 @@
-"""One thread owns the LLMEngine; HTTP handlers post commands and await their own queue.
+"""One thread owns the resident LLMEngines; HTTP handlers post commands and await their own queue.
 
 The shape of llama.cpp's server (`server_queue` / `server_response`), not llama-cpp-python's
-global lock: handlers never touch the engine. They post `Add`/`Abort`/`Load`/`Unload` commands to
-a thread-safe queue; the loop drains it, runs `engine.step()` while anything is unfinished, and
-hands each RequestOutput to its request's sink, which forwards it into the handler's
-asyncio.Queue with `loop.call_soon_threadsafe`. When idle the loop blocks on the queue, after
-trimming glibc's heap once it has been idle IDLE_TRIM_S (allocator.py).
-Model loading runs on this thread too, so a load never races a step, and only this thread
-writes the engine's state: it publishes one immutable `EngineStatus` that handlers read.
+global lock: handlers never touch an engine. They post commands to a thread-safe queue; the loop
+drains it, steps every model with unfinished requests in turn (one step each, round robin), and
+hands each RequestOutput to its request's sink, which forwards it into the handler's asyncio.Queue
+with `loop.call_soon_threadsafe`. Several models are resident at once (model_set.py decides which,
+residency.py's budget): one thread steps them all, because on a CPU each step already uses every
+core (a thread per model would only make two models' steps fight over the same cores). Loads run on
+a loader thread, so the models already loaded keep streaming while the next one loads. When idle
+the loop blocks on the queue (waking for the next keep-alive expiry), after trimming glibc's heap
+once it has been idle IDLE_TRIM_S (allocator.py). Only this thread writes the engines' state: it
+publishes one immutable `EngineStatus` that handlers read.
 """
 from __future__ import annotations
 
@@ -22,10 +25,13 @@ from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
 from engine.service.allocator import IDLE_TRIM_S, Trimmer
-from engine.service.engine_commands import Abort, Add, Command, Load, Sink, Stop, Unload
-from engine.service.handle import EngineState, EngineStatus, EngineUnavailable
+from engine.service.engine_commands import Abort, Acquire, Add, Command, Loaded, Release, Sink, Stop, Unload
+from engine.service.handle import KEEP_DEFAULT, EngineStatus, EngineUnavailable
 from engine.service.metrics import Metrics
+from engine.service.model_set import ModelSet
+from engine.service.residency import Resident, ResidencyConfig
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
+from engine.service.status_snapshot import snapshot
 
 if TYPE_CHECKING:
     from engine.llm_engine import EngineStats, LLMEngine
@@ -34,22 +40,30 @@ log = logging.getLogger(__name__)
 
 
 class EngineThread:
-    """Owns the engine. Handlers call the methods above the loop (handle.EngineHandle); only the
-    loop writes state."""
+    """Owns the engines. Handlers call the methods above the loop (handle.EngineHandle); only the
+    loop writes state. `factory(spec, kv_cache_max_bytes=...)` loads a model (on the loader thread),
+    `check(spec)` refuses a damaged file in milliseconds, `estimate(spec)` is the bytes it will take,
+    `fits_now(n)` whether the machine has n bytes free right now."""
 
     def __init__(self, factory: EngineFactory, metrics: Metrics | None = None,
-                 check: Callable[[ModelSpec], None] = lambda _spec: None) -> None:
-        self._factory = factory
-        self._check = check  # reads a file before a load drops the model serving now; raises if it is unusable
+                 check: Callable[[ModelSpec], None] = lambda _spec: None,
+                 residency: ResidencyConfig | None = None, estimate: Callable[[ModelSpec], int] = lambda _s: 0,
+                 fits_now: Callable[[int], bool] = lambda _n: False) -> None:
+        self._factory, self._check = factory, check
+        self.residency = residency or ResidencyConfig()
         self.metrics = metrics or Metrics()
         self.trimmer = Trimmer()  # malloc_trim once idle (engine/service/allocator.py)
         self._trim_due = False  # steps, a load or an unload ran since the last trim
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
-        self._loaded: LoadedModel | None = None
-        self._status = EngineStatus(EngineState.UNLOADED, "no model loaded")
-        self._last_load: Load | None = None  # the newest load posted (handler side)
-        self.stats: EngineStats | None = None  # snapshot, refreshed by the loop after every change
+        self._owner: dict[str, Resident] = {}  # request id -> the model it runs on
+        self._set = ModelSet(self.residency, estimate, self._start_load, self._close, fits_now)
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self._load_started: dict[str, float] = {}
+        self._loaded_msg: str | None = None
+        self._untaken: dict[int, ModelSpec] = {}  # acquires posted, not yet taken by the loop
+        self._status = snapshot(self._set, "no model loaded")
+        self.stats: EngineStats | None = None  # the newest model's, refreshed by the loop
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._started = False
 
@@ -66,18 +80,20 @@ class EngineThread:
 
     @property
     def status(self) -> EngineStatus:
-        """The loop's status; LOADING from the moment a load is posted, before the loop takes it
-        (so that /health never shows the old state for a queued load)."""
-        load = self._last_load
-        if load is not None and not (load.future.running() or load.future.done()):
-            return EngineStatus(EngineState.LOADING, f"loading {load.spec.id}", load.spec)
-        return self._status  # read after the future: the loop writes it before starting one
+        """The loop's status; LOADING from the moment a load is posted while nothing serves yet
+        (so that /health never shows "unloaded" for a queued load)."""
+        status = self._status
+        pending = next(iter(self._untaken.values()), None)
+        if pending is not None and status.model is None and status.state != "loading":
+            return EngineStatus("loading", f"loading {pending.id}", pending, memory=status.memory)
+        return status
 
     # status's fields, one snapshot each
     state = property(lambda self: self.status.state)
     message = property(lambda self: self.status.message)
     loading = property(lambda self: self.status.loading)
     model = property(lambda self: self.status.model)
+    models = property(lambda self: self.status.models)
 
     def submit_sink(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                     engine: LLMEngine, sink: Sink) -> None:
@@ -88,14 +104,27 @@ class EngineThread:
     def abort(self, request_id: str) -> None:
         self._commands.put(Abort(request_id))
 
-    def load(self, spec: ModelSpec) -> concurrent.futures.Future:
-        cmd = Load(spec, concurrent.futures.Future())
-        self._last_load = cmd
+    def acquire(self, spec: ModelSpec, keep_alive_s=KEEP_DEFAULT) -> concurrent.futures.Future:
+        """A future of `spec`'s LoadedModel, held (never unloaded) until `release(spec.id)`;
+        cancel it to stop waiting. `keep_alive_s`: how long it stays once idle (None: it stays)."""
+        cmd = Acquire(spec, keep_alive_s, concurrent.futures.Future())
+        self._untaken[id(cmd)] = spec
         self._commands.put(cmd)
         return cmd.future
 
-    def unload(self) -> concurrent.futures.Future:
-        cmd = Unload(concurrent.futures.Future())
+    def release(self, model_id: str) -> None:
+        self._commands.put(Release(model_id))
+
+    def load(self, spec: ModelSpec, keep_alive_s: float | None = None) -> concurrent.futures.Future:
+        """Make `spec` resident beside the others (it stays until unloaded, unless memory is
+        short or `keep_alive_s` says otherwise); the future resolves to its LoadedModel."""
+        fut = self.acquire(spec, keep_alive_s)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() or self.release(spec.id))
+        return fut
+
+    def unload(self, model_id: str | None = None) -> concurrent.futures.Future:
+        """Unload one model (None: all) now, or once its running replies end."""
+        cmd = Unload(model_id, concurrent.futures.Future())
         self._commands.put(cmd)
         return cmd.future
 
@@ -105,10 +134,12 @@ class EngineThread:
 
     # ---- the loop (engine thread) ----------------------------------------------------------
     def _run(self) -> None:
+        next_expiry = None
         while True:
-            busy = self._loaded is not None and self._loaded.engine.has_unfinished()
-            try:  # idle: sleep until a command comes (after a short wait, trim the heap first)
-                cmd = self._commands.get(block=not busy, timeout=IDLE_TRIM_S if self._trim_due else None)
+            busy = any(r.loaded.engine.has_unfinished() for r in self._set.residents.values())
+            waits = [t for t in (IDLE_TRIM_S if self._trim_due else None, next_expiry) if t is not None]
+            try:  # idle: sleep until a command comes, the heap wants trimming or a model expires
+                cmd = self._commands.get(block=not busy, timeout=min(waits) if waits else None)
             except queue.Empty:
                 cmd = None
                 if self._trim_due and not busy:  # idle a moment: give glibc's free pages back
@@ -116,146 +147,139 @@ class EngineThread:
                     self._trim_due = False
             while cmd is not None:
                 if isinstance(cmd, Stop):
-                    self._drop_model("the server is shutting down")
+                    self._shutdown()
                     return
                 self._handle(cmd)
                 try:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
                     cmd = None
-            if self._loaded is not None and self._loaded.engine.has_unfinished():
-                self._step()
-            self._refresh_stats()
+            next_expiry = self._set.expire(time.time())
+            for r in list(self._set.residents.values()):  # round robin: one step per model
+                if r.loaded.engine.has_unfinished():
+                    self._step(r)
+            self._publish()
 
     def _handle(self, cmd: Command) -> None:
         match cmd:
             case Add(rid, ids, params, engine, sink):
-                if self._loaded is None or engine is not self._loaded.engine:
-                    sink(EngineUnavailable("the model was unloaded or switched; send the request again"))
+                r = self._set.by_engine(engine)
+                if r is None:
+                    sink(EngineUnavailable("the model was unloaded; send the request again"))
                     return
                 try:
                     engine.add_request(ids, params, request_id=rid)
                 except Exception as e:  # a bad request the handler's checks missed: its error, not ours
                     sink(e)
                     return
-                self._sinks[rid] = sink
+                self._sinks[rid], self._owner[rid] = sink, r
+                r.requests.add(rid)
             case Abort(rid):
-                if self._loaded is not None and rid in self._sinks:
-                    self._loaded.engine.abort(rid)  # its final output arrives on the next step
+                r = self._owner.get(rid)
+                if r is not None and rid in self._sinks:
+                    r.loaded.engine.abort(rid)  # its final output arrives on the next step
                     self.metrics.aborts.inc()
-            case Load(spec, fut):
-                self._load(spec, fut)
-            case Unload(fut):
-                waited = fut.set_running_or_notify_cancel()  # False: its caller went away
-                self._status = EngineStatus(EngineState.UNLOADED, "no model loaded")
-                self._drop_model("the model was unloaded")
-                if waited:
+            case Acquire(spec, keep, fut):
+                self._untaken.pop(id(cmd), None)
+                self._set.acquire(spec, keep, fut, self._check)
+            case Release(mid):
+                self._set.release(mid)
+            case Loaded(spec, result):
+                self._on_loaded(spec, result)
+            case Unload(mid, fut):
+                self._set.unload(mid)
+                if fut.set_running_or_notify_cancel():
                     fut.set_result(None)
 
-    def _step(self) -> None:
-        engine = self._loaded.engine
+    def _step(self, r: Resident) -> None:
+        engine = r.loaded.engine
         self._trim_due = self.trimmer.enabled
         t0 = time.perf_counter()
         try:
             outputs = engine.step()
         except Exception as e:
-            log.exception("engine step failed; failing the requests in flight")
-            self._fail_all(RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
+            log.exception("engine step of %s failed; failing its requests in flight", r.loaded.spec.id)
+            self._fail(r, RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
             return
         dt = time.perf_counter() - t0
         for out in outputs:
-            sink = (self._sinks.pop if out.finished else self._sinks.get)(out.request_id, None)
+            if out.finished:
+                sink = self._sinks.pop(out.request_id, None)
+                self._owner.pop(out.request_id, None)
+                r.requests.discard(out.request_id)
+            else:
+                sink = self._sinks.get(out.request_id)
             if sink is not None:
                 sink(out)
+        self._set.touch(r)
         new_tokens = sum(len(out.new_token_ids) for out in outputs)
         self.metrics.on_step(batch_size=len(outputs), new_tokens=new_tokens, seconds=dt)
 
-    def _fail_all(self, exc: BaseException) -> None:
-        engine = self._loaded.engine if self._loaded else None
-        for rid, sink in list(self._sinks.items()):
-            if engine is not None:
-                try:
-                    engine.abort(rid)
-                except Exception:
-                    log.exception("abort of %s failed", rid)
-            sink(exc)
-        self._sinks.clear()
-        if engine is not None:
-            try:  # collect the aborts so the engine holds nothing afterwards
-                while engine.has_unfinished():
-                    engine.step()
+    def _fail(self, r: Resident, exc: BaseException) -> None:
+        """`r`'s requests end with `exc`; its engine drains them, or is unloaded if it cannot."""
+        engine = r.loaded.engine
+        for rid in list(r.requests):
+            try:
+                engine.abort(rid)
             except Exception:
-                log.exception("the engine could not drain its aborted requests; dropping it")
-                self._status = EngineStatus(EngineState.ERROR, f"the engine failed: {exc}")
-                self._drop_model("the engine failed")
+                log.exception("abort of %s failed", rid)
+            self._end(rid, exc)
+        try:  # collect the aborts so the engine holds nothing afterwards
+            while engine.has_unfinished():
+                engine.step()
+        except Exception:
+            log.exception("the engine of %s could not drain its aborted requests; dropping it", r.loaded.spec.id)
+            self._set.drop(r.loaded.spec.id, f"the engine failed: {exc}")
 
-    def _drop_model(self, why: str) -> None:
-        if self._loaded is None:
-            return
-        for sink in self._sinks.values():
-            sink(EngineUnavailable(why))
-        self._sinks.clear()
-        engine, self._loaded, self.stats = self._loaded.engine, None, None
-        engine.close()  # the runner's model and KV now, not whenever the collector runs
-        del engine
+    def _end(self, rid: str, exc: BaseException) -> None:
+        sink = self._sinks.pop(rid, None)
+        r = self._owner.pop(rid, None)
+        if r is not None:
+            r.requests.discard(rid)
+        if sink is not None:
+            sink(exc)
+
+    def _close(self, r: Resident, why: str) -> None:
+        """Unload `r` now (model_set.py chose it): its requests end with `why`, its memory goes."""
+        for rid in list(r.requests):
+            self._end(rid, EngineUnavailable(why))
+        r.loaded.engine.close()  # the runner's model and KV now, not whenever the collector runs
         gc.collect()
         self._trim_due = self.trimmer.enabled
 
-    def _load(self, spec: ModelSpec, fut: concurrent.futures.Future) -> None:
-        """Load `spec` in place of the model loaded now (both rarely fit in memory at once). A load
-        that fails for any reason loads the previous model again, so what worked keeps serving."""
-        self._status = EngineStatus(EngineState.LOADING, f"loading {spec.id}", spec)
-        waited = fut.set_running_or_notify_cancel()  # False: its caller went away; load anyway
-        previous = self._loaded.spec if self._loaded is not None else None
-        try:
-            self._check(spec)  # a damaged file is refused while the model that serves keeps serving
-        except Exception as e:
-            log.error("not loading %s: %s", spec.id, e)
-            kept = self._loaded
-            self._status = (EngineStatus(EngineState.READY, f"loading {spec.id} failed: {e}; "
-                                         f"{kept.spec.id} is still loaded", model=kept) if kept is not None
-                            else EngineStatus(EngineState.ERROR, f"loading {spec.id} failed: {e}"))
-            if waited:
-                fut.set_exception(e)
-            return
-        self._drop_model(f"switching to {spec.id}")
-        t0 = time.perf_counter()
-        try:
-            loaded = self._factory(spec)
-        except Exception as e:
-            log.error("loading %s failed: %s", spec.id, e)
-            failed = f"loading {spec.id} failed: {e}"
-            self._status = EngineStatus(EngineState.ERROR, failed)
-            if previous is not None and previous.path != spec.path:
-                self._restore(previous, failed)
-            if waited:
-                fut.set_exception(e)
-            return
-        self._loaded, self._trim_due = loaded, self.trimmer.enabled  # a load frees its temporaries
-        self._status = EngineStatus(EngineState.READY, f"{spec.id} loaded in {time.perf_counter() - t0:.1f}s",
-                                    model=loaded)
-        log.info("%s ready on %s (%s): %s", spec.id, loaded.backend, loaded.device,
-                 loaded.decision.get("reason", ""))
-        if waited:
-            fut.set_result(loaded)
+    def _start_load(self, spec: ModelSpec, kv_cap: int) -> None:
+        self._load_started[spec.id] = time.perf_counter()
 
-    def _restore(self, previous: ModelSpec, failed: str) -> None:
-        """The model that served before a failed load, loaded again; /health says both."""
-        try:
-            loaded = self._factory(previous)
-        except Exception as e:  # it loaded before: the machine changed under it (memory, file)
-            log.error("reloading %s after the failed load failed too: %s", previous.id, e)
-            self._status = EngineStatus(EngineState.ERROR, f"{failed}; reloading {previous.id} failed: {e}")
-            return
-        self._loaded, self._trim_due = loaded, self.trimmer.enabled
-        self._status = EngineStatus(EngineState.READY, f"{failed}; {previous.id} is loaded again", model=loaded)
-        log.info("%s loaded again after the failed load", previous.id)
+        def load() -> None:  # the loader thread
+            try:
+                result = self._factory(spec, kv_cache_max_bytes=kv_cap or None)
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the waiters
+                log.error("loading %s failed: %s", spec.id, e)
+                result = e
+            self._commands.put(Loaded(spec, result))
+        self._loader.submit(load)
 
-    def _refresh_stats(self) -> None:
-        if self._loaded is None:
-            self.stats = None
-            return
+    def _on_loaded(self, spec: ModelSpec, result: LoadedModel | BaseException) -> None:
+        dt = time.perf_counter() - self._load_started.pop(spec.id, time.perf_counter())
+        nbytes = 0
+        if isinstance(result, LoadedModel):
+            s = result.engine.stats()
+            nbytes = (s.weight_bytes or 0) + (s.kv_bytes or 0)
+            self._loaded_msg = f"{spec.id} loaded in {dt:.1f}s"
+            log.info("%s ready on %s (%s): %s", spec.id, result.backend, result.device,
+                     result.decision.get("reason", ""))
+        self._set.loaded(spec, result, nbytes)
+        self._trim_due = self.trimmer.enabled  # a load frees its temporaries
+
+    def _publish(self) -> None:
+        newest = self._set.newest()
         try:
-            self.stats = self._loaded.engine.stats()
+            self.stats = newest.loaded.engine.stats() if newest is not None else None
         except Exception:
             log.exception("engine.stats() failed")
+        self._status = snapshot(self._set, self._loaded_msg or "no model loaded")
+
+    def _shutdown(self) -> None:
+        for mid in list(self._set.residents):
+            self._set.drop(mid, "the server is shutting down")
+        self._loader.shutdown(wait=False, cancel_futures=True)

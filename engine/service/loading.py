@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupported_architecture
 from engine.model_files.meta import read_meta
+from engine.service.residency import ResidencyConfig
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -21,10 +22,13 @@ log = logging.getLogger(__name__)
 def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw) -> EngineFactory:
     """`config_kw` are EngineConfig fields (dtype, max_model_len, num_kv_blocks, num_threads, ...)."""
 
-    def factory(spec: ModelSpec) -> LoadedModel:
+    def factory(spec: ModelSpec, kv_cache_max_bytes: int | None = None) -> LoadedModel:
+        """`kv_cache_max_bytes`: the model's share of the memory budget for its KV pool."""
         from engine.backends import load_engine
 
         kw = {k: v for k, v in config_kw.items() if v is not None}
+        if kv_cache_max_bytes:
+            kw["kv_cache_max_bytes"] = min(kv_cache_max_bytes, kw.get("kv_cache_max_bytes", kv_cache_max_bytes))
         if spec.chat_template and "chat_template" not in kw:  # --chat-template, when given, wins
             kw["chat_template"] = spec.chat_template
         load = spec.load  # the model's own load settings win over the server's
@@ -34,6 +38,25 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
         return LoadedModel(spec, engine, decision.backend, decision.device, decision.as_dict())
 
     return factory
+
+
+def estimate_bytes(spec: ModelSpec, residency: ResidencyConfig) -> int:
+    """What the budget counts for a model before it loads: its file's weights and its KV pool's
+    cap (the runner's own figures replace it once loaded)."""
+    p = Path(spec.path)
+    try:
+        weights = p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.glob("*.safetensors"))
+    except OSError:
+        weights = 0  # the load itself says what is wrong with the path
+    return weights + residency.kv_cap_bytes(weights)
+
+
+def fits_now(nbytes: int) -> bool:
+    """Whether the machine has `nbytes` free at this moment (MemAvailable), with a margin: then a
+    new model loads before the idle ones it replaces are unloaded, so a failed load costs nothing."""
+    import psutil
+
+    return psutil.virtual_memory().available > nbytes * 1.25
 
 
 def check_model_file(spec: ModelSpec) -> None:

@@ -41,4 +41,4 @@ class LoadedModel:
         return self.engine.runner.generates
 
 
-EngineFactory = Callable[[ModelSpec], LoadedModel]
+EngineFactory = Callable[..., LoadedModel]  # (spec, kv_cache_max_bytes=None): loading.make_engine_factory

@@ -63,6 +63,8 @@ def test_round_trip_and_relocatable_paths(home):
     ("server_port", 70000), ("server_port", -1), ("kv_memory_fraction", 0.0), ("kv_memory_fraction", 1.5),
     ("threads", 0), ("backend", "cuda"), ("theme", "pink"), ("default_model", "Bad Name"),
     ("max_parallel_downloads", 0), ("connection_url", "ftp://x"), ("hub_base_url", ""), ("api_key", "short"),
+    ("memory_budget_gb", -1.0), ("max_loaded_models", 0), ("max_loaded_models", 17), ("keep_alive", "5x"),
+    ("keep_alive", ""), ("keep_alive", "1d"),
 ])
 def test_bounds_are_enforced(home, field, value):
     s = Settings.load()
@@ -165,3 +167,19 @@ def test_without_ember_home_the_platform_dirs_are_used(monkeypatch):
     assert config_dir() == Path(platformdirs.user_config_dir("ember", appauthor=False))
     assert default_data_dir() == Path(platformdirs.user_data_dir("ember", appauthor=False))
     assert settings_path().parent == config_dir()  # nothing is written here: Settings.load() is not called
+
+
+def test_keep_alive_takes_ollamas_forms(home, monkeypatch):
+    """Checked by the engine's own reading (engine/keep_alive.py); a number is seconds, kept as text."""
+    s = Settings.load()
+    assert (s.keep_alive, s.memory_budget_gb, s.max_loaded_models, s.ollama_keyless) == ("5m", 0.0, 3, False)
+    for value, kept in (("1h30m", "1h30m"), (" -1 ", "-1"), (300, "300"), (0, "0"), (-1, "-1")):
+        s.keep_alive = value
+        assert s.keep_alive == kept
+    with pytest.raises(ValueError, match="'tomorrow'"):  # the message names the value
+        s.keep_alive = "tomorrow"
+    settings_path().write_text(json.dumps({"api_key": "k" * 16, "keep_alive": 600}))
+    assert Settings.load().keep_alive == "600"  # a number in the file, as Ollama's JSON numbers
+    monkeypatch.setenv("EMBER_KEEP_ALIVE", "-1m")
+    monkeypatch.setenv("EMBER_MAX_LOADED_MODELS", "2")
+    assert (Settings.load().keep_alive, Settings.load().max_loaded_models) == ("-1m", 2)

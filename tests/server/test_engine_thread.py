@@ -25,7 +25,7 @@ class Factory:
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, spec: ModelSpec) -> LoadedModel:
+    def __call__(self, spec: ModelSpec, **_kw) -> LoadedModel:
         self.gate.wait(10)
         if spec.path == "missing":
             raise FileNotFoundError("no such model file")
@@ -50,34 +50,46 @@ def test_status_commands_and_close_on_drop():
     t.start()
     try:
         assert fut.result(10).spec.id == "a"
-        assert t.state is EngineState.READY and t.model.engine is factory.engines[0] and t.loading is None
+        wait_for(lambda: t.state is EngineState.READY)
+        assert t.model.engine is factory.engines[0] and t.loading is None
         sink: queue.Queue = queue.Queue()
         t.submit_sink([5], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), "r1",
                       factory.engines[0], sink.put)
         assert outputs(sink)[-1].output_token_ids == [6, 7, 8]
 
-        factory.gate.clear()  # hold the next load: the old model is dropped and closed first
-        fut = t.load(ModelSpec("b", "b.gguf"))
-        assert t.state == "loading" and t.loading.id == "b" and t.model is None
-        stale: queue.Queue = queue.Queue()
-        t.submit_sink([5], SamplingParams(max_tokens=2), "r2", factory.engines[0], stale.put)
-        factory.gate.set()
-        assert fut.result(10).spec.id == "b" and factory.engines[0].runner.closed
-        assert isinstance(outputs(stale)[-1], EngineUnavailable)  # for a's engine: ask again
+        # a second model loads beside the first: nothing is dropped for it
+        assert t.load(ModelSpec("b", "b.gguf")).result(10).spec.id == "b"
+        wait_for(lambda: len(t.models) == 2)
+        assert not factory.engines[0].runner.closed and {m.spec.id for m in t.models} == {"a", "b"}
 
-        with pytest.raises(FileNotFoundError):  # a failed load: the model that served is loaded again
+        with pytest.raises(FileNotFoundError):  # a failed load: both models serve on
             t.load(ModelSpec("c", "missing")).result(10)
-        assert t.state is EngineState.READY and "loading c failed" in t.message and "b is loaded again" in t.message
-        assert factory.engines[1].runner.closed and t.model.spec.id == "b" and t.model.engine is factory.engines[2]
+        wait_for(lambda: "loading c failed" in t.message)
+        assert t.state is EngineState.READY and t.message.endswith("are still loaded")
+        assert len(factory.engines) == 2 and not any(e.runner.closed for e in factory.engines)
 
-        t.unload().result(10)
-        assert t.state is EngineState.UNLOADED and t.message == "no model loaded"
-        with pytest.raises(FileNotFoundError):  # with none before it, the failure is the state
+        t.unload("a").result(10)  # one model, by id: the other stays
+        wait_for(lambda: len(t.models) == 1)
+        assert factory.engines[0].runner.closed and t.model.spec.id == "b"
+        t.unload().result(10)  # none named: all of them
+        wait_for(lambda: t.state is EngineState.UNLOADED)
+        assert factory.engines[1].runner.closed
+        with pytest.raises(FileNotFoundError):  # with none loaded, the failure is the state
             t.load(ModelSpec("c", "missing")).result(10)
-        assert t.state is EngineState.ERROR and "loading c failed" in t.message and t.model is None
+        wait_for(lambda: t.state is EngineState.ERROR)
+        assert "loading c failed" in t.message and t.model is None
     finally:
         t.stop()
     assert not t._thread.is_alive()
+
+
+def wait_for(cond, timeout: float = 10.0) -> None:
+    """The status is published by the loop after each command: wait for it (no timing asserted)."""
+    import time
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "the engine thread never got there"
+        time.sleep(0.01)
 
 
 def test_a_damaged_file_is_refused_before_the_serving_model_is_dropped(tiny_model_factory, tmp_path):
@@ -92,6 +104,7 @@ def test_a_damaged_file_is_refused_before_the_serving_model_is_dropped(tiny_mode
         with pytest.raises(ModelFileError, match="truncated"):
             t.load(ModelSpec("bad", str(bad))).result(10)
         # never unloaded: the same engine serves throughout, and the status says so
+        wait_for(lambda: "loading bad failed" in t.message)
         assert t.state is EngineState.READY and t.model.spec.id == "good" and len(factory.engines) == 1
         assert not factory.engines[0].runner.closed
         assert "loading bad failed" in t.message and t.message.endswith("good is still loaded")
@@ -103,6 +116,7 @@ def test_a_damaged_file_is_refused_before_the_serving_model_is_dropped(tiny_mode
         t.unload().result(10)
         with pytest.raises(ModelFileError):  # with none loaded, the refusal is the state
             t.load(ModelSpec("bad", str(bad))).result(10)
+        wait_for(lambda: t.state is EngineState.ERROR)
         assert t.state is EngineState.ERROR and "loading bad failed" in t.message
     finally:
         t.stop()

@@ -95,7 +95,7 @@ def engine_thread(request, bundled_model_path):
     config = EngineConfig(model_path=str(bundled_model_path), num_threads=1, num_kv_blocks=256, max_model_len=2048)
     engine, decision = load_engine(config, request.param, "cpu")
     spec = ModelSpec("bundled", str(bundled_model_path))
-    thread = EngineThread(lambda _: LoadedModel(spec, engine, decision.backend, decision.device))
+    thread = EngineThread(lambda _spec, **_kw: LoadedModel(spec, engine, decision.backend, decision.device))
     thread.start()
     thread.load(spec).result(timeout=600)
     del engine

@@ -54,17 +54,24 @@ def test_ember_serve_takes_the_settings_where_no_flag_is_typed(tmp_path):
     assert (args.model_id, args.models_dir, args.api_key) == (s.default_model, str(s.models_dir), s.api_key)
 
 
-def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path):
-    s = Settings(data_dir=tmp_path, server_port=9100, threads=2, dtype="bfloat16", device="cpu")
+@pytest.mark.parametrize("keyless", [False, True])
+def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path, keyless):
+    s = Settings(data_dir=tmp_path, server_port=9100, threads=2, dtype="bfloat16", device="cpu",
+                 ollama_port=11434, ollama_keyless=keyless)
     cmd = EngineSupervisor(s, model_id="some-model")._command(port=0)
     served = serve_args(ember_parser().parse_args(["serve"]), s)
     for dest, value in engine_args(s).items():
         if dest in ("port", "api_key"):  # the launcher's own --port; the key travels in the environment
             continue
         flag = "--" + dest.replace("_", "-")
+        assert getattr(served, dest) == value, dest
+        if isinstance(value, bool):  # a switch: there or not
+            assert (flag in cmd) == value, dest
+            continue
         want = "some-model" if dest == "model_id" else str(value)
         assert cmd[cmd.index(flag) + 1] == want, dest
-        assert getattr(served, dest) == value, dest
+    parsed = engine_parser().parse_args(cmd[cmd.index("serve"):])  # the child's own parser reads it back
+    assert (parsed.ollama_port, parsed.ollama_keyless) == (11434, keyless)
     assert s.api_key not in cmd
     assert cmd[cmd.index("--port") + 1] == "0" and "--ready-file" in cmd
 
@@ -81,3 +88,28 @@ def test_settings_defaults_match_engine_config_where_they_overlap(tmp_path):
     assert s.kv_memory_fraction == CONFIG_DEFAULTS["kv_memory_fraction"]
     assert s.dtype == CONFIG_DEFAULTS["dtype"]
     assert s.threads == CONFIG_DEFAULTS["num_threads"]
+
+
+def test_the_residency_settings_reach_the_engine_childs_argv(tmp_path):
+    """The budget, the most models at once and keep_alive: Settings → the supervisor's child and `ember serve`."""
+    defaults = engine_parser().parse_args(["serve"])
+    assert (defaults.memory_budget, defaults.max_loaded_models, defaults.keep_alive) == (0.0, 3, "5m")
+    fresh = Settings(data_dir=tmp_path)
+    assert (fresh.memory_budget_gb, fresh.max_loaded_models, fresh.keep_alive) == (0.0, 3, "5m")
+    for keep in ("1h30m", "-1m", "-1", "0"):  # "-1m" must not read as an option on the child's command line
+        s = Settings(data_dir=tmp_path, memory_budget_gb=6.5, max_loaded_models=2, keep_alive=keep)
+        cmd = EngineSupervisor(s, model_id="some-model")._command(port=0)
+        child = engine_parser().parse_args(cmd[cmd.index("serve"):])
+        assert (child.memory_budget, child.max_loaded_models, child.keep_alive) == (6.5, 2, keep)
+        served = serve_args(ember_parser().parse_args(["serve"]), s)
+        assert (served.memory_budget, served.max_loaded_models, served.keep_alive) == (6.5, 2, keep)
+    typed = serve_args(ember_parser().parse_args(["serve", "--keep-alive", "10m", "--max-loaded-models", "4"]), s)
+    assert (typed.keep_alive, typed.max_loaded_models, typed.memory_budget) == ("10m", 4, 6.5)  # typed flags win
+
+
+@pytest.mark.parametrize("argv", [["--keep-alive", "5x"], ["--keep-alive", ""], ["--max-loaded-models", "0"],
+                                  ["--max-loaded-models", "17"], ["--memory-budget", "-1"]])
+def test_bad_residency_flags_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(["serve", *argv])
+    assert argv[0] in capsys.readouterr().err

@@ -24,7 +24,8 @@ from engine.server.anthropic.protocol import (CountTokensRequest, MessagesReques
 from engine.server.chat import ChatRun, render_prompt, start_chat
 from engine.server.errors import APIError, shaped_route, validated
 from engine.server.openai.protocol import ChatCompletionRequest
-from engine.server.serving import encode, require_model
+from engine.server.model_use import use_model
+from engine.server.serving import encode
 from engine.server.sse import SSE_HEADERS
 from engine.server.structured import reply_shape
 
@@ -214,7 +215,7 @@ def build_anthropic_router() -> APIRouter:
         the grammar, not the prompt, so it is not compiled here)."""
         state = request.app.state
         req = _chat_request(body)
-        engine = require_model(state.engine_thread, state.model_store, req.model).engine
+        engine = (await use_model(request, req.model)).engine
         shape = await reply_shape(engine, req.model_copy(update={"tool_choice": None}))
         ids = await encode(engine, render_prompt(engine, req, shape))
         return {"input_tokens": len(ids)}

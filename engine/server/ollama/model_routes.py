@@ -3,11 +3,13 @@ of a model is models.py's; a pull is the app's downloads (pull.py). Errors are
 Ollama's shape, as on its chat routes (routes.py)."""
 from __future__ import annotations
 
-from pathlib import Path
+from datetime import datetime, timezone
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from engine.server.model_use import names_of
+from engine.service.handle import ModelStatus
 from engine.service.served_model import LoadedModel, ModelSpec
 from engine.server.errors import APIError
 from engine.server.model_store import ModelStore
@@ -15,6 +17,9 @@ from engine.server.ollama.models import facts as model_facts, listing as model_l
 from engine.server.ollama.protocol import PullRequest, ShowRequest
 from engine.server.ollama.pull import pull_reply
 from engine.server.ollama.routes import OllamaRoute, ollama_error, ollama_model_id, ollama_not_found
+
+
+FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)  # Ollama's expires_at for keep_alive -1 is as far
 
 
 def build_ollama_models_router() -> APIRouter:
@@ -34,8 +39,7 @@ def build_ollama_models_router() -> APIRouter:
         name = body.model or body.name
         if not name:
             raise APIError(400, "model is required")
-        loaded = state.engine_thread.model
-        spec = _find(state.model_store, loaded, name)
+        spec, loaded = _find(state.model_store, state.engine_thread.models, name)
         try:
             return await run_in_threadpool(model_show, state.model_store, spec, loaded)
         except (OSError, ValueError) as e:
@@ -64,10 +68,9 @@ def _ember_version() -> str:
 
 
 async def _listings(state) -> list[dict]:
-    """/api/tags: the loaded model first, then the store's, each once; a file gone or damaged
+    """/api/tags: the loaded models first, then the store's, each once; a file gone or damaged
     since it was installed is left out."""
-    loaded = state.engine_thread.model
-    specs, seen = ([loaded.spec] if loaded else []) + state.model_store.list(), set()
+    specs, seen = [m.spec for m in state.engine_thread.models] + state.model_store.list(), set()
     models = []
     for spec in specs:
         if spec.id in seen:
@@ -80,24 +83,31 @@ async def _listings(state) -> list[dict]:
     return models
 
 
-def _find(store: ModelStore, loaded: LoadedModel | None, name: str) -> ModelSpec:
-    """The model /api/show asks for: the loaded one by any of its names, else the store's."""
+def _find(store: ModelStore, models: tuple[ModelStatus, ...], name: str) -> tuple[ModelSpec, LoadedModel | None]:
+    """The model /api/show asks for: a loaded one by any of its names, else the store's."""
     mid = ollama_model_id(name)
-    if loaded is not None and mid in (loaded.spec.id, loaded.spec.name, Path(loaded.spec.path).name):
-        return loaded.spec
+    for m in models:
+        if m.model is not None and mid in names_of(m.spec):
+            return m.spec, m.model
     if not store.exists(mid):
         raise ollama_not_found(name)
     try:
-        return store.get(mid)
+        return store.get(mid), None
     except (OSError, ValueError) as e:
         raise APIError(400, f"the manifest of {mid!r} is unusable: {e}") from None
 
 
 async def _running(state) -> list[dict]:
-    """/api/ps: the loaded model, with how much of it is on the GPU and its context."""
-    loaded = state.engine_thread.model
-    if loaded is None:
-        return []
-    entry = model_listing(loaded.spec, await run_in_threadpool(model_facts, state.model_store, loaded.spec))
-    on_gpu = not str(loaded.device).startswith("cpu")
-    return [entry | {"size_vram": entry["size"] if on_gpu else 0, "context_length": loaded.engine.max_model_len}]
+    """/api/ps: every loaded model, with its memory (what the budget counts; on the GPU or not),
+    its context and when it unloads if it stays idle (Ollama's expires_at; far ahead: it stays)."""
+    out = []
+    for m in state.engine_thread.models:
+        if m.model is None:
+            continue
+        entry = model_listing(m.spec, await run_in_threadpool(model_facts, state.model_store, m.spec))
+        on_gpu = not str(m.model.device).startswith("cpu")
+        expires = FOREVER if m.expires_at is None else datetime.fromtimestamp(m.expires_at, timezone.utc)
+        out.append(entry | {"size": m.bytes or entry["size"], "size_vram": (m.bytes or entry["size"]) if on_gpu else 0,
+                            "context_length": m.model.engine.max_model_len,
+                            "expires_at": expires.isoformat().replace("+00:00", "Z")})
+    return out

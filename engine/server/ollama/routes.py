@@ -30,7 +30,8 @@ from engine.server.ollama.models import tag
 from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest, SamplingRequest
-from engine.server.serving import Job, encode, fit_context, require_model, sampling_params
+from engine.server.model_use import use_model
+from engine.server.serving import Job, encode, fit_context, sampling_params
 from engine.server.structured import response_format_grammar
 from engine.server.tool_protocol import ResponseFormat
 from engine.service.served_model import LoadedModel
@@ -58,10 +59,9 @@ def ollama_not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
 
 
-def _loaded(request: Request, name: str, text: bool = True) -> LoadedModel:
-    state = request.app.state
+async def _loaded(request: Request, name: str, text: bool = True) -> LoadedModel:
     try:
-        return require_model(state.engine_thread, state.model_store, ollama_model_id(name), text)
+        return await use_model(request, name, text)
     except APIError as e:
         raise (ollama_not_found(name) if e.status == 404 else e) from None
 
@@ -200,7 +200,7 @@ def _line(d: dict) -> str:
 
 
 def _loaded_reply(loaded: LoadedModel, chat: bool) -> dict:
-    """An empty request is Ollama's way to load a model: it is loaded (or require_model said why not)."""
+    """An empty request is Ollama's way to load a model: it is loaded (or use_model said why not)."""
     d = {"model": tag(loaded.spec.id), "created_at": _now()}
     d |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return d | {"done": True, "done_reason": "load"}
@@ -212,7 +212,7 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/chat")
     async def chat(body: ChatRequest, request: Request):
         t0 = time.monotonic()
-        loaded = _loaded(request, body.model)
+        loaded = await _loaded(request, body.model)
         if not body.messages:
             return _loaded_reply(loaded, chat=True)
         req = validated(ChatCompletionRequest, {
@@ -231,7 +231,7 @@ def build_ollama_router() -> APIRouter:
             if getattr(body, field):
                 raise APIError(400, f"{field} is not supported by Ember's /api/generate"
                                + ("; send the conversation to /api/chat" if field == "context" else ""))
-        loaded = _loaded(request, body.model, text=False)
+        loaded = await _loaded(request, body.model, text=False)
         if not body.prompt:
             return _loaded_reply(loaded, chat=False)
         sampler = body.options.sampler_fields()
@@ -249,14 +249,14 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/embed")
     async def embed(body: OllamaEmbedRequest, request: Request):
         t0 = time.monotonic()
-        loaded = _loaded(request, body.model, text=False)
+        loaded = await _loaded(request, body.model, text=False)
         inputs = [body.input] if isinstance(body.input, str) else body.input
         res = await request.app.state.embeddings.run(request, loaded, inputs, truncate=body.truncate)
         return ollama_embed_reply(body.model, res, body.dimensions, t0)
 
     @router.post("/api/embeddings")
     async def embeddings(body: OllamaEmbeddingsRequest, request: Request):
-        loaded = _loaded(request, body.model, text=False)
+        loaded = await _loaded(request, body.model, text=False)
         if not body.prompt:  # as Ollama: no text, no vector
             return {"embedding": []}
         return ollama_embeddings_reply(await request.app.state.embeddings.run(request, loaded, [body.prompt]))

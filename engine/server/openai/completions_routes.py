@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.server.openai import bodies as R
 from engine.server.errors import APIError
 from engine.server.openai.protocol import CompletionRequest
-from engine.server.serving import Job, check_token_ids, encode, fit_context, require_model, sampling_params
+from engine.server.model_use import use_model
+from engine.server.serving import Job, check_token_ids, encode, fit_context, sampling_params
 from engine.server.sse import SSE_HEADERS, job_events
 
 
@@ -22,7 +23,7 @@ def build_completions_router() -> APIRouter:
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         state = request.app.state
-        loaded = require_model(state.engine_thread, state.model_store, body.model)
+        loaded = await use_model(request, body.model)
         engine, model = loaded.engine, loaded.spec.id
         scoring = body.echo and body.logprobs is not None
         requested = 16 if body.max_tokens is None else body.max_tokens

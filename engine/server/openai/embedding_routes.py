@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.server.embeddings import MAX_INPUTS, check_dimensions, l2_normalize
 from engine.server.errors import APIError
 from engine.server.openai.protocol import INT32_MAX, model_field
-from engine.server.serving import require_model
+from engine.server.model_use import use_model
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False)
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
@@ -69,7 +69,7 @@ def build_embeddings_router() -> APIRouter:
     @router.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request):
         state = request.app.state
-        loaded = require_model(state.engine_thread, state.model_store, body.model, text=False)
+        loaded = await use_model(request, body.model, text=False)
         res = await state.embeddings.run(request, loaded, body.inputs)
         size = len(res.vectors[0])
         check_dimensions(body.dimensions, size)
@@ -87,7 +87,7 @@ def build_embeddings_router() -> APIRouter:
     @router.post("/rerank")
     async def rerank(body: RerankRequest, request: Request):
         state = request.app.state
-        loaded = require_model(state.engine_thread, state.model_store, body.model, text=False)
+        loaded = await use_model(request, body.model, text=False)
         res = await state.embeddings.run(request, loaded, [body.query, *body.documents])
         if res.ranker:
             raise APIError(400, f"{loaded.spec.id!r} is a cross-encoder reranker (rank pooling), which Ember "
