@@ -37,8 +37,9 @@ def load_failure_words(model_id: str, error: Exception) -> str:
     for prefix in (f"loading {model_id!r} failed: ", f"loading {model_id} failed: "):
         text = text.removeprefix(prefix)
     reason, still = text, ""
-    for kept in (" is loaded again", " is still loaded"):  # the previous model serves (again, or throughout)
+    for kept in (" is loaded again", " is still loaded", " are still loaded"):  # what serves (again, or throughout)
         if text.endswith(kept) and "; " in text:
             reason, _, restored = text.rpartition("; ")
-            still = f" {restored.removesuffix(kept)} is still loaded."
+            first, _, last = restored.removesuffix(kept).rpartition(", ")  # "a, b, c" -> "a, b and c"
+            still = f" {first} and {last} are still loaded." if first else f" {last} is still loaded."
     return f"Could not load {model_id}: {reason.rstrip('.')}.{still}"

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from app.client import EngineClientError
 from app.gui_main import build_app
 from app.store import ModelStore
-from ui.error_words import reply_error_text
+from ui.error_words import load_failure_words, reply_error_text
 from ui.installed_table import InstalledTable
 from ui.pending_reply import PendingReply
 from ui.resident_models import memory_line, models_line, models_tooltip, pending_words, resident, short_name
@@ -58,6 +58,8 @@ def test_a_chats_model_that_cannot_load_or_wait_says_so_in_words():
     assert reply_error_text(refused, remote=False) == ("Could not load beta: beta.gguf: truncated. alpha is still "
                                                        "loaded. Choose another model in the picker, then press "
                                                        "Regenerate.")
+    both = EngineClientError("loading beta failed: too big; alpha, gamma, delta are still loaded", 400)
+    assert load_failure_words("beta", both) == "Could not load beta: too big. alpha, gamma and delta are still loaded."
     full = EngineClientError("too many requests wait for memory", 503, code="queue_full")
     assert "Regenerate in a moment" in reply_error_text(full, remote=False)
 
