@@ -137,6 +137,10 @@ def models_tooltip(status: dict, names: dict[str, str], chats: Iterable[tuple[st
             minutes = max(0.0, float(m["expires_at"]) - now) / 60
             line += f"\n    unloads in {minutes:.0f} min if left idle" if minutes >= 1 else "\n    unloads soon if left idle"
         lines.append(line)
+    for waiting in status.get("queue") or ():  # the models requests wait to load
+        model = waiting.get("model") or "?"
+        line = f"{name_of(model, names, status)}: waiting for memory, {int(waiting.get('position') or 1)} in line"
+        lines.append(line + (f"\n    used by: {', '.join(users[model])}" if users.get(model) else ""))
     return "\n".join(lines)
 
 

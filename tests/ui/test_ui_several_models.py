@@ -72,6 +72,7 @@ def test_the_status_bars_words_for_several_models_and_for_a_remote_server():
     assert "SmolLM2 (smollm2): 512 MiB (weights 256 MiB, chat memory 256 MiB), writing 1 reply" in tip
     assert "used by: Fox story, Code" in tip and "used by: Sums" in tip  # a chat without its own: the most recent
     assert "unloads in 5 min if left idle" in tip and tip.count("unloads") == 1
+    assert tip.endswith("Phi mini: waiting for memory, 1 in line")
     assert [short_name(n) for n in ("SmolLM2 135M Instruct (Q4_1)", "Qwen2.5 Coder 0.5B Instruct AWQ",
                                     "gemma-3-270m-it Q4_K_M", "Chatty")] == \
         ["SmolLM2 135M", "Qwen2.5 Coder 0.5B", "gemma-3-270m", "Chatty"]
