@@ -109,8 +109,10 @@ class EngineClient:
         """Ask the engine to load a model of its store by id; answers once it is loaded (or failed)."""
         return self._json("POST", "/v1/engine/load", {"model": model_id}, timeout=LOAD_TIMEOUT)
 
-    def unload_model(self) -> dict:
-        return self._json("POST", "/v1/engine/unload", {}, timeout=LOAD_TIMEOUT)
+    def unload_model(self, model_id: str | None = None) -> dict:
+        """Unload one model (once its running replies end), or every model when `model_id` is None."""
+        body = {"model": model_id} if model_id else {}
+        return self._json("POST", "/v1/engine/unload", body, timeout=LOAD_TIMEOUT)
 
     # ---- generation ----
     def _body(self, messages: list[dict], model: str | None, sampling: dict[str, Any]) -> dict:

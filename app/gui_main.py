@@ -64,12 +64,13 @@ class EmberApp:
                                                     advise=_advisor(), parent=self.window)
             self.model_manager.model_installed.connect(lambda _id: self.controller.refresh_models())
             self.model_manager.store_changed.connect(self._on_store_changed)
-            self.model_manager.installed.load_requested.connect(self.controller.load_model)
-            self.controller.load_finished.connect(self.model_manager.installed.on_load_finished)
             installed = self.model_manager.installed
-            self.controller.status_changed.connect(
-                lambda status: installed.set_loaded(status.get("model"), status.get("max_model_len")))
-            installed.set_loaded(self.controller.last_status.get("model"), self.controller.last_status.get("max_model_len"))
+            installed.load_requested.connect(self.controller.load_model)
+            installed.unload_requested.connect(self.controller.unload_model)
+            self.controller.load_finished.connect(installed.on_load_finished)
+            self.controller.unload_finished.connect(installed.on_unload_finished)
+            self.controller.status_changed.connect(installed.show_status)  # every loaded model marked
+            installed.show_status(self.controller.last_status)
         self.model_manager.show()
         self.model_manager.raise_()
         return self.model_manager

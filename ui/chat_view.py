@@ -22,6 +22,7 @@ from ui.engine_controller import EngineController
 from ui.error_words import reply_error_text
 from ui.message_actions import MessageActions, keep_versions
 from ui.message_input import MessageInput
+from ui.pending_reply import PendingReply
 from ui.reply_clock import ReplyClock
 from ui.reply_stream import ReplyStream
 from ui.transcript import TranscriptView
@@ -59,6 +60,7 @@ class ChatView(QWidget):
         self._stream_model: str | None = None  # the model asked for, until the server names the one that wrote
         self._last_persist = 0.0
         self._stats: dict | None = None
+        self._pending = PendingReply(engine, self)  # "Waiting for memory: 1 ahead" until the reply begins
 
         self.transcript = TranscriptView(self)
         self.input = MessageInput(self)
@@ -133,7 +135,7 @@ class ChatView(QWidget):
     def effective_settings(self) -> dict:
         """What this chat sends (and the settings panel shows): its settings over the model's and Ember's."""
         chat = self.chat_store.get_chat(self.chat_id)
-        return effective_settings(chat.settings, self._model_defaults(chat.model or self.engine.current_model))
+        return effective_settings(chat.settings, self._model_defaults(chat.model or self.engine.serving_model))
 
     # ---- the reply ----
     def continue_reply(self, index: int) -> None:
@@ -170,11 +172,10 @@ class ChatView(QWidget):
             self.transcript.render_now()
             self._finish("error", "The engine is not running. Start it from the Engine menu or the tray.")
             return
-        model = self.chat_store.get_chat(self.chat_id).model  # None: whatever the server has loaded
-        loaded = self.engine.last_status.get("model")
-        load_first = bool(model and loaded and model != loaded and not self.engine.is_remote)
-        self._stream = ReplyStream(client, history, load_first=load_first, model=model, **sampling)
-        self._stream_model = model or loaded  # until the server names it
+        model = self.chat_store.get_chat(self.chat_id).model  # its own (loaded just in time); None: the server's
+        self._stream = ReplyStream(client, history, model=model, **sampling)
+        self._stream_model = model or self.engine.last_status.get("model")  # until the server names it
+        self._pending.watch(self._reply, self._stream_model, self.transcript.schedule_render)
         self._worker = GeneratorWorker(self._stream.run)
         self._worker.yielded.connect(self._on_delta)
         self._worker.errored.connect(self._on_error)
@@ -231,6 +232,7 @@ class ChatView(QWidget):
 
     def _finish(self, status: str, error: str | None = None) -> None:
         reply, self._worker = self._reply, None
+        self._pending.stop()
         if reply is not None:
             reply.status, reply.error = status, error
             if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)

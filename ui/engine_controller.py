@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.client import EngineClient
 from app.settings import Settings
 from app.supervisor import EngineSupervisor, SupervisorState
-from ui.error_words import load_failure_words
+from ui.engine_actions import EngineActions
 from ui.gui_thread import gui_calls
 from ui.status_poll import IDLE_POLL_FACTOR, POLL_INTERVAL_MS, WAKE_S, engine_idle, timed_status
 from ui.workers import FunctionWorker
@@ -35,6 +35,7 @@ class EngineController(QObject):
     models_changed = Signal(list)  # model ids the engine serves
     message = Signal(str)  # a line for the user (errors from start/stop/load)
     load_finished = Signal(str, str)  # (model id, "" when it loaded, else what failed in words)
+    unload_finished = Signal(str, str)  # (model id, "" when it unloaded, else what failed in words)
     show_window_requested = Signal()
     quit_requested = Signal()
     _supervisor_state = Signal(str)  # from the supervisor's watcher thread
@@ -48,12 +49,12 @@ class EngineController(QObject):
         self.quitting = False  # Quit was asked for (menu, tray, signal)
         self.models: list[str] = []
         self.model_names: dict[str, str] = {}  # id -> the name /v1/models gives (Ember's: the store's)
+        self.chat_model: str | None = None  # the model of the chat in view (None: it has none of its own)
         self._client: EngineClient | None = None
         self._client_key: tuple | None = None
         self._poll_worker: FunctionWorker | None = None
         self._models_worker: FunctionWorker | None = None
         self._models_again = False  # a refresh was asked for while one was in flight
-        self._action_worker: FunctionWorker | None = None
         self._closed = False  # close() ran: late worker results are dropped
         self._state: str = REMOTE if self.is_remote else SupervisorState.STOPPED
         self._supervisor_state.connect(self._on_supervisor_state)
@@ -67,6 +68,11 @@ class EngineController(QObject):
         self._poll_timer = QTimer(self)
         self._poll_timer.setInterval(poll_interval_ms)
         self._poll_timer.timeout.connect(self.poll)
+        self._held: set[int] = set()  # what keeps the poll on the short interval (a reply waiting for memory)
+        self.actions = EngineActions(self.client, self)  # load, unload, stop, restart: in workers
+        for mine, theirs in ((self.actions.load_finished, self.load_finished), (self.actions.done, self.poll),
+                             (self.actions.unload_finished, self.unload_finished), (self.actions.message, self.message)):
+            mine.connect(theirs)
 
     # ---- read-only state (the tray and status bar build from these) ----
     @property
@@ -97,9 +103,15 @@ class EngineController(QObject):
         return self.settings.api_key
 
     @property
-    def current_model(self) -> str | None:
+    def serving_model(self) -> str | None:
+        """The model a chat without one of its own talks to: the engine's most recently used."""
         return self.last_status.get("model") or (self.models[0] if self.models else None) \
             or self.settings.default_model
+
+    @property
+    def current_model(self) -> str | None:
+        """The model of the chat in view (each chat has its own), else the engine's most recent."""
+        return self.chat_model or self.serving_model
 
     def client(self) -> EngineClient | None:
         """A client for the current address (the supervisor may pick a new port on restart)."""
@@ -131,11 +143,11 @@ class EngineController(QObject):
     def stop_server(self) -> None:
         if self.supervisor is None or self.is_remote:
             return
-        self._run_action(self.supervisor.stop)
+        self.actions.engine(self.supervisor.stop)
 
     def restart_server(self) -> None:
         if self.supervisor is not None and not self.is_remote:
-            self._run_action(self.supervisor.restart)
+            self.actions.engine(self.supervisor.restart)
 
     def apply_connection(self) -> None:
         """After the connection settings changed: switch between the local engine and a remote server."""
@@ -143,7 +155,7 @@ class EngineController(QObject):
         self.models_changed.emit([])
         if self.is_remote:
             if self.supervisor is not None and self.supervisor.state is not SupervisorState.STOPPED:
-                self._run_action(self.supervisor.stop)
+                self.actions.engine(self.supervisor.stop)
             self._set_state(REMOTE)
             self.poll()
             self.refresh_models()
@@ -152,33 +164,22 @@ class EngineController(QObject):
             self.start_server()
 
     def load_model(self, model_id: str) -> None:
-        """Load in a worker; `load_finished` says how it ended (and the status bar, in words)."""
-        client = self.client()
-        if client is None:
-            return
-        if self._action_worker is not None and not self._action_worker.is_finished:
-            self.message.emit("The engine is busy with another action; try again in a moment.")
-            return
-        self._action_worker = FunctionWorker(client.load_model, model_id)
-        self._action_worker.returned.connect(lambda _health: self.load_finished.emit(model_id, ""))
-        self._action_worker.errored.connect(lambda e: self._on_load_error(model_id, e))
-        self._action_worker.finished.connect(self.poll)
-        self._action_worker.start()
+        """Load beside the loaded models, in a worker; `load_finished` says how it ended."""
+        self.actions.load(model_id)
 
-    def _on_load_error(self, model_id: str, error: Exception) -> None:
-        words = load_failure_words(model_id, error)
-        log.warning("%s", words)
-        self.message.emit(words)
-        self.load_finished.emit(model_id, words)
+    def unload_model(self, model_id: str | None = None) -> None:
+        """Unload one model (None: all), in a worker; `unload_finished` says how it ended."""
+        self.actions.unload(model_id)
 
     def close(self) -> None:
         """Stop polling and listening to the supervisor; the engine itself keeps running. A poll
         already answered but not yet delivered is dropped: the window may be gone by then."""
         self._closed = True
         self._poll_timer.stop()
-        for w in (self._poll_worker, self._models_worker, self._action_worker):
+        for w in (self._poll_worker, self._models_worker):
             if w is not None:
                 w.quit()
+        self.actions.quit()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -215,6 +216,14 @@ class EngineController(QObject):
         self._poll_timer.setInterval(self._poll_ms)
         self.poll()
 
+    def keep_polling(self, holder: object, on: bool) -> None:
+        """While `holder` waits (a reply waiting for memory), the poll stays on the short interval."""
+        if on:
+            self._held.add(id(holder))
+            self._poll_timer.setInterval(self._poll_ms)
+        else:
+            self._held.discard(id(holder))
+
     def refresh_models(self) -> None:
         """Ask the engine for its models. While an answer is in flight it may predate what made
         this call (a model imported a moment ago), so one more request follows it."""
@@ -235,19 +244,6 @@ class EngineController(QObject):
             self.refresh_models()
 
     # ---- slots ----
-    def _run_action(self, func, *args) -> None:
-        if self._action_worker is not None and not self._action_worker.is_finished:
-            self.message.emit("The engine is busy with another action; try again in a moment.")
-            return
-        self._action_worker = FunctionWorker(func, *args)
-        self._action_worker.errored.connect(self._on_action_error)
-        self._action_worker.finished.connect(self.poll)
-        self._action_worker.start()
-
-    def _on_action_error(self, error: Exception) -> None:
-        log.warning("engine action failed: %s", error)
-        self.message.emit(str(error))
-
     def _on_supervisor_state(self, state: str) -> None:
         if self.is_remote:  # the local engine stopping is not news while a remote server is used
             return
@@ -265,7 +261,7 @@ class EngineController(QObject):
         if self._closed:
             return
         self.last_status = dict(status)
-        idle = engine_idle(status) and time.monotonic() >= self._awake_until
+        idle = engine_idle(status) and not self._held and time.monotonic() >= self._awake_until
         interval = self._poll_ms * (IDLE_POLL_FACTOR if idle else 1)
         if interval != self._poll_timer.interval():
             self._poll_timer.setInterval(interval)

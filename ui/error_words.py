@@ -2,6 +2,8 @@
 never an API's instructions such as "POST /v1/engine/load" in a chat) and a refused load. Qt-free."""
 from __future__ import annotations
 
+import re
+
 from app.client import EngineClientError
 
 # the server's `code` -> what the chat says (Ember's engine; other servers' words pass through)
@@ -11,7 +13,10 @@ BY_CODE = {
                         "then press Regenerate.",
     "model_not_found": "This chat's model is not installed any more. Choose another in the model picker, "
                        "then press Regenerate.",
+    "queue_full": "Too many chats are waiting for memory to load their models. Press Regenerate in a moment, "
+                  "or unload a model in the model manager.",
 }
+LOAD_FAILED = re.compile(r"loading '?(?P<model>[^' ]+)'? failed: ")  # the engine's words for a refused load
 
 
 def reply_error_text(error: Exception, remote: bool) -> str:
@@ -19,6 +24,8 @@ def reply_error_text(error: Exception, remote: bool) -> str:
     if isinstance(error, EngineClientError):
         if error.code in BY_CODE:
             return BY_CODE[error.code]
+        if error.code == "model_load_failed" and (m := LOAD_FAILED.match(error.message)):
+            return load_failure_words(m["model"], error) + " Choose another model in the picker, then press Regenerate."
         if error.status_code is None and not remote:  # the connection went: the engine may have crashed
             return f"{error.message}. If the engine stopped, Ember restarts it: press Regenerate to try again."
     return str(error) or type(error).__name__
@@ -30,8 +37,9 @@ def load_failure_words(model_id: str, error: Exception) -> str:
     for prefix in (f"loading {model_id!r} failed: ", f"loading {model_id} failed: "):
         text = text.removeprefix(prefix)
     reason, still = text, ""
-    for kept in (" is loaded again", " is still loaded"):  # the previous model serves (again, or throughout)
+    for kept in (" is loaded again", " is still loaded", " are still loaded"):  # what serves (again, or throughout)
         if text.endswith(kept) and "; " in text:
             reason, _, restored = text.rpartition("; ")
-            still = f" {restored.removesuffix(kept)} is still loaded."
+            first, _, last = restored.removesuffix(kept).rpartition(", ")  # "a, b, c" -> "a, b and c"
+            still = f" {first} and {last} are still loaded." if first else f" {last} is still loaded."
     return f"Could not load {model_id}: {reason.rstrip('.')}.{still}"

@@ -1,4 +1,5 @@
-"""Installed models: verify (hash in a worker), delete, set as default, import a file."""
+"""Installed models: load and unload (the engine holds several at once), verify (hash in a worker),
+delete, set as default, import a file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,23 +8,12 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.model_kind import COMPLETION, is_completion_model
 from app.settings import Settings
 from app.store import LoadSettings, ModelManifest, ModelStore
-from engine.model_files.architectures import embeds_only
-from ui.catalog_table import human_size
-from ui.load_settings_dialog import LoadSettingsDialog, context_words
+from ui.installed_rows import COLUMNS, fill_row
+from ui.load_settings_dialog import LoadSettingsDialog
+from ui.resident_models import resident
 from ui.workers import FunctionWorker
-
-COLUMNS = ("Model", "Architecture", "Quantization", "Size", "Context", "Uses", "Source", "Status")
-
-
-def uses(architecture: str) -> tuple[str, str]:
-    """What a model serves, and why: an embedding model only embeds; every chat model embeds too
-    (its mean-pooled hidden states, on either runner)."""
-    if embeds_only(architecture):
-        return "embeddings", "An embedding model: /v1/embeddings, /v1/rerank and /api/embed; it cannot chat"
-    return "chat, embeddings", "Chats, and /v1/embeddings from its mean-pooled hidden states"
 
 
 class InstalledTable(QWidget):
@@ -31,7 +21,8 @@ class InstalledTable(QWidget):
 
     default_changed = Signal(str)
     changed = Signal()
-    load_requested = Signal(str)  # Load: the engine loads this model now (the app connects it)
+    load_requested = Signal(str)  # Load: the engine loads this model now, beside the others (the app connects it)
+    unload_requested = Signal(str)  # Unload: the engine lets this model go once its replies end
 
     def __init__(self, store: ModelStore, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -39,8 +30,7 @@ class InstalledTable(QWidget):
         self.settings = settings
         self._worker: FunctionWorker | None = None  # one hashing job (verify or import) at a time
         self._status: dict[str, str] = {}
-        self._loaded: str | None = None  # the engine's model now
-        self._loaded_context: int | None = None  # the context the engine runs it with
+        self._resident: dict[str, dict] = {}  # the engine's loaded models by id (each with "state", maybe "context")
         self.table = QTableWidget(0, len(COLUMNS), self)
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -51,7 +41,9 @@ class InstalledTable(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
         header.setSectionResizeMode(0, QHeaderView.Stretch)
         self.load_button = QPushButton("Load", self, objectName="sendButton")
-        self.load_button.setToolTip("Load this model into the engine now (new chats use it)")
+        self.load_button.setToolTip("Load this model into the engine now, beside the models already loaded")
+        self.unload_button = QPushButton("Unload", self)
+        self.unload_button.setToolTip("Free this model's memory (once its replies end); a chat on it loads it again")
         self.verify_button = QPushButton("Verify", self)
         self.delete_button = QPushButton("Delete", self)
         self.default_button = QPushButton("Set as default", self)
@@ -65,7 +57,7 @@ class InstalledTable(QWidget):
         self.load_settings_button.setToolTip("This model's context length, device and threads, for every load")
         self.message = QLabel(self, wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.verify_button, self.delete_button, self.default_button,
+        for b in (self.load_button, self.unload_button, self.verify_button, self.delete_button, self.default_button,
                   self.template_button, self.reset_template_button, self.load_settings_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
@@ -75,6 +67,7 @@ class InstalledTable(QWidget):
         layout.addWidget(self.message)
         layout.addLayout(buttons)
         self.load_button.clicked.connect(self._on_load_clicked)
+        self.unload_button.clicked.connect(self._on_unload_clicked)
         self.verify_button.clicked.connect(self._on_verify_clicked)
         self.delete_button.clicked.connect(self._on_delete_clicked)
         self.default_button.clicked.connect(self._on_default_clicked)
@@ -91,45 +84,31 @@ class InstalledTable(QWidget):
         models = self.store.list()
         self.table.setRowCount(len(models))
         for row, m in enumerate(models):
-            name = m.name + ("  ★ default" if m.id == self.settings.default_model else "")
-            name += "  · custom chat template" if self.store.chat_template(m.id) is not None else ""
-            item = QTableWidgetItem(name)
-            item.setData(Qt.UserRole, m.id)
-            item.setToolTip(f"{m.id}\n{m.path}\nsha256 {m.sha256}")
-            self.table.setItem(row, 0, item)
-            self.table.setItem(row, 1, QTableWidgetItem(m.architecture))
-            self.table.setItem(row, 2, QTableWidgetItem(m.quantization if m.format == "gguf"
-                                                        else f"{m.quantization} ({m.format})"))
-            self.table.setItem(row, 3, QTableWidgetItem(human_size(m.size_bytes)))
-            loaded = m.id == self._loaded
-            text, why = context_words(m.context_length, self.store.load_settings(m.id).context_length,
-                                      self._loaded_context if loaded else None)
-            context = QTableWidgetItem(text)
-            context.setToolTip(why)
-            self.table.setItem(row, 4, context)
-            use, why = uses(m.architecture)
-            if use.startswith("chat") and is_completion_model(m.path, self.store.chat_template(m.id) is not None):
-                use, why = COMPLETION, ("A base model: its file has no chat template, so it continues text rather "
-                                        "than answering; best with /v1/completions, or set a chat template")
-            use_item = QTableWidgetItem(use)
-            use_item.setToolTip(why)
-            self.table.setItem(row, 5, use_item)
-            self.table.setItem(row, 6, QTableWidgetItem(m.source))
-            self.table.setItem(row, 7, QTableWidgetItem(self._status.get(m.id) or ("● loaded" if loaded else "")))
-            if loaded:  # the model the engine serves now stands out in every column
-                for col in range(len(COLUMNS)):
-                    font = self.table.item(row, col).font()
-                    font.setBold(True)
-                    self.table.item(row, col).setFont(font)
+            fill_row(self.table, row, m, self.store, self.settings, self._resident.get(m.id),
+                     self._status.get(m.id, ""))
             if m.id == selected:
                 self.table.selectRow(row)
         self._update_buttons()
 
+    def show_status(self, status: dict) -> None:
+        """Mark the models a polled /v1/engine/status lists as loaded, with the context each runs."""
+        models = {m["id"]: {"id": m["id"], "state": m.get("state"), "bytes": m.get("bytes"),
+                            "context": m.get("context_length")} for m in resident(status)}
+        if status.get("model") in models and not models[status["model"]]["context"]:
+            models[status["model"]]["context"] = status.get("max_model_len")
+        self.set_resident(models)
+
     def set_loaded(self, model_id: str | None, context: int | None = None) -> None:
-        """The model the engine has loaded (None: none), marked in its row, and the context it runs."""
-        if (model_id, context) != (self._loaded, self._loaded_context):
-            self._loaded, self._loaded_context = model_id, context
+        """One loaded model (None: none), as an engine that holds one at a time says it."""
+        self.set_resident({model_id: {"id": model_id, "state": "ready", "context": context}} if model_id else {})
+
+    def set_resident(self, models: dict[str, dict]) -> None:
+        if models != self._resident:
+            self._resident = models
             self.refresh()
+
+    def loaded_ids(self) -> list[str]:
+        return list(self._resident)
 
     def model_ids(self) -> list[str]:
         return [self.table.item(r, 0).data(Qt.UserRole) for r in range(self.table.rowCount())]
@@ -181,7 +160,7 @@ class InstalledTable(QWidget):
         except (OSError, KeyError) as e:
             self.message.setText(f"Load settings not saved: {e}")
             return False
-        now = " (it is loaded now; Load it again to use them)" if model_id == self._loaded else ""
+        now = " (it is loaded now; Unload it and Load it again to use them)" if model_id in self._resident else ""
         self.message.setText(f"{model_id} loads with these settings from now on{now}.")
         self.refresh()
         self.changed.emit()
@@ -235,6 +214,14 @@ class InstalledTable(QWidget):
         """The engine's answer to Load: the failure in words, or that the model is ready."""
         self.message.setText(failure or f"{model_id} is loaded and ready.")
 
+    def _on_unload_clicked(self) -> None:
+        if (model_id := self.selected_id()) is not None and model_id in self._resident:
+            self.message.setText(f"Unloading {model_id} (once its replies end)…")
+            self.unload_requested.emit(model_id)
+
+    def on_unload_finished(self, model_id: str, failure: str) -> None:
+        self.message.setText(failure or f"{model_id or 'Every model'} is unloaded; its memory is free.")
+
     def _on_verify_clicked(self) -> None:
         if (model_id := self.selected_id()) is not None:
             self.verify(model_id)
@@ -279,6 +266,7 @@ class InstalledTable(QWidget):
         has = self.selected_id() is not None
         busy = self._worker is not None and not self._worker.is_finished
         self.load_button.setEnabled(has)
+        self.unload_button.setEnabled(has and self.selected_id() in self._resident)
         self.template_button.setEnabled(has)
         self.load_settings_button.setEnabled(has)
         self.reset_template_button.setEnabled(has and self.store.chat_template(self.selected_id()) is not None)

@@ -23,6 +23,7 @@ from ui.chat_settings_panel import ChatSettingsPanel
 from ui.chat_view import ChatView
 from ui.engine_controller import EngineController
 from ui.engine_log_dialog import EngineLogDialog
+from ui.resident_models import entry
 from ui.resources import icon
 from ui.status_bar import EngineStatusBar
 from ui.tray import TrayIcon
@@ -73,7 +74,8 @@ class MainWindow(QMainWindow):
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([220, 600, 280])
         self.setCentralWidget(splitter)
-        self.status = EngineStatusBar(engine, self)
+        self.status = EngineStatusBar(engine, self, chats=lambda: [  # (title, model) of each open chat
+            (c.title, c.model) for c in map(chat_store.get_chat, list(self._views))])
         self.setStatusBar(self.status)
         self._build_menus()
 
@@ -142,6 +144,8 @@ class MainWindow(QMainWindow):
     def _show_chat_settings(self, view: ChatView) -> None:
         """The panel shows what this chat sends: its settings over the model's recommendation."""
         chat = self.chat_store.get_chat(view.chat_id)
+        self.engine.chat_model = chat.model  # each chat has its own model: the status bar marks this one's
+        self.status.show_models()
         self._shown_model = chat.model or self.engine.current_model
         self.settings_panel.load(chat.settings, chat.model, self._model_defaults(self._shown_model))
 
@@ -164,13 +168,12 @@ class MainWindow(QMainWindow):
             view.transcript.schedule_render()
 
     def _show_model_kind(self, status: dict) -> None:
-        """Chats on a base model (no chat template) say so above their messages."""
-        loaded = status.get("model")
-        base = COMPLETION_NOTICE.format(name=self.engine.model_names.get(loaded, loaded)) \
-            if status.get("completion_only") else ""
+        """Chats on a loaded base model (no chat template) say so above their messages."""
         for view in self._views.values():
-            if (self.chat_store.get_chat(view.chat_id).model or loaded) == loaded:
-                view.transcript.set_notice(base)
+            model = self.chat_store.get_chat(view.chat_id).model or status.get("model")
+            if (loaded := entry(status, model)) is not None:
+                view.transcript.set_notice(COMPLETION_NOTICE.format(name=self.engine.model_names.get(model, model))
+                                           if loaded.get("completion_only") else "")
 
     def _on_chat_deleted(self, chat_id: int) -> None:
         view = self._views.pop(chat_id, None)

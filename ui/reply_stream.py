@@ -11,18 +11,16 @@ class ReplyStream:
     """A Qt-free, cancellable stream of ChatDeltas; `cancel()` may be called from the GUI thread.
 
     `run()` is the generator the worker iterates; cancelling shuts the socket down, so a read that
-    is blocked waiting for the next token returns at once and the engine aborts the sequence.
+    is blocked waiting for the next token returns at once and the engine aborts the sequence. The
+    request names the chat's own model: the engine loads it just in time beside the others.
     """
 
-    def __init__(self, client: EngineClient, messages: list[dict], load_first: bool = False, **kwargs: Any) -> None:
+    def __init__(self, client: EngineClient, messages: list[dict], **kwargs: Any) -> None:
         self._client, self._messages, self._kwargs = client, messages, kwargs
-        self._load_first = load_first  # the chat's model is installed but another one is loaded
         self._stream: ChatStream | None = None
         self._cancelled = False
 
     def run(self) -> Iterator[ChatDelta]:
-        if self._load_first and not self._cancelled:
-            self._client.load_model(self._kwargs["model"])  # blocks this worker until loaded
         if self._cancelled:
             return
         self._stream = self._client.chat_stream(self._messages, **self._kwargs)

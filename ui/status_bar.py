@@ -1,5 +1,8 @@
-"""The main window's status bar: engine state, model, backend/device, the reply's speed, drafts accepted, KV, RAM."""
+"""The main window's status bar: engine state, the loaded models (which one this chat uses), backend/device,
+the replies' speed, drafts accepted, KV, the models' memory of their budget, RAM."""
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import psutil
 from PySide6.QtCore import QSize
@@ -8,6 +11,7 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar, QWi
 from app.supervisor import SupervisorState
 from ui.elided_label import ElidedLabel
 from ui.engine_controller import REMOTE, EngineController
+from ui.resident_models import memory_line, models_line, models_tooltip, resident, running
 from ui.resources import engine_state_icon
 from ui.sparkline import Sparkline
 
@@ -22,11 +26,13 @@ def _gib(n: float) -> str:
 
 
 class EngineStatusBar(QStatusBar):
-    """Fed by EngineController signals (state, polled status) and by chat views (reply stats)."""
+    """Fed by EngineController signals (state, polled status); `chats()` gives the open chats' (title, model)."""
 
-    def __init__(self, engine: EngineController, parent: QWidget | None = None) -> None:
+    def __init__(self, engine: EngineController, parent: QWidget | None = None,
+                 chats: Callable[[], Iterable[tuple[str, str | None]]] | None = None) -> None:
         super().__init__(parent)
         self.engine = engine
+        self._chats = chats or (lambda: [])
         self.state_icon = QLabel(self)
         self.state_label = QLabel(self)  # short texts: these never shorten
         self.loading = QProgressBar(self, maximumWidth=90, maximumHeight=14, textVisible=False)
@@ -35,6 +41,7 @@ class EngineStatusBar(QStatusBar):
         self.device_label = QLabel(self)
         self.spec_label = QLabel(self)  # speculative decoding's acceptance, when the engine drafts
         self.kv_label = ElidedLabel(parent=self)
+        self.memory_label = QLabel(self)  # the loaded models' memory of their budget (Ember's engine)
         self.ram_label = QLabel(self)
         self.chart = Sparkline(parent=self)
         for w in (self.state_icon, self.state_label, self.loading, self.device_label):
@@ -42,13 +49,13 @@ class EngineStatusBar(QStatusBar):
         # the model's name takes the room the figures leave, and is the one shortened first (its tooltip has it)
         self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.addWidget(self.model_label, 1)
-        for w in (self.spec_label, self.kv_label, self.ram_label, self.chart):
+        for w in (self.spec_label, self.kv_label, self.memory_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
         self.kv_label.setToolTip("Memory for conversations (the KV cache) in use")
         self.ram_label.setToolTip("Memory in use on this computer, all programs together")
         engine.state_changed.connect(self._on_state_changed)
         engine.status_changed.connect(self._on_status_changed)
-        engine.models_changed.connect(lambda _ids: self._show_model(engine.last_status))
+        engine.models_changed.connect(lambda _ids: self.show_models())
         self._on_state_changed(engine.state)
         self._update_ram()
 
@@ -60,8 +67,7 @@ class EngineStatusBar(QStatusBar):
             self.clear_engine_figures()  # a stopped engine has no model and no speed
 
     def clear_engine_figures(self) -> None:
-        for label in (self.model_label, self.device_label, self.spec_label,
-                      self.kv_label):
+        for label in (self.model_label, self.device_label, self.spec_label, self.kv_label, self.memory_label):
             label.setText("")
         self.chart.clear()
 
@@ -80,7 +86,7 @@ class EngineStatusBar(QStatusBar):
             self.loading.setVisible(False)
             self.state_label.setText("No model loaded")
             self.state_label.setToolTip(status.get("message") or "")
-        self._show_model(status)
+        self.show_models(status)
         parts = [p for p in (status.get("backend"), status.get("device")) if p]
         self.device_label.setText(" · ".join(parts))
         kv = status.get("kv") or {}
@@ -102,13 +108,18 @@ class EngineStatusBar(QStatusBar):
                                   (f", {running} running" if running is not None else ""))
         self._update_ram(status)
 
-    def _show_model(self, status: dict) -> None:
-        """The model by its name (from /v1/models, which may answer after the first status: then again)."""
-        model = status.get("model")
-        name = self.engine.model_names.get(model, model)
-        only = " (embeddings only)" if status.get("embeds_only") else ""
-        self.model_label.setText(f"Model: {name}{only}" if model else "")
-        self.model_label.setToolTip((name + (f" ({model})" if model != name else "")) if model else "")
+    def show_models(self, status: dict | None = None) -> None:
+        """The loaded models by name (from /v1/models, which may answer after the first status: then again),
+        the chat in view's marked; the tooltip says each one's memory and which open chats use it."""
+        status = self.engine.last_status if status is None else status
+        this_chat = self.engine.current_model if "models" in status else None  # one model: no mark needed
+        self.model_label.setText(models_line(status, self.engine.model_names, this_chat))
+        self.model_label.setToolTip(models_tooltip(status, self.engine.model_names, self._chats()))
+        self.kv_label.setVisible(len(resident(status)) <= 1)  # one model's KV: the memory line speaks for several
+        text, tip = memory_line(status)
+        self.memory_label.setText(text)
+        self.memory_label.setToolTip(tip)
+        self.memory_label.setVisible(bool(text))
 
     def _update_ram(self, status: dict | None = None) -> None:
         vm = psutil.virtual_memory()
@@ -120,10 +131,11 @@ class EngineStatusBar(QStatusBar):
 
 
 def busy_text(status: dict) -> str:
-    """What the engine is doing for the chats, e.g. "Writing 2 replies · 1 waiting"; "" when idle."""
-    running, waiting = status.get("num_running") or 0, status.get("num_waiting") or 0
-    parts = ([f"Writing {'a reply' if running == 1 else f'{running} replies'}"] if running else []) + \
-        ([f"{waiting} waiting"] if waiting else [])
+    """What the engine is doing for the chats, e.g. "Writing 2 replies · 1 waiting · 1 waiting for memory"
+    (replies on every loaded model); "" when idle."""
+    writing, waiting, queued = running(status), status.get("num_waiting") or 0, len(status.get("queue") or ())
+    parts = ([f"Writing {'a reply' if writing == 1 else f'{writing} replies'}"] if writing else []) + \
+        ([f"{waiting} waiting"] if waiting else []) + ([f"{queued} waiting for memory"] if queued else [])
     return " · ".join(parts)
 
 

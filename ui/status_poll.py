@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from app.client import EngineClient
+from ui.resident_models import running, waits
 
 POLL_INTERVAL_MS = 1000
 # A ready engine with nothing to do is asked this many times less often: the 1 Hz poll was most of
@@ -15,10 +16,10 @@ WAKE_S = 3.0  # after a wake-up, stay on the short interval this long (the reque
 
 
 def engine_idle(status: dict) -> bool:
-    """Ready, nothing running or waiting, and no decoding in the last few seconds (the engine's
-    5 s rate), so there is nothing new for the status bar to show."""
-    return (status.get("status") == "ready" and not status.get("num_running") and not status.get("num_waiting")
-            and not status.get("generation_tok_s"))
+    """Ready, nothing running or waiting (for a turn or for memory) on any model, no model loading, and no
+    decoding in the last few seconds (the engine's 5 s rate), so there is nothing new for the status bar to show."""
+    return (status.get("status") == "ready" and not running(status) and not status.get("num_waiting")
+            and not waits(status) and not status.get("generation_tok_s"))
 
 
 def timed_status(client: EngineClient) -> dict:

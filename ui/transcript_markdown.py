@@ -120,7 +120,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
         body, calls = m.content, m.tool_calls
         thinking = _thinking_lines(m, i, actions) if m.reasoning else []
         if m.status == "streaming":
-            body = (body + " ▍") if body else ("" if thinking else "_Reading the chat…_")
+            body = (body + " ▍") if body else ("" if thinking else f"_{verbatim(m.pending or 'Reading the chat…')}_")
         if _open_fence(body):  # an unfinished code block must not swallow what follows
             body += "\n```"
         if actions and m.status != "streaming":

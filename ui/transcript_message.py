@@ -29,6 +29,7 @@ class TranscriptMessage:
     tok_s: float | None = None  # its speed and first-token time, as the client measured them
     ttft: float | None = None
     tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON), as the server parsed them
+    pending: str = ""  # what a reply that has not begun waits for ("Waiting for memory: 1 ahead")
 
     @property
     def out_of_budget(self) -> bool:

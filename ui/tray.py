@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.supervisor import SupervisorState
 from ui.engine_controller import REMOTE, EngineController
+from ui.resident_models import models_line, resident
 from ui.resources import engine_state_icon
 
 TOOLTIPS = {SupervisorState.READY: "serving", SupervisorState.STARTING: "loading a model",
@@ -52,8 +53,9 @@ class TrayIcon(QSystemTrayIcon):
             else:
                 self.server_action = self._add("Stop engine", c.stop_server)
         m.addSeparator()
-        model = c.current_model
-        current = self._add(f"Model: {c.model_names.get(model, model)}" if model else "Model: none loaded", None)
+        loaded = models_line(c.last_status, c.model_names, None)  # every model the engine holds
+        several = len(resident(c.last_status)) > 1
+        current = self._add(f"Models: {loaded}" if several else loaded or "Model: none loaded", None)
         current.setEnabled(False)
         m.addSeparator()
         self.quit_action = self._add("Quit Ember", c.request_quit)
