@@ -41,7 +41,7 @@ def _round(thread, groups, new_tokens: int) -> dict:
 def run_two(args, path_a: str, path_b: str) -> int:
     import psutil
 
-    from engine.service.engine_thread import EngineThread, model_bytes
+    from engine.service.engine_thread import EngineThread
     from engine.service.loading import make_engine_factory
     from engine.service.residency import ResidencyConfig
     from engine.service.served_model import ModelSpec
@@ -59,7 +59,7 @@ def run_two(args, path_a: str, path_b: str) -> int:
         _round(thread, [(a, 2), (b, 2)], 4)  # warm-up
         print(f"A {path_a}\nB {path_b}\nbackend {backend}, threads {args.threads}, {args.new_tokens} new tokens "
               f"per chat, greedy, ignore EOS; one engine thread steps both models in turn")
-        print(f"resident: A {model_bytes(a) / 2**20:.0f} MiB + B {model_bytes(b) / 2**20:.0f} MiB "
+        print(f"resident: A {a.memory_bytes / 2**20:.0f} MiB + B {b.memory_bytes / 2**20:.0f} MiB "
               f"(weights + KV reservations), process RSS {psutil.Process().memory_info().rss / 2**20:.0f} MiB")
         one, one_b, two = [], [], []
         for _ in range(args.rounds):  # alternated, so drift in the machine's speed hits all alike

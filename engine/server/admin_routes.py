@@ -19,6 +19,7 @@ from engine.server.reasoning import thinking_switches
 from engine.service import heap
 from engine.service.handle import EngineHandle
 from engine.service.model_set import QueueFull
+from engine.service.status_snapshot import failed_load_words
 from engine.server.residency_status import residency_status
 
 
@@ -139,9 +140,9 @@ async def _load(t: EngineHandle, store: ModelStore, body: LoadModelRequest):
     except QueueFull as e:
         raise APIError(503, str(e), code="queue_full", headers={"Retry-After": "10"}) from None
     except (OSError, ValueError, RuntimeError, MemoryError) as e:
-        # a missing or malformed file, or a model that does not fit: the message says which,
-        # and the engine's status whether the model loaded before it serves again
-        said = t.message
-        why = said if said.startswith(f"loading {spec.id} failed: ") else f"loading {spec.id} failed: {e}"
-        raise APIError(400, why, code="model_load_failed") from None
+        # a missing or malformed file, or a model that does not fit: the message says which, and
+        # which models serve on (the status may not have been published yet: say it from here)
+        serving = [m.spec.id for m in t.models if m.state == "ready" and m.spec.id != spec.id]
+        raise APIError(400, failed_load_words(f"loading {spec.id} failed: {e}", serving),
+                       code="model_load_failed") from None
     return health_body(t)

@@ -3,7 +3,7 @@ the requests waiting for memory and the budget (the GUI's status bar and model m
 from __future__ import annotations
 
 from engine.service.handle import EngineStatus, ModelStatus
-from engine.service.residency import total_ram_bytes
+from engine.service.residency import rss_bytes, total_ram_bytes
 
 
 def model_entry(m: ModelStatus) -> dict:
@@ -25,10 +25,3 @@ def residency_status(status: EngineStatus) -> dict:
             "memory": {"budget_bytes": mem.budget_bytes if mem else 0, "used_bytes": mem.used_bytes if mem else 0,
                        "rss_bytes": rss_bytes(), "max_models": mem.max_models if mem else 0,
                        "total_bytes": total_ram_bytes()}}
-
-
-def rss_bytes() -> int:
-    """What this process holds now (the budget's count is checked against it)."""
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)

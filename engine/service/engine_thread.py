@@ -29,7 +29,7 @@ from engine.service.engine_commands import Abort, Acquire, Add, Command, Loaded,
 from engine.service.handle import KEEP_DEFAULT, EngineStatus, EngineUnavailable
 from engine.service.metrics import Metrics
 from engine.service.model_set import ModelSet
-from engine.service.residency import Resident, ResidencyConfig
+from engine.service.residency import Resident, ResidencyConfig, rss_bytes
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 from engine.service.status_snapshot import snapshot
 
@@ -37,13 +37,6 @@ if TYPE_CHECKING:
     from engine.llm_engine import EngineStats, LLMEngine
 
 log = logging.getLogger(__name__)
-
-
-def model_bytes(loaded: LoadedModel) -> int:
-    """What the budget counts for a loaded model: the runner's weights and KV reservation, and its
-    draft model's (speculative decoding), from their own figures."""
-    s, spec = loaded.engine.stats(), loaded.engine.speculator
-    return (s.weight_bytes or 0) + (s.kv_bytes or 0) + (spec.drafter.memory_bytes if spec is not None else 0)
 
 
 class EngineThread:
@@ -162,6 +155,9 @@ class EngineThread:
                 except queue.Empty:
                     cmd = None
             next_expiry = self._set.expire(time.time())
+            if self._set.settled:
+                self._publish()
+                self._settle()
             for r in list(self._set.residents.values()):  # round robin: one step per model
                 if r.loaded.engine.has_unfinished():
                     self._step(r)
@@ -196,7 +192,7 @@ class EngineThread:
             case Unload(mid, fut):
                 self._set.unload(mid)
                 if fut.set_running_or_notify_cancel():
-                    fut.set_result(None)
+                    self._set.settled.append((fut, None))
 
     def _step(self, r: Resident) -> None:
         engine = r.loaded.engine
@@ -270,12 +266,16 @@ class EngineThread:
         dt = time.perf_counter() - self._load_started.pop(spec.id, time.perf_counter())
         nbytes = 0
         if isinstance(result, LoadedModel):
-            nbytes = model_bytes(result)
+            nbytes = result.memory_bytes
             self._loaded_msg = f"{spec.id} loaded in {dt:.1f}s"
             log.info("%s ready on %s (%s): %s", spec.id, result.backend, result.device,
                      result.decision.get("reason", ""))
         self._set.loaded(spec, result, nbytes)
         self._trim_due = self.trimmer.enabled  # a load frees its temporaries
+        if isinstance(result, LoadedModel):  # the budget's count, checked against what the process holds
+            counted = sum(r.bytes for r in self._set.residents.values())
+            log.info("resident: %s; the budget counts %.0f MiB of %.0f MiB, the process holds %.0f MiB (RSS)",
+                     ", ".join(self._set.residents), counted / 2**20, self.residency.budget / 2**20, rss_bytes() / 2**20)
 
     def _publish(self) -> None:
         newest = self._set.newest()
@@ -285,7 +285,16 @@ class EngineThread:
             log.exception("engine.stats() failed")
         self._status = snapshot(self._set, self._loaded_msg or "no model loaded")
 
+    def _settle(self) -> None:
+        settled, self._set.settled = self._set.settled, []
+        for fut, value in settled:
+            if isinstance(value, BaseException):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+
     def _shutdown(self) -> None:
         for mid in list(self._set.residents):
             self._set.drop(mid, "the server is shutting down")
+        self._settle()
         self._loader.shutdown(wait=False, cancel_futures=True)

@@ -58,6 +58,10 @@ class ModelSet:
         self.residents: dict[str, Resident] = {}
         self.pending: dict[str, PendingLoad] = {}  # insertion order is the queue's order
         self.last_error: str | None = None  # the newest failed load, in words
+        # futures decided (running) but not yet given their result or exception: the engine thread
+        # settles them after publishing its status, so a waiter that wakes reads a status that
+        # already says what its future says
+        self.settled: list[tuple[concurrent.futures.Future, object]] = []
         self._estimate, self._start_load, self._close, self._fits_now = estimate, start_load, close, fits_now
 
     # ---- requests ---------------------------------------------------------------------------
@@ -70,7 +74,7 @@ class ModelSet:
         if r is not None:
             if fut.set_running_or_notify_cancel():
                 self._hold(r, keep_alive_s)
-                fut.set_result(r.loaded)
+                self.settled.append((fut, r.loaded))
             return
         p = self.pending.get(spec.id)
         if p is None:
@@ -78,7 +82,7 @@ class ModelSet:
                 p = self._queue(spec, check)
             except Exception as e:  # refused in words: a damaged file, over the budget, a full queue
                 if fut.set_running_or_notify_cancel():
-                    fut.set_exception(e)
+                    self.settled.append((fut, e))
                 return
         p.waiters.append((fut, keep_alive_s))
         self.admit()
@@ -148,7 +152,7 @@ class ModelSet:
             self.last_error = f"loading {spec.id} failed: {result}"
             for fut, _ in p.waiters:
                 if fut.set_running_or_notify_cancel():
-                    fut.set_exception(result)
+                    self.settled.append((fut, result))
         else:
             self.last_error = None
             r = self.residents[spec.id] = Resident(result, nbytes or p.need, time.monotonic(),
@@ -160,7 +164,7 @@ class ModelSet:
             for fut, keep_alive_s in p.waiters:
                 if fut.set_running_or_notify_cancel():
                     self._hold(r, keep_alive_s)
-                    fut.set_result(result)
+                    self.settled.append((fut, result))
             self.touch(r)
         self.admit()
 

@@ -34,6 +34,13 @@ def total_ram_bytes() -> int:
         return 8 * GiB
 
 
+def rss_bytes() -> int:
+    """What this process holds now: the budget's count is checked against it (logged, and shown)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 @dataclass(frozen=True, slots=True)
 class ResidencyConfig:
     """The knobs (Settings → Engine; `serve --memory-budget --max-loaded-models --keep-alive`).

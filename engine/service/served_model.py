@@ -36,6 +36,13 @@ class LoadedModel:
     decision: dict = field(default_factory=dict)
 
     @property
+    def memory_bytes(self) -> int:
+        """What the memory budget counts for it: the runner's weights and KV reservation, and its
+        draft model's (speculative decoding), from their own figures."""
+        s, spec = self.engine.stats(), self.engine.speculator
+        return (s.weight_bytes or 0) + (s.kv_bytes or 0) + (spec.drafter.memory_bytes if spec is not None else 0)
+
+    @property
     def generates(self) -> bool:
         """False for an embedding model: it makes embeddings, not text (EmbeddingRunner)."""
         return self.engine.runner.generates

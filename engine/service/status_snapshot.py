@@ -11,6 +11,13 @@ from engine.service.model_set import ModelSet
 log = logging.getLogger(__name__)
 
 
+def failed_load_words(error: str, serving: list[str]) -> str:
+    """"loading X failed: why; A, B are still loaded": a failed load never touches the others."""
+    if not serving:
+        return error
+    return f"{error}; {', '.join(serving)} {'is' if len(serving) == 1 else 'are'} still loaded"
+
+
 def snapshot(models: ModelSet, loaded_msg: str) -> EngineStatus:
     residents = sorted(models.residents.values(), key=lambda r: r.last_used, reverse=True)
     entries = []
@@ -38,8 +45,7 @@ def snapshot(models: ModelSet, loaded_msg: str) -> EngineStatus:
         state = EngineState.READY
         message = loaded_msg
         if models.last_error:  # a refused or failed load: what serves is said too
-            names = ", ".join(r.loaded.spec.id for r in residents)
-            message = f"{models.last_error}; {names} {'is' if len(residents) == 1 else 'are'} still loaded"
+            message = failed_load_words(models.last_error, [r.loaded.spec.id for r in residents])
     elif loading is not None:
         state, message = EngineState.LOADING, f"loading {loading.id}"
     elif models.last_error:
