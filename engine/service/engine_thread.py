@@ -2,9 +2,9 @@
 
 The shape of llama.cpp's server (`server_queue` / `server_response`), not llama-cpp-python's
 global lock: handlers never touch an engine. They post commands to a thread-safe queue; the loop
-drains it, steps every model with unfinished requests in turn (one step each, round robin), and
-hands each RequestOutput to its request's sink, which forwards it into the handler's asyncio.Queue
-with `loop.call_soon_threadsafe`. Several models are resident at once (model_set.py decides which,
+drains it, steps the busy model that has had the least engine time (an even share each, as a
+fair-share scheduler gives processes), and hands each RequestOutput to its request's sink, which
+forwards it into the handler's asyncio.Queue with `loop.call_soon_threadsafe`. Several models are resident at once (model_set.py decides which,
 residency.py's budget): one thread steps them all, because on a CPU each step already uses every
 core (a thread per model would only make two models' steps fight over the same cores). Loads run on
 a loader thread, so the models already loaded keep streaming while the next one loads. When idle
@@ -158,9 +158,9 @@ class EngineThread:
             if self._set.settled:
                 self._publish()
                 self._settle()
-            for r in list(self._set.residents.values()):  # round robin: one step per model
-                if r.loaded.engine.has_unfinished():
-                    self._step(r)
+            r = self._set.next_to_step()  # the busy model that has had the least engine time
+            if r is not None:
+                self._step(r)
             self._publish()
 
     def _handle(self, cmd: Command) -> None:
@@ -205,6 +205,7 @@ class EngineThread:
             self._fail(r, RuntimeError(f"the engine failed: {type(e).__name__}: {e}"))
             return
         dt = time.perf_counter() - t0
+        r.engine_time += dt
         for out in outputs:
             if out.finished:
                 sink = self._sinks.pop(out.request_id, None)
@@ -215,8 +216,7 @@ class EngineThread:
             if sink is not None:
                 sink(out)
         self._set.touch(r)
-        new_tokens = sum(len(out.new_token_ids) for out in outputs)
-        self.metrics.on_step(batch_size=len(outputs), new_tokens=new_tokens, seconds=dt)
+        self.metrics.on_step(batch_size=len(outputs), new_tokens=sum(len(o.new_token_ids) for o in outputs), seconds=dt)
 
     def _fail(self, r: Resident, exc: BaseException) -> None:
         """`r`'s requests end with `exc`; its engine drains them, or is unloaded if it cannot."""

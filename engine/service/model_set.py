@@ -62,6 +62,7 @@ class ModelSet:
         # settles them after publishing its status, so a waiter that wakes reads a status that
         # already says what its future says
         self.settled: list[tuple[concurrent.futures.Future, object]] = []
+        self._time_floor = 0.0  # the least engine time among busy models (next_to_step)
         self._estimate, self._start_load, self._close, self._fits_now = estimate, start_load, close, fits_now
 
     # ---- requests ---------------------------------------------------------------------------
@@ -202,6 +203,20 @@ class ModelSet:
                 nxt = min(nxt if nxt is not None else float("inf"), r.expires_at - wall)
         if dropped:
             self.admit()
+        return nxt
+
+    def next_to_step(self) -> Resident | None:
+        """The busy model with the least engine time, so that busy models share the thread's time
+        evenly (a small model then makes its tokens at its own pace, not at a large one's). A model
+        that was idle is first brought up to the least time of the others (the `floor`, as a
+        fair-share scheduler's min_vruntime), so its idle past buys it no burst."""
+        busy = [r for r in self.residents.values() if r.loaded.engine.has_unfinished()]
+        if not busy:
+            return None
+        for r in busy:
+            r.engine_time = max(r.engine_time, self._time_floor)
+        nxt = min(busy, key=lambda r: r.engine_time)
+        self._time_floor = nxt.engine_time
         return nxt
 
     def by_engine(self, engine) -> Resident | None:

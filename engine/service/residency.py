@@ -80,6 +80,7 @@ class Resident:
     requests: set[str] = field(default_factory=set)  # its request ids in the engine
     keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S  # the newest request's wish
     expires_at: float | None = None  # wall-clock time it unloads if still idle (None: stays)
+    engine_time: float = 0.0  # seconds of steps it has had: the engine thread shares time by it
 
     @property
     def busy(self) -> bool:

@@ -143,3 +143,24 @@ def test_unloading_a_busy_model_waits_for_its_reply():
         assert factory.engines["a"].runner.closed
     finally:
         t.stop()
+
+
+def test_busy_models_share_the_engine_thread_by_time():
+    from engine.service.model_set import ModelSet
+
+    models = ModelSet(ResidencyConfig(), lambda s: 0, lambda s, cap: None, lambda r, why: None)
+    for mid in "ab":
+        engine = make_engine()
+        engine.add_request([5], SamplingParams(max_tokens=100, ignore_eos=True))
+        models.residents[mid] = Resident(LoadedModel(spec(mid), engine, "t", "cpu"), GB, last_used=0)
+    a, b = models.residents["a"], models.residents["b"]
+    steps = []
+    for _ in range(8):  # a's steps cost 1 s, b's 3 s: a gets three steps for each of b's
+        r = models.next_to_step()
+        steps.append(r.loaded.spec.id)
+        r.engine_time += 1.0 if r is a else 3.0
+    assert steps.count("a") == 6 and steps.count("b") == 2
+    c_engine = make_engine()  # a model busy again after idling gets no burst for its idle past
+    models.residents["c"] = c = Resident(LoadedModel(spec("c"), c_engine, "t", "cpu"), GB, last_used=0)
+    c_engine.add_request([5], SamplingParams(max_tokens=100, ignore_eos=True))
+    assert models.next_to_step() is c and c.engine_time >= 5.0  # level with the others, not 0
