@@ -151,10 +151,11 @@ class MainWindow(QMainWindow):
 
     # ---- slots ----
     def _on_engine_status(self, status: dict) -> None:
-        if status.get("status") == "ready" or not status:
-            self.settings_panel.set_speculation_available(status.get("speculative") is not None)
-            self.settings_panel.set_thinking_switch(bool((status.get("thinking") or {}).get("switch")))
-            self.settings_panel.set_effort_choice(bool((status.get("thinking") or {}).get("effort")))
+        if status.get("status") == "ready" or not status:  # the switches of the chat in view's own model
+            own = entry(status, self.engine.current_model) or status
+            self.settings_panel.set_speculation_available(bool(own.get("speculative")))
+            self.settings_panel.set_thinking_switch(bool((own.get("thinking") or {}).get("switch")))
+            self.settings_panel.set_effort_choice(bool((own.get("thinking") or {}).get("effort")))
         self._show_model_kind(status)
         view = self.current_view()  # the loaded model changed: its recommended settings may differ
         if view is not None and self.engine.current_model != self._shown_model \

@@ -2,6 +2,7 @@
 the requests waiting for memory and the budget (the GUI's status bar and model manager read it)."""
 from __future__ import annotations
 
+from engine.server.reasoning import thinking_switches
 from engine.service.handle import EngineStatus, ModelStatus
 from engine.service.residency import rss_bytes, total_ram_bytes
 
@@ -14,7 +15,10 @@ def model_entry(m: ModelStatus) -> dict:
             "running": m.running, "expires_at": m.expires_at,
             "context_length": s.max_model_len if s else None,
             "embeds_only": bool(loaded and not loaded.generates),
-            "completion_only": bool(loaded and loaded.engine.chat_template.plain_layout)}
+            "completion_only": bool(loaded and loaded.engine.chat_template.plain_layout),
+            # what a chat on this model may switch (the window's panel follows the chat's own model)
+            "thinking": thinking_switches(loaded.engine.chat_template) if loaded and loaded.generates else None,
+            "speculative": bool(loaded and loaded.engine.speculator is not None)}
 
 
 def residency_status(status: EngineStatus) -> dict:

@@ -122,6 +122,7 @@ def test_a_reply_runs_on_while_other_models_load_answer_and_fail(server):
     assert {m.model for m in o.ps().models} == {"model-a:latest"}
     s = status(server)
     assert s["memory"]["used_bytes"] == sum(m["bytes"] for m in s["models"]) > 0 and s["queue"] == []
+    assert s["models"][0]["speculative"] is False and s["models"][0]["thinking"] == s["thinking"]  # each model's own
 
 
 def test_with_memory_for_one_model_the_next_waits_for_the_running_reply(server, store, tmp_path):

@@ -168,3 +168,22 @@ def test_the_installed_tab_marks_every_loaded_model_and_unloads_one(qtbot, tmp_p
     assert table.message.text() == "smollm2 is unloaded; its memory is free."
     table.show_status(dict(REMOTE, model="phi"))  # an engine of one model at a time: that one marked
     assert table.loaded_ids() == ["phi"]
+
+
+def test_the_chat_panels_switches_follow_the_chat_in_views_own_model(app):
+    """Think and speculative decoding are switches of a model: the panel shows the chat's own
+    model's, not those of whichever model was used last."""
+    window, controller, panel = app.window, app.controller, app.window.settings_panel
+    think = window.new_chat()
+    app.chat_store.set_chat_model(think.chat_id, "qwen")
+    plain = window.new_chat()
+    app.chat_store.set_chat_model(plain.chat_id, "smollm2")
+    status = several(model("smollm2", thinking={"switch": False}, speculative=False),
+                     model("qwen", thinking={"switch": True, "effort": False}, speculative=True))
+    status |= {"thinking": {"switch": False}}  # the top level: the newest model's (smollm2)
+    window.open_chat(think.chat_id)
+    controller._on_status(status)
+    assert not panel.think.isHidden()
+    window.open_chat(plain.chat_id)
+    controller._on_status(status)
+    assert panel.think.isHidden()
