@@ -2,8 +2,9 @@
 thread, N/2 chats on each, against the same N chats on the first model alone, rounds alternated.
 
 Both run through `EngineThread` (engine/service/engine_thread.py), the loop the server uses: one
-thread steps each model with unfinished chats in turn. Aggregate tok/s = all new tokens / wall
-time from submitting the chats to the last token. Memory: what the budget counts for the resident
+thread shares its time evenly between the busy models. Aggregate tok/s = all new tokens / wall
+time from submitting the chats to the last token; a model's own tok/s = its tokens / the time
+until its last chat ended. Memory: what the budget counts for the resident
 models (their runners' weights and KV reservations) and the process's RSS after the round.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _round(thread, groups, new_tokens: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     outputs: queue.SimpleQueue = queue.SimpleQueue()
     t0 = time.perf_counter()
-    owner, tokens, left = {}, {}, 0
+    owner, tokens, done_at, left = {}, {}, {}, 0
     for g, (loaded, n) in enumerate(groups):
         for i, prompt in enumerate(chat_prompts(loaded.engine, n)):
             rid = f"g{g}-{i}"
@@ -33,9 +34,11 @@ def _round(thread, groups, new_tokens: int) -> dict:
         if isinstance(out, BaseException):
             raise out
         tokens[owner[rid]] += len(out.new_token_ids)
+        done_at[owner[rid]] = time.perf_counter() - t0  # its newest token: at the end, its last
         left -= out.finished
     wall = time.perf_counter() - t0
-    return {"agg": sum(tokens.values()) / wall, "per_model": [tokens[g] / wall for g in range(len(groups))]}
+    # each model's own rate: its tokens over the time until its last chat ended
+    return {"agg": sum(tokens.values()) / wall, "per_model": [tokens[g] / done_at[g] for g in range(len(groups))]}
 
 
 def run_two(args, path_a: str, path_b: str) -> int:
