@@ -101,7 +101,7 @@ class ModelSet:
         need = self._estimate(spec)
         if need > self.cfg.budget:
             raise DoesNotFit(f"{spec.id} needs about {need / 2**30:.1f} GiB, more than the whole memory "
-                             f"budget ({self.cfg.budget / 2**30:.1f} GiB); raise the budget in Settings → Engine")
+                             f"budget ({self.cfg.budget / 2**30:.1f} GiB); raise it in Settings → Engine (--memory-budget)")
         p = self.pending[spec.id] = PendingLoad(spec, need, time.monotonic())
         return p
 
