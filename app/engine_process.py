@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence

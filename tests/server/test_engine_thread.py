@@ -12,7 +12,7 @@ from counting_runner import make_engine
 from engine.sampling_params import SamplingParams
 from engine.model_files.errors import ModelFileError
 from engine.service.engine_thread import EngineThread
-from engine.service.handle import EngineState, EngineUnavailable
+from engine.service.handle import EngineState
 from engine.service.loading import check_model_file
 from engine.service.served_model import LoadedModel, ModelSpec
 
