@@ -83,7 +83,7 @@ class EngineThread:
         """The loop's status; LOADING from the moment a load is posted while nothing serves yet
         (so that /health never shows "unloaded" for a queued load)."""
         status = self._status
-        pending = next(iter(self._untaken.values()), None)
+        pending = next(iter(list(self._untaken.values())), None)  # a copy: the loop pops from it meanwhile
         if pending is not None and status.model is None and status.state != "loading":
             return EngineStatus("loading", f"loading {pending.id}", pending, memory=status.memory)
         return status
@@ -278,12 +278,8 @@ class EngineThread:
                      ", ".join(self._set.residents), counted / 2**20, self.residency.budget / 2**20, rss_bytes() / 2**20)
 
     def _publish(self) -> None:
-        newest = self._set.newest()
-        try:
-            self.stats = newest.loaded.engine.stats() if newest is not None else None
-        except Exception:
-            log.exception("engine.stats() failed")
-        self._status = snapshot(self._set, self._loaded_msg or "no model loaded")
+        self._status = status = snapshot(self._set, self._loaded_msg or "no model loaded")
+        self.stats = status.models[0].stats if status.model is not None else None  # the newest's, read once
 
     def _settle(self) -> None:
         settled, self._set.settled = self._set.settled, []

@@ -133,7 +133,7 @@ class ModelSet:
             if not p.live():
                 del self.pending[mid]
                 continue
-            out = evictions(self.residents, p.need, 0, self.cfg)
+            out = evictions(self.residents, p.need, self.cfg)
             if out is None:
                 return  # first come, first served: the ones behind it wait too
             # a load is checked and made before anything is unloaded for it, when the machine
@@ -221,7 +221,3 @@ class ModelSet:
 
     def by_engine(self, engine) -> Resident | None:
         return next((r for r in self.residents.values() if r.loaded.engine is engine), None)
-
-    def newest(self) -> Resident | None:
-        """The most recently used resident model (what the one-model fields of /health describe)."""
-        return max(self.residents.values(), key=lambda r: r.last_used, default=None)

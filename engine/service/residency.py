@@ -92,13 +92,12 @@ class Resident:
         self.expires_at = None if self.keep_alive_s is None else wall + self.keep_alive_s
 
 
-def evictions(residents: dict[str, Resident], need: int, reserved: int, cfg: ResidencyConfig,
-              loading: int = 0) -> list[str] | None:
+def evictions(residents: dict[str, Resident], need: int, cfg: ResidencyConfig) -> list[str] | None:
     """The idle models to unload, least recently used first, so that a model of `need` bytes
-    fits beside the rest (`reserved`: bytes of loads in flight, `loading`: their number);
-    [] when it fits already, None when it cannot fit until a busy model becomes idle."""
-    used = sum(r.bytes for r in residents.values()) + reserved
-    count = len(residents) + loading
+    fits beside the rest (asked only while no other load is in flight); [] when it fits
+    already, None when it cannot fit until a busy model becomes idle."""
+    used = sum(r.bytes for r in residents.values())
+    count = len(residents)
     out: list[str] = []
     for mid, r in sorted(residents.items(), key=lambda kv: kv[1].last_used):
         if used + need <= cfg.budget and count < cfg.max_models:

@@ -58,13 +58,13 @@ def test_evictions_pick_idle_models_least_recently_used_first():
     engines = {m: make_engine() for m in "abc"}
     rs = {m: Resident(LoadedModel(spec(m), engines[m], "t", "cpu"), 3 * GB, last_used=i)
           for i, m in enumerate("abc")}
-    assert evictions({"a": rs["a"]}, 3 * GB, 0, cfg) == []  # fits
-    assert evictions(rs, 3 * GB, 0, cfg) == ["a"]  # 9 + 3 > 10 and 3 models: a, the oldest
+    assert evictions({"a": rs["a"]}, 3 * GB, cfg) == []  # fits
+    assert evictions(rs, 3 * GB, cfg) == ["a"]  # 9 + 3 > 10 and 3 models: a, the oldest
     rs["a"].holds = 1  # a request holds a: b goes instead
-    assert evictions(rs, 3 * GB, 0, cfg) == ["b"]
-    assert evictions(rs, 7 * GB, 0, cfg) == ["b", "c"]
+    assert evictions(rs, 3 * GB, cfg) == ["b"]
+    assert evictions(rs, 7 * GB, cfg) == ["b", "c"]
     rs["b"].holds = rs["c"].holds = 1
-    assert evictions(rs, 3 * GB, 0, cfg) is None  # every model in the way is busy: wait
+    assert evictions(rs, 3 * GB, cfg) is None  # every model in the way is busy: wait
     assert cfg.kv_cap_bytes(2 * GB) > 0 and ResidencyConfig(budget_bytes=GB).kv_cap_bytes(2 * GB) == 1
 
 

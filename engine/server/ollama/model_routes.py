@@ -8,16 +8,11 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from engine.server.model_use import names_of
-from engine.service.handle import ModelStatus
-from engine.service.served_model import LoadedModel, ModelSpec
 from engine.server.errors import APIError
-from engine.server.model_store import ModelStore
 from engine.server.ollama.models import facts as model_facts, listing as model_listing, show as model_show
 from engine.server.ollama.protocol import PullRequest, ShowRequest
 from engine.server.ollama.pull import pull_reply
-from engine.server.ollama.routes import OllamaRoute, ollama_error, ollama_model_id, ollama_not_found
-
+from engine.server.ollama.routes import OllamaRoute, ollama_error, ollama_spec
 
 FOREVER = datetime(2318, 1, 1, tzinfo=timezone.utc)  # Ollama's expires_at for keep_alive -1 is as far
 
@@ -39,7 +34,8 @@ def build_ollama_models_router() -> APIRouter:
         name = body.model or body.name
         if not name:
             raise APIError(400, "model is required")
-        spec, loaded = _find(state.model_store, state.engine_thread.models, name)
+        spec = ollama_spec(state, name)
+        loaded = next((m.model for m in state.engine_thread.models if m.spec.id == spec.id), None)
         try:
             return await run_in_threadpool(model_show, state.model_store, spec, loaded)
         except (OSError, ValueError) as e:
@@ -81,20 +77,6 @@ async def _listings(state) -> list[dict]:
         except (OSError, ValueError):
             continue
     return models
-
-
-def _find(store: ModelStore, models: tuple[ModelStatus, ...], name: str) -> tuple[ModelSpec, LoadedModel | None]:
-    """The model /api/show asks for: a loaded one by any of its names, else the store's."""
-    mid = ollama_model_id(name)
-    for m in models:
-        if m.model is not None and mid in names_of(m.spec):
-            return m.spec, m.model
-    if not store.exists(mid):
-        raise ollama_not_found(name)
-    try:
-        return store.get(mid), None
-    except (OSError, ValueError) as e:
-        raise APIError(400, f"the manifest of {mid!r} is unusable: {e}") from None
 
 
 async def _running(state) -> list[dict]:

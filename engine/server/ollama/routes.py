@@ -37,7 +37,7 @@ from engine.server.serving import Job, encode, fit_context, sampling_params
 from engine.server.structured import response_format_grammar
 from engine.server.tool_protocol import ResponseFormat
 from engine.service.handle import KEEP_DEFAULT
-from engine.service.served_model import LoadedModel
+from engine.service.served_model import LoadedModel, ModelSpec
 
 NDJSON = "application/x-ndjson"
 
@@ -52,10 +52,6 @@ def ollama_error(status: int, message: str) -> JSONResponse:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def ollama_model_id(name: str) -> str:
-    return name.removesuffix(":latest")
 
 
 def ollama_not_found(name: str) -> APIError:
@@ -219,13 +215,18 @@ def _loaded_reply(model_id: str, chat: bool, reason: str = "load") -> dict:
     return d | {"done": True, "done_reason": reason}
 
 
+def ollama_spec(state, name: str) -> ModelSpec:
+    """The model an Ollama name means (model_use.resolve), or Ollama's own "not found"."""
+    try:
+        return resolve(state.engine_thread, state.model_store, state.settings.default_model, name)
+    except APIError as e:
+        raise (ollama_not_found(name) if e.status == 404 else e) from None
+
+
 async def _unload(request: Request, name: str, chat: bool) -> dict:
     """`ollama stop`: an empty request with keep_alive 0 unloads the model (once its replies end)."""
     state = request.app.state
-    try:
-        spec = resolve(state.engine_thread, state.model_store, state.settings.default_model, name)
-    except APIError as e:
-        raise (ollama_not_found(name) if e.status == 404 else e) from None
+    spec = ollama_spec(state, name)
     await asyncio.wrap_future(state.engine_thread.unload(spec.id))
     return _loaded_reply(spec.id, chat, "unload")
 
