@@ -1,0 +1,193 @@
+"""The agent loop, without Qt: reply -> tool calls -> approval -> calls -> results as `tool` messages ->
+the next reply, until a reply without calls, the step limit, or the user's Stop.
+
+One loop for the window and the CLI. `AgentRun.run()` is a generator of events (the reply's ChatDeltas,
+a new reply beginning, a call starting and ending) that a GUI worker or a terminal iterates; approval
+is a blocking callable the caller supplies (a dialog answered on the GUI thread, a prompt on a terminal).
+The engine writes `tools` into the model's template and parses its calls; this loop never reads syntax.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.agent.mcp_connection import ServerUnavailable, ToolInfo
+from app.agent.mcp_host import McpHost, ToolTimeout
+from app.agent.steps import Approval, CallStatus, ToolStep
+from app.agent.toolbox import Toolbox, check_arguments, cut_result
+from app.client import ChatDelta
+
+CHARS_PER_TOKEN = 2  # a cautious guess (English runs 3-4): a cut result must fit, whatever the language
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    step_limit: int = 10          # replies that may call tools before the loop stops asking
+    call_timeout_s: float = 60.0
+    max_result_chars: int = 32_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyStarted:
+    """A new assistant reply begins (the first, or the one after a round of calls)."""
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """A call started (`step.status` RUNNING) or ended; `approval` is the user's answer, if asked."""
+    step: ToolStep
+    approval: Approval | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimitReached:
+    limit: int
+
+
+AgentEvent = ChatDelta | ReplyStarted | StepEvent | StepLimitReached
+Approve = Callable[[ToolStep, ToolInfo], Approval]
+
+
+@dataclass(slots=True)
+class _Reply:
+    text: str = ""
+    reasoning: str = ""
+    calls: tuple = ()
+    usage: Any = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class AgentRun:
+    """One user turn run to its answer. `messages` grows with each reply and tool result, in the
+    OpenAI shape the engine's templates take; the caller keeps it (history) when the run ends."""
+
+    client: Any                      # EngineClient, or anything with its chat_stream
+    messages: list[dict]
+    toolbox: Toolbox
+    host: McpHost
+    approve: Approve
+    config: AgentConfig = field(default_factory=AgentConfig)
+    model: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    context_tokens: int | None = None       # the model's context: results are cut to what is left of it
+    always_allowed: set[tuple[str, str]] = field(default_factory=set)  # (server, tool)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _stream: Any = None
+
+    def cancel(self) -> None:
+        """Stop now (any thread): the open reply's socket closes, a running call is cancelled."""
+        self._cancelled.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def run(self) -> Iterator[AgentEvent]:
+        for round_ in range(self.config.step_limit + 1):
+            if self.cancelled:
+                return
+            yield ReplyStarted(round_)
+            reply = _Reply()
+            yield from self._reply(reply, with_tools=round_ < self.config.step_limit)
+            if self.cancelled or not reply.calls:
+                return
+            steps = [ToolStep(c.id or f"call_{round_}_{i}", c.name, c.arguments) for i, c in enumerate(reply.calls)]
+            self.messages.append(assistant_message(reply.text, steps))
+            for step in steps:
+                yield from self._run_step(step, self._result_limit(reply.usage))
+                self.messages.append(tool_message(step))
+                if self.cancelled:
+                    return
+        yield StepLimitReached(self.config.step_limit)
+
+    def _reply(self, reply: _Reply, with_tools: bool) -> Iterator[ChatDelta]:
+        extra = {"tools": self.toolbox.openai_tools()} if self.toolbox and with_tools else {}
+        self._stream = self.client.chat_stream(self.messages, self.model, **self.sampling, **extra)
+        if self.cancelled:
+            self._stream.close()
+            return
+        try:
+            for delta in self._stream:
+                reply.text += delta.text
+                reply.reasoning += delta.reasoning
+                reply.calls = delta.tool_calls or reply.calls
+                reply.usage = delta.usage or reply.usage
+                reply.finish_reason = delta.finish_reason or reply.finish_reason
+                yield delta
+        finally:
+            self._stream.close()
+            self._stream = None
+
+    def _result_limit(self, usage: Any) -> int:
+        limit = self.config.max_result_chars
+        if self.context_tokens and usage is not None:
+            left = self.context_tokens - usage.total_tokens - 64  # room for the template's markup
+            limit = min(limit, max(256, left * CHARS_PER_TOKEN))
+        return limit
+
+    def _run_step(self, step: ToolStep, limit_chars: int) -> Iterator[StepEvent]:
+        tool = self.toolbox.find(step.name)
+        if tool is None:
+            yield StepEvent(self._end(step, CallStatus.UNAVAILABLE, f"error: there is no tool named {step.name!r}"))
+            return
+        step.server, step.tool = tool.server, tool.name
+        arguments, problem = check_arguments(tool, step.arguments)
+        if problem is not None:
+            yield StepEvent(self._end(step, CallStatus.INVALID, f"error: {problem}. The tool was not called."))
+            return
+        approval = None
+        if (tool.server, tool.name) not in self.always_allowed:
+            approval = self.approve(step, tool)
+            if approval is Approval.ALWAYS:
+                self.always_allowed.add((tool.server, tool.name))
+            if self.cancelled:
+                yield StepEvent(self._end(step, CallStatus.CANCELLED, "error: the user stopped the reply"), approval)
+                return
+            if approval is Approval.DENY:
+                yield StepEvent(self._end(step, CallStatus.DENIED, "The user denied this tool call."), approval)
+                return
+        yield StepEvent(step, approval)
+        yield StepEvent(self._call(step, tool, arguments, limit_chars), approval)
+
+    def _call(self, step: ToolStep, tool: ToolInfo, arguments: dict, limit_chars: int) -> ToolStep:
+        t0 = time.perf_counter()
+        try:
+            out = self.host.call_tool(tool.server, tool.name, arguments, self.config.call_timeout_s, self._cancelled)
+        except ToolTimeout as exc:
+            status = CallStatus.CANCELLED if self.cancelled else CallStatus.TIMEOUT
+            return self._end(step, status, f"error: {exc}", t0)
+        except ServerUnavailable as exc:
+            return self._end(step, CallStatus.UNAVAILABLE, f"error: {exc}", t0)
+        text, step.truncated = cut_result(out.text, limit_chars)
+        return self._end(step, CallStatus.ERROR if out.is_error else CallStatus.OK, text, t0)
+
+    @staticmethod
+    def _end(step: ToolStep, status: CallStatus, result: str, t0: float | None = None) -> ToolStep:
+        step.status, step.result = status, result
+        step.seconds = None if t0 is None else time.perf_counter() - t0
+        return step
+
+
+def assistant_message(text: str, steps: list[ToolStep]) -> dict:
+    """The reply that made calls, as the next request must carry it (OpenAI's shape)."""
+    return {"role": "assistant", "content": text,
+            "tool_calls": [{"id": s.call_id, "type": "function",
+                            "function": {"name": s.name, "arguments": s.arguments or "{}"}} for s in steps]}
+
+
+def tool_message(step: ToolStep) -> dict:
+    return {"role": "tool", "tool_call_id": step.call_id, "name": step.name, "content": step.result}
+
+
+def history_messages(text: str, steps: list[ToolStep]) -> list[dict]:
+    """A stored reply with its calls, back into request messages: the call, then each result."""
+    return [assistant_message(text, steps), *(tool_message(s) for s in steps)] if steps else [
+        {"role": "assistant", "content": text}]
