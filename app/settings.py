@@ -115,6 +115,10 @@ class Settings(BaseModel):
     max_parallel_downloads: int = Field(2, ge=1, le=8, description="Downloads running at the same time")
     connection_url: str | None = Field(None, description="Remote OpenAI-compatible server (None: the local engine)")
     connection_key: str | None = Field(None, max_length=512, description="API key for the remote server")
+    tool_step_limit: int = Field(10, ge=1, le=100, description="Tool-calling replies in one turn before the "
+                                 "chat stops offering tools")
+    tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="Seconds a tool call may run before it "
+                                  "is cancelled")
 
     # field -> (value in the file or None, value from the environment); save() keeps env values out of the file
     _env_overrides: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)

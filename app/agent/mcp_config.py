@@ -42,6 +42,12 @@ class ServerConfig:
     def transport(self) -> str:
         return "http" if self.url else "stdio"
 
+    @property
+    def launch(self) -> tuple:
+        """What starting the server depends on: a change here restarts it, an autoApprove edit does not."""
+        return (self.command, self.args, tuple(sorted(self.env.items())), self.url,
+                tuple(sorted(self.headers.items())), self.disabled)
+
     def describe(self) -> str:
         """What the server is, in a line: its command or its URL."""
         return self.url or " ".join([self.command or "", *self.args]).strip()

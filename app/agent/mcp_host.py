@@ -64,7 +64,10 @@ class McpHost:
 
     async def _configure(self, servers: dict[str, ServerConfig]) -> None:
         for name, conn in list(self._connections.items()):
-            if servers.get(name) != conn.cfg:  # removed or changed: stop, and start afresh when needed
+            cfg = servers.get(name)
+            if cfg is not None and cfg.launch == conn.cfg.launch:
+                conn.cfg = cfg  # the same server: an autoApprove edit must not restart it
+            else:  # removed or changed: stop, and start afresh when needed
                 conn.stop()
                 del self._connections[name]
                 if name not in servers:

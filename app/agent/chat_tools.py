@@ -1,0 +1,80 @@
+"""The app's MCP servers and each chat's choice of them: the one object the window hands to its chat
+views and settings. Qt-free; its blocking calls (starting servers) belong on a worker thread.
+
+A chat's settings say which servers are on (`mcp_servers`, default none: a small model given tools it
+was not asked to use tends to call them) and which of their tools are off (`mcp_tools_off`, "server/tool").
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.agent.loop import AgentConfig
+from app.agent.mcp_config import FILE_NAME, McpConfigError, ServerConfig, load_config, save_config
+from app.agent.mcp_connection import ServerState, ToolInfo
+from app.agent.mcp_host import McpHost
+from app.agent.toolbox import Toolbox
+
+SERVERS_KEY, TOOLS_OFF_KEY = "mcp_servers", "mcp_tools_off"
+
+
+def config_path(settings: Any) -> Path:
+    """mcp.json beside the settings file."""
+    return Path(settings.path).parent / FILE_NAME
+
+
+class ChatTools:
+    def __init__(self, path: Path, on_change: Callable[[ServerState], None] | None = None) -> None:
+        self.path = Path(path)
+        self.error = ""  # why mcp.json could not be read, shown in Settings -> Tools
+        try:
+            servers = load_config(self.path)
+        except McpConfigError as exc:
+            self.error, servers = str(exc), {}
+        self.servers: dict[str, ServerConfig] = servers
+        self.host = McpHost(servers, on_change=on_change)
+
+    def save(self, servers: dict[str, ServerConfig]) -> None:
+        """Write mcp.json and apply it: changed or removed servers stop, new ones start when needed."""
+        save_config(self.path, servers)
+        self.servers, self.error = dict(servers), ""
+        self.host.configure(self.servers)
+
+    def states(self) -> dict[str, ServerState]:
+        return self.host.states()
+
+    @staticmethod
+    def chat_servers(chat_settings: dict) -> list[str]:
+        return list(chat_settings.get(SERVERS_KEY) or [])
+
+    def enabled_for(self, chat_settings: dict) -> list[str]:
+        """The chat's servers that are configured and not disabled."""
+        return [n for n in self.chat_servers(chat_settings) if n in self.servers and not self.servers[n].disabled]
+
+    def toolbox_for(self, chat_settings: dict) -> tuple[Toolbox, dict[str, ServerState]]:
+        """Start the chat's servers (blocking) and name their tools that are on; with the states, so the
+        caller can say which servers failed and why."""
+        states = self.host.start(self.enabled_for(chat_settings))
+        off = set(chat_settings.get(TOOLS_OFF_KEY) or [])
+        tools: list[ToolInfo] = [t for s in states.values() for t in s.tools if f"{t.server}/{t.name}" not in off]
+        return Toolbox.of(tools), states
+
+    def always_allowed(self) -> set[tuple[str, str]]:
+        return {(n, t) for n, s in self.servers.items() for t in s.auto_approve}
+
+    def allow_always(self, server: str, tool: str) -> None:
+        """"Always for this tool": kept in mcp.json's `autoApprove`, as Cline writes it."""
+        cfg = self.servers.get(server)
+        if cfg is None or tool in cfg.auto_approve:
+            return
+        from dataclasses import replace
+        self.servers[server] = replace(cfg, auto_approve=(*cfg.auto_approve, tool))
+        save_config(self.path, self.servers)
+
+    @staticmethod
+    def agent_config(settings: Any) -> AgentConfig:
+        return AgentConfig(step_limit=settings.tool_step_limit, call_timeout_s=settings.tool_timeout_s)
+
+    def close(self) -> None:
+        self.host.close()
