@@ -18,6 +18,7 @@ from typing import Any
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 
+from app.agent.chat_tools import ChatTools, config_path
 from app.catalog import Catalog
 from app.history import ChatStore
 from app.model_kind import COMPLETION, is_completion_model
@@ -29,6 +30,7 @@ from app.supervisor import EngineSupervisor
 from ui.crash_dialog import CrashReporter
 from ui.engine_controller import EngineController
 from ui.main_window import MainWindow
+from ui.mcp_states import ServerStates
 from ui.model_manager import ModelManagerDialog
 from ui.resources import apply_theme, icon
 from ui.settings_dialog import SettingsDialog
@@ -56,6 +58,8 @@ class EmberApp:
     downloads: Any = None
     model_manager: ModelManagerDialog | None = None
     settings_dialog: SettingsDialog | None = None
+    chat_tools: ChatTools | None = None  # the MCP servers (mcp.json); their processes end with close_tools()
+    tool_states: ServerStates | None = None
 
     def open_model_manager(self, parent: QWidget | None = None) -> ModelManagerDialog:
         if self.model_manager is None:
@@ -83,12 +87,26 @@ class EmberApp:
     def open_settings(self, parent: QWidget | None = None) -> SettingsDialog:
         before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
         dialog = SettingsDialog(self.settings, self.window, models=[(m.id, m.name) for m in self.store.list()],
-                                engine_status=self.controller.last_status)
+                                engine_status=self.controller.last_status, tools=self.chat_tools,
+                                tool_states=self.tool_states, show_log=self.window.show_engine_log)
         self.controller.status_changed.connect(dialog.memory.show_status)  # the loaded model's figures, live
         dialog.settings_saved.connect(lambda s: self._on_settings_saved(before))
         dialog.open()  # window-modal, does not block the event loop
         self.settings_dialog = dialog
         return dialog
+
+    def open_tools_settings(self) -> SettingsDialog:
+        dialog = self.open_settings(self.window)
+        dialog.tabs.setCurrentWidget(dialog.tools_page)
+        return dialog
+
+    def shutdown(self) -> None:
+        """After the event loop: stop the engine and the MCP servers (their processes end), close the store."""
+        self.window.save_geometry()  # Quit (menu, tray, signal) closes no window: remember its size here
+        self.controller.shutdown()
+        if self.chat_tools is not None:
+            self.chat_tools.close()
+        self.chat_store.close()
 
     def show_window(self) -> None:
         self.window.showNormal()
@@ -141,15 +159,20 @@ def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any 
         except Exception:
             log.exception("downloads are unavailable")
     parts: dict[str, Any] = {}
+    tool_states = ServerStates()
+    chat_tools = ChatTools(config_path(settings), on_change=tool_states.report)  # a broken file: its .error
     window = MainWindow(settings, chat_store, controller,
                         open_model_manager=lambda parent: parts["app"].open_model_manager(parent),
                         open_settings=lambda parent: parts["app"].open_settings(parent),
                         model_defaults=store_defaults(store),
                         local_models=lambda: [(m.id, _picker_name(store, m)) for m in store.list()],
-                        reply_versions=ReplyVersions(settings.history_path))
+                        reply_versions=ReplyVersions(settings.history_path), tools=chat_tools)
+    window.settings_panel.tools.set_tools(chat_tools, tool_states)
+    window.settings_panel.tools.configure_requested.connect(lambda: parts["app"].open_tools_settings())
     tray = TrayIcon(controller, save_settings=settings.save)
     window.tray = tray
-    ember = EmberApp(settings, chat_store, store, controller, window, tray, catalog, downloads)
+    ember = EmberApp(settings, chat_store, store, controller, window, tray, catalog, downloads,
+                     chat_tools=chat_tools, tool_states=tool_states)
     parts["app"] = ember
     controller.show_window_requested.connect(ember.show_window)
     window.hidden_to_tray.connect(tray.on_window_hidden)
@@ -222,8 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(app.exec())
     finally:
-        ember.window.save_geometry()  # Quit (menu, tray, signal) closes no window: remember its size here
-        ember.controller.shutdown()
-        ember.chat_store.close()
+        ember.shutdown()
         instance.release()
         crash.uninstall()

@@ -3,6 +3,7 @@ decoding, and whether a reasoning model thinks first (where its template can tur
 
 It shows `effective_settings` (the chat's own values over the model's recommendation over Ember's
 defaults): the chat view sends that same dict, so an untouched chat sends what is on screen.
+Below, the chat's MCP servers and tools (ui.chat_tools_section).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QSpinBox, QVBoxLayout, QWidget)
 
 from app.sampling_defaults import EFFORTS, effective_settings
+from ui.chat_tools_section import ChatToolsSection
 
 
 class ChatSettingsPanel(QWidget):
@@ -52,7 +54,21 @@ class ChatSettingsPanel(QWidget):
         self.set_thinking_switch(False)
         self.set_effort_choice(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
+        self.tools = ChatToolsSection(self)  # shown once the app hands it its MCP servers (set_tools)
+        self._lay_out()
 
+        self.system_prompt.textChanged.connect(self._on_edited)
+        self.temperature.valueChanged.connect(self._on_edited)
+        self.top_p.valueChanged.connect(self._on_edited)
+        self.max_tokens.valueChanged.connect(self._on_edited)
+        self.speculative.toggled.connect(self._on_edited)
+        self.think.toggled.connect(self._on_edited)
+        self.effort.currentIndexChanged.connect(self._on_edited)
+        self.model.currentIndexChanged.connect(self._on_model_edited)
+        self.tools.changed.connect(self.settings_changed)  # only its own keys: the store merges them
+        self.load({}, None)
+
+    def _lay_out(self) -> None:
         box = QGroupBox("Chat settings", self)
         form = QFormLayout(box)
         form.addRow(QLabel("Model", self))
@@ -68,17 +84,8 @@ class ChatSettingsPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
         layout.addWidget(box)
+        layout.addWidget(self.tools)
         layout.addStretch(1)
-
-        self.system_prompt.textChanged.connect(self._on_edited)
-        self.temperature.valueChanged.connect(self._on_edited)
-        self.top_p.valueChanged.connect(self._on_edited)
-        self.max_tokens.valueChanged.connect(self._on_edited)
-        self.speculative.toggled.connect(self._on_edited)
-        self.think.toggled.connect(self._on_edited)
-        self.effort.currentIndexChanged.connect(self._on_edited)
-        self.model.currentIndexChanged.connect(self._on_model_edited)
-        self.load({}, None)
 
     def load(self, settings: dict, model: str | None, model_defaults: dict | None = None) -> None:
         """Show a chat's effective settings (its own over the model's over Ember's) without emitting changes."""
@@ -98,6 +105,7 @@ class ChatSettingsPanel(QWidget):
         self.think.setChecked(s.get("think") is not False)
         self.effort.setCurrentIndex(max(0, self.effort.findData(s.get("effort"))))
         self._select_model(model)
+        self.tools.load(settings or {})
         self._loading = False
 
     def values(self) -> dict:

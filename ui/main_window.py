@@ -44,7 +44,7 @@ class MainWindow(QMainWindow):
                  open_settings: Callable[[QWidget], None] | None = None,
                  model_defaults: Callable[[str | None], dict] | None = None,
                  local_models: Callable[[], list[tuple[str, str]]] | None = None,
-                 reply_versions: ReplyVersions | None = None,
+                 reply_versions: ReplyVersions | None = None, tools: object = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
@@ -56,6 +56,7 @@ class MainWindow(QMainWindow):
         self._model_defaults = model_defaults or (lambda _model: {})
         self._local_models = local_models or (lambda: [])
         self._reply_versions = reply_versions
+        self.tools = tools  # the app's ChatTools (MCP servers), for every ChatView
         self._log_dialog: EngineLogDialog | None = None
         self._views: dict[int, ChatView] = {}
         self.setWindowTitle("Ember")

@@ -1,4 +1,5 @@
-"""Preferences over app.settings.Settings: paths, server, backend and device, KV memory, theme, connection.
+"""Preferences over app.settings.Settings: paths, server, backend and device, KV memory, theme, connection
+(the General tab), and the MCP servers with the limits of tool calls (the Tools tab, ui.tools_settings).
 
 The dialog edits a copy; `accept()` validates it through the Settings model (its bounds are the
 single source of truth) and shows the error instead of closing when a value is rejected.
@@ -7,16 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from collections.abc import Callable
+from typing import Any
+
 from pydantic import ValidationError
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
                                QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+                               QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.settings import Settings
 from ui.memory_estimate import MemoryEstimateRow
 from ui.speculative_row import SpeculativeRow
+from ui.tools_settings import ToolsPage
 
 
 class PathEdit(QWidget):
@@ -47,14 +52,17 @@ class SettingsDialog(QDialog):
     settings_saved = Signal(object)
 
     def __init__(self, settings: Settings, parent: QWidget | None = None,
-                 models: list[tuple[str, str]] | None = None, engine_status: dict | None = None) -> None:
+                 models: list[tuple[str, str]] | None = None, engine_status: dict | None = None,
+                 tools: Any = None, tool_states: Any = None, show_log: Callable[[], object] | None = None) -> None:
         """`models`: the installed models as (id, name), which the draft-model picker offers;
-        `engine_status`: the engine's last /v1/engine/status (`memory.show_status` takes later ones)."""
+        `engine_status`: the engine's last /v1/engine/status (`memory.show_status` takes later ones);
+        `tools`, `tool_states`, `show_log`: the app's ChatTools, its ServerStates and the log dialog's opener."""
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
-        self.setMinimumWidth(520)
+        self.setMinimumWidth(620)
         self.settings = settings
         self._make_fields(settings, models or [])
+        self.tools_page = ToolsPage(settings, tools, tool_states, show_log, self)
         self._lay_out(settings, engine_status)
         self._explain()
 
@@ -114,7 +122,8 @@ class SettingsDialog(QDialog):
         ollama_row = QHBoxLayout()
         ollama_row.addWidget(self.ollama_port, 1)
         ollama_row.addWidget(self.ollama_keyless)
-        layout = QVBoxLayout(self)
+        general = QWidget(self)
+        layout = QVBoxLayout(general)
         layout.addWidget(self._group("Storage", [("Data folder", self.data_dir), ("Models folder", self.models_dir)]))
         layout.addWidget(self._group("Local server", [("Port", self.server_port),
                                                       ("Ollama's port too", ollama_row),
@@ -137,6 +146,11 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("Server's key", self.connection_key)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(general, "General")
+        self.tabs.addTab(self.tools_page, "Tools")
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tabs)
         layout.addWidget(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.Save | QDialogButtonBox.Cancel, self)
         buttons.accepted.connect(self.accept)
@@ -175,6 +189,7 @@ class SettingsDialog(QDialog):
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,
             "connection_key": self.connection_key.text().strip() or None,
+            "tool_step_limit": self.tools_page.step_limit.value(), "tool_timeout_s": self.tools_page.timeout.value(),
         }
 
     def accept(self) -> None:
