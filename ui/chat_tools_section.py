@@ -10,7 +10,7 @@ import logging
 import threading
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QPalette
 from PySide6.QtWidgets import QGroupBox, QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
 from app.agent.chat_tools import SERVERS_KEY, TOOLS_OFF_KEY, ChatTools
@@ -37,6 +37,11 @@ class ChatToolsSection(QGroupBox):
         self._loading = False
         self.tree = QTreeWidget(self, headerHidden=True, columnCount=1)
         self.tree.setMinimumHeight(110)
+        # Fusion outlines an item's checkbox in the Window colour darkened, which vanishes on the dark
+        # theme's Base: outline them in the muted text colour instead (both themes)
+        palette = self.tree.palette()
+        palette.setColor(QPalette.Window, QColor(GREY))
+        self.tree.setPalette(palette)
         self.tree.setToolTip("Tick the MCP servers this chat may use; under a running server, untick the "
                              "tools the model should not see")
         self.note = QLabel(self, wordWrap=True, textFormat=Qt.PlainText)
@@ -94,8 +99,8 @@ class ChatToolsSection(QGroupBox):
             item.setCheckState(0, Qt.Checked if name in self._on else Qt.Unchecked)
             if status is ServerStatus.FAILED:
                 item.setForeground(0, QBrush(QColor(RED)))
-                problems.append(f"{name}: {state.describe()}")
-            self._add_tools(item, name, state if status is ServerStatus.READY else None)
+                problems.append(f"{name}: {state.error}")  # its item already says "failed"
+            self._add_tools(item, name, status, state)
         self.tree.expandAll()
         self._loading = False
         self.note.setText("" if self.tools.servers else "No MCP servers yet. Add them in Settings → Tools.")
@@ -104,10 +109,10 @@ class ChatToolsSection(QGroupBox):
         self.problems.setText("\n".join(problems))
         self.problems.setVisible(bool(problems))
 
-    def _add_tools(self, item: QTreeWidgetItem, name: str, state: ServerState | None) -> None:
+    def _add_tools(self, item: QTreeWidgetItem, name: str, status: ServerStatus, state: ServerState | None) -> None:
         on = name in self._on
-        if state is None:
-            if on:
+        if status is not ServerStatus.READY or state is None:
+            if on and status in (ServerStatus.STOPPED, ServerStatus.STARTING):
                 hint = QTreeWidgetItem(item, ["its tools show once it runs"])
                 hint.setFlags(Qt.NoItemFlags)
             return

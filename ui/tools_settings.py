@@ -75,7 +75,7 @@ class ToolsPage(QWidget):
         self.error = QLabel(self, wordWrap=True, textFormat=Qt.PlainText)
         self.error.setStyleSheet(f"color: {RED}")
         self.tree = QTreeWidget(self, columnCount=3)
-        self.tree.setHeaderLabels(["Server", "State", "Runs"])
+        self.tree.setHeaderLabels(["Server", "State", "Details"])
         self.tree.setColumnWidth(0, 140)
         self.tree.setColumnWidth(1, 170)
         self.tree.itemSelectionChanged.connect(self._show_selected)

@@ -60,7 +60,7 @@ def test_the_panels_checkboxes_write_the_chat_settings_and_quit_ends_the_servers
         assert ember.chat_store.get_chat(view.chat_id).settings["mcp_tools_off"] == ["demo/add"]
         items(section.tree)["ghost"].setCheckState(0, Qt.Checked)
         qtbot.waitUntil(lambda: items(section.tree)["ghost"].text(0) == "ghost · failed", timeout=START_MS)
-        assert section.problems.text() == "ghost: failed: command not found: /nonexistent/ember-mcp-ghost"
+        assert section.problems.text() == "ghost: command not found: /nonexistent/ember-mcp-ghost"
         chat = ember.chat_store.get_chat(view.chat_id).settings
         assert (chat["mcp_servers"], chat["mcp_tools_off"]) == (["demo", "ghost"], ["demo/add"])
         other = ember.window.new_chat()  # another chat: its own choice (none)
