@@ -46,6 +46,7 @@ class ToolsPage(QWidget):
         self.tools, self._show_log = tools, show_log
         self.form: ServerForm | None = None      # the open Add/Edit form
         self.confirm: QMessageBox | None = None  # the open "Remove?" question
+        self._starting: str | None = None  # the server Start / Test waits for
         self.step_limit = QSpinBox(self, minimum=1, maximum=100, value=settings.tool_step_limit)
         self.step_limit.setToolTip("Replies in one turn that may call tools; then the model must answer")
         self.timeout = QDoubleSpinBox(self, minimum=1.0, maximum=3600.0, decimals=0, suffix=" s",
@@ -171,7 +172,10 @@ class ToolsPage(QWidget):
                              "No MCP servers yet: Add one, or import Claude Desktop's." if not self.tools.servers
                              else "")
 
-    def _on_state(self, _state: ServerState) -> None:
+    def _on_state(self, state: ServerState) -> None:
+        if state.name == self._starting and state.status in (ServerStatus.READY, ServerStatus.FAILED):
+            self._starting = None
+            self.message.setText(f"{state.name}: {state.describe()}")
         self.refresh()
 
     # ---- edits ----
@@ -237,6 +241,11 @@ class ToolsPage(QWidget):
         name = self.selected_name()
         if name not in self.tools.servers or self.tools.servers[name].disabled:
             return
+        state = self.tools.states().get(name)
+        if state is not None and state.status is ServerStatus.READY:
+            self.message.setText(f"{name} is running: {state.describe()}")
+            return
+        self._starting = name
         self.message.setText(f"Starting {name}…")
         threading.Thread(target=self._start, args=(name,), name=f"mcp-test-{name}", daemon=True).start()
 

@@ -74,6 +74,9 @@ def test_a_server_added_in_the_form_is_saved_and_start_lists_its_tools(qtbot, pa
     item = row(page, "demo")
     assert [item.child(i).text(0) for i in range(item.childCount())] == TOOLS
     assert "ready, 6 tools" in page.details.text() and str(SERVER_SCRIPT) in page.details.text()
+    qtbot.waitUntil(lambda: page.message.text() == "demo: ready, 6 tools")
+    qtbot.mouseClick(page.start_button, Qt.LeftButton)  # again: it runs already
+    assert page.message.text() == "demo is running: ready, 6 tools"
 
 
 def test_a_missing_command_fails_in_words_and_edit_fixes_it(qtbot, page):
@@ -84,6 +87,7 @@ def test_a_missing_command_fails_in_words_and_edit_fixes_it(qtbot, page):
     words = "failed: command not found: /nonexistent/ember-mcp-ghost"
     qtbot.waitUntil(lambda: row(page, "ghost").text(1) == words, timeout=START_MS)
     assert words in page.details.text()
+    qtbot.waitUntil(lambda: page.message.text() == "ghost: " + words)
     page.tools.allow_always("ghost", "lookup")
     qtbot.mouseClick(page.edit_button, Qt.LeftButton)  # the form holds the server as saved
     form = page.form
