@@ -152,6 +152,6 @@ class ChatToolsSection(QGroupBox):
 
     def _start_worker(self, name: str) -> None:
         try:
-            self.tools.host.start([name])
+            self.tools.host.start([name], retry=True)  # the user asked: a failed server tries again
         except Exception:  # noqa: BLE001 - the host closed meanwhile (the app quitting)
             log.exception("starting the MCP server %s failed", name)

@@ -252,7 +252,7 @@ class ToolsPage(QWidget):
     def _start(self, name: str) -> None:
         """On a worker: blocks until the server is ready or failed (the state signal redraws the list)."""
         try:
-            self.tools.host.start([name])
+            self.tools.host.start([name], retry=True)  # the user asked: a failed server tries again
         except Exception:  # noqa: BLE001 - a host that was closed meanwhile (the app quitting)
             log.exception("starting the MCP server %s failed", name)
 

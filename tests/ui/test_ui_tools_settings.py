@@ -175,3 +175,18 @@ def test_the_limits_save_with_the_dialog(qtbot, ui_settings):  # noqa: F811
     dialog.accept()
     stored = json.loads(ui_settings.path.read_text())
     assert (stored["tool_step_limit"], stored["tool_timeout_s"]) == (4, 90.0)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the installed program is a shell script")
+def test_start_retries_a_failed_server(qtbot, page, tmp_path):
+    program = tmp_path / "bin" / "notes-server"
+    page.tools.save({"notes": parse_server("notes", {"command": str(program)})})
+    page.refresh()
+    select(page, "notes")
+    qtbot.mouseClick(page.start_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: row(page, "notes").text(1) == f"failed: command not found: {program}", timeout=START_MS)
+    program.parent.mkdir()  # the user installs it, and presses Start again: no edit needed
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(SERVER_SCRIPT))} stdio\n")
+    program.chmod(0o755)
+    qtbot.mouseClick(page.start_button, Qt.LeftButton)
+    qtbot.waitUntil(lambda: row(page, "notes").text(1) == "ready, 6 tools", timeout=START_MS)
