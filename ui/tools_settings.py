@@ -283,15 +283,8 @@ class ToolsPage(QWidget):
 
     def _on_reload(self) -> None:
         """Read mcp.json again (after the user edited it by hand) and apply it."""
-        try:
-            servers = load_config(self.tools.path)
-        except McpConfigError as exc:
-            self.tools.error = str(exc)
-            self.refresh()
-            return
-        self.tools.servers, self.tools.error = servers, ""
-        self.tools.host.configure(servers)
-        self.message.setText(f"Read {self.tools.path}.")
+        if self.tools.reload():
+            self.message.setText(f"Read {self.tools.path}.")
         self.refresh()
 
     def _on_log(self) -> None:

@@ -28,12 +28,21 @@ class ChatTools:
     def __init__(self, path: Path, on_change: Callable[[ServerState], None] | None = None) -> None:
         self.path = Path(path)
         self.error = ""  # why mcp.json could not be read, shown in Settings -> Tools
+        self.servers: dict[str, ServerConfig] = {}
+        self.host = McpHost({}, on_change=on_change)
+        self.reload()
+
+    def reload(self) -> bool:
+        """Read mcp.json again (the user edited it by hand) and apply it; False, with `error` saying
+        why, when it cannot be read (the servers running stay as they were)."""
         try:
             servers = load_config(self.path)
         except McpConfigError as exc:
-            self.error, servers = str(exc), {}
-        self.servers: dict[str, ServerConfig] = servers
-        self.host = McpHost(servers, on_change=on_change)
+            self.error = str(exc)
+            return False
+        self.servers, self.error = servers, ""
+        self.host.configure(servers)
+        return True
 
     def save(self, servers: dict[str, ServerConfig]) -> None:
         """Write mcp.json and apply it: changed or removed servers stop, new ones start when needed."""
