@@ -132,14 +132,16 @@ class ToolSession:
                        always_allowed=self.always_allowed)
         view.on_interrupt = run.cancel
         answer = ""
-        with _sigint_calls(run.cancel):
-            for event in run.run():
-                if isinstance(event, ReplyStarted):
-                    answer = ""
-                elif isinstance(event, ChatDelta):
-                    answer += event.text
-                view.show(event)
-        view.finish(stopped=run.cancelled)
+        try:
+            with _sigint_calls(run.cancel):
+                for event in run.run():
+                    if isinstance(event, ReplyStarted):
+                        answer = ""
+                    elif isinstance(event, ChatDelta):
+                        answer += event.text
+                    view.show(event)
+        finally:
+            view.finish(stopped=run.cancelled)  # the terminal's colour back, even after an engine error
         return answer, run.cancelled
 
 

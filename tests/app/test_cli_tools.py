@@ -75,7 +75,7 @@ def test_chat_keeps_the_calls_in_its_history_and_auto_approve_allows_without_ask
                 home=tmp_path / "home", stdin=f"{QUESTION}\nAnd again?\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count(ANSWER) == 2  # two turns, the second over the first's calls and results
-    assert out.stderr.count(f"result (") == 2 and lookup_value("door") in out.stderr
+    assert out.stderr.count("result (") == 2 and lookup_value("door") in out.stderr
     assert "pass --yes" not in out.stderr and "Traceback" not in out.stderr
 
 
