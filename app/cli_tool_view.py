@@ -106,6 +106,8 @@ class TerminalView:
         self.show_call(step)
         label = "result" if step.status is CallStatus.OK else step.status.value
         took = f" ({step.seconds:.2f} s)" if step.seconds is not None else ""
+        if step.extra.get("repeat_of"):  # the loop answered it from the same call earlier in the turn
+            took = " (a repeat: not run again)"
         cut = " [cut to fit the context]" if step.truncated else ""
         self._note(f"  {label}{took}{cut}: {_indented(shorten(step.result), '    ')}",
                    RED if step.failed else "")
@@ -116,7 +118,7 @@ class TerminalView:
         elif isinstance(event, StepEvent):
             (self.show_call if event.step.status is CallStatus.RUNNING else self.show_result)(event.step)
         elif isinstance(event, StepLimitReached):
-            self._note(f"(stopped after {event.limit} replies with tool calls: --max-steps)")
+            self._note(f"({event.limit} rounds of tool calls, the --max-steps limit: now an answer without tools)")
 
     # ---- approval ----
     def approve(self, step: ToolStep, tool: ToolInfo) -> Approval:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from app.agent.loop import StepLimitReached
 from app.agent.steps import Approval, CallStatus, ToolStep
 from app.cli_tool_view import TerminalView, shorten
 from mcp_test_server import lookup_value
@@ -160,7 +161,12 @@ def test_long_results_are_shortened_and_failures_say_their_status():
                               result="7" * 5000, seconds=0.1))
     view.show_result(ToolStep("c2", "nope", "{}", status=CallStatus.UNAVAILABLE,
                               result="error: there is no tool named 'nope'"))
+    view.show_result(ToolStep("c3", "big", '{"n": 5000}', server="kit", tool="big", status=CallStatus.OK,
+                              result="7", seconds=0.0, extra={"repeat_of": "c1"}))
+    view.show(StepLimitReached(10))
     text = err.getvalue()
+    assert "  result (a repeat: not run again): 7\n" in text
+    assert "(10 rounds of tool calls, the --max-steps limit: now an answer without tools)" in text
     assert "  result (0.10 s): " + "7" * 600 + " ... (5,000 characters in all)" in text
     assert "tool call: nope {}\n  unavailable: error: there is no tool named 'nope'" in text
     assert shorten("a\n" * 20).count("\n") == 11 and shorten("short") == "short"
