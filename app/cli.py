@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "app.cli_serve",  # serve
     "app.cli_models",  # models list|search|pull|rm|import|verify
     "app.cli_quantize",  # quantize
+    "app.cli_mcp",  # mcp list
     "app.bench",  # bench decode|kv|throughput|server|turns|footprint
 )
 

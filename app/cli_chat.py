@@ -1,6 +1,7 @@
 """`ember chat` (streaming terminal chat with history) and `ember generate PROMPT`.
 
-These run the engine in-process: no server, no GUI.
+These run the engine in-process: no server, no GUI. With `--mcp FILE` (tools) they run it in an engine
+process instead, driven by the agent loop (app/cli_tools.py).
 """
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import argparse
 import signal
 import sys
 import threading
+
+from app.cli_model import installed_load_settings, installed_template, resolve_model
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -32,55 +35,6 @@ def add_sampling_args(p: argparse.ArgumentParser, temperature: float = 0.7) -> N
     p.add_argument("--max-tokens", "-n", type=int, default=512)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="go on past the end-of-text token (as llama.cpp's)")
-
-
-def resolve_model(model: str | None) -> str:
-    """`--model`: a file or folder that exists, else an installed model's id; SystemExit naming both."""
-    from pathlib import Path
-
-    from engine.model_files.bundled import default_model_path
-
-    if not model:
-        return str(default_model_path())
-    if Path(model).expanduser().exists():
-        return str(Path(model).expanduser())
-    from app.settings import Settings
-    from app.store import ModelStore
-
-    manifest = ModelStore(Settings.load().models_dir).get(model)
-    if manifest is None:
-        raise SystemExit(f"error: --model {model}: no such file, and no installed model has this id "
-                         "(`ember models list` shows them)")
-    return manifest.path
-
-
-def installed_template(model: str | None) -> str | None:
-    """The chat template the user set for an installed model named by id (the model manager's
-    "Chat template…"), which replaces the file's own; --chat-template still wins."""
-    from pathlib import Path
-
-    from engine.model_files.manifest import chat_template_path, is_model_id
-
-    if not model or not is_model_id(model) or Path(model).expanduser().exists():
-        return None
-    from app.settings import Settings
-
-    p = chat_template_path(Settings.load().models_dir, model)
-    return str(p) if p else None
-
-
-def installed_load_settings(model: str | None):
-    """The context, device and threads the user set for an installed model named by id."""
-    from pathlib import Path
-
-    from engine.model_files.load_settings import LoadSettings, read_load_settings
-    from engine.model_files.manifest import is_model_id
-
-    if not model or not is_model_id(model) or Path(model).expanduser().exists():
-        return LoadSettings()
-    from app.settings import Settings
-
-    return read_load_settings(Settings.load().models_dir, model)
 
 
 def build_engine(args):
@@ -181,6 +135,10 @@ def stream(engine, prompt, params, out=sys.stdout, thinking=None) -> str:
 
 
 def run_generate(args) -> int:
+    if args.mcp:  # tools: the model runs in an engine process, the agent loop drives it
+        from app.cli_tools import run_generate_tools
+
+        return run_generate_tools(args)
     engine = build_engine(args)
     prompt, params, thinking = args.prompt, sampling_params(args), None
     if not args.raw and engine.chat_template is not None:
@@ -194,9 +152,30 @@ def run_generate(args) -> int:
 
 
 def run_chat(args) -> int:
+    if args.mcp:
+        from app.cli_tools import tool_chat
+
+        try:
+            with tool_chat(args) as reply:
+                return chat_loop(args, reply)
+        except KeyboardInterrupt:  # while the engine or the servers start
+            print("\nstopped", file=sys.stderr)
+            return 130
     engine = build_engine(args)
     params = sampling_params(args)
     params.stop += engine.chat_template.turn_stops
+
+    def reply(history: list[dict]) -> str:
+        prompt = engine.chat_template.render(history, add_generation_prompt=True, **think_switch(args))
+        text = stream(engine, prompt, params, thinking=reasoning_parser(engine, prompt))
+        print()
+        return text
+
+    return chat_loop(args, reply)
+
+
+def chat_loop(args, reply) -> int:
+    """Read a line, answer it with `reply(history)` (which prints the answer and returns its text), keep both."""
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("Ember chat. Ctrl-C stops a reply; an empty line or Ctrl-D quits; /reset clears the history.",
           file=sys.stderr)
@@ -214,16 +193,15 @@ def run_chat(args) -> int:
         if line == "/reset":
             del history[1 if args.system else 0:]
             continue
+        turn = len(history)
         history.append({"role": "user", "content": line})
-        prompt = engine.chat_template.render(history, add_generation_prompt=True, **think_switch(args))
         try:
-            reply = stream(engine, prompt, params, thinking=reasoning_parser(engine, prompt))
+            text = reply(history)  # with tools, the calls and their results join the history too
         except ValueError as e:  # e.g. the history outgrew the context
             print(f"\nerror: {e}", file=sys.stderr)
-            history.pop()
+            del history[turn:]
             continue
-        print()
-        history.append({"role": "assistant", "content": reply})
+        history.append({"role": "assistant", "content": text})
 
 
 def think_switch(args) -> dict:
@@ -247,11 +225,14 @@ def _add_think_flags(p) -> None:
 
 
 def register(sub) -> None:
+    from app.cli_tools import add_tool_args
+
     p = sub.add_parser("chat", help="chat in the terminal (streaming, keeps the history)")
     add_engine_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     _add_think_flags(p)
+    add_tool_args(p)
     p.set_defaults(func=run_chat)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text as it streams")
@@ -262,4 +243,5 @@ def register(sub) -> None:
     add_engine_args(g)
     add_sampling_args(g, temperature=0.0)
     _add_think_flags(g)
+    add_tool_args(g)
     g.set_defaults(func=run_generate)

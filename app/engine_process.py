@@ -70,8 +70,9 @@ class EngineProcess:
 
     def __init__(self, args: Sequence[str], *, api_key: str | None, log_path: str | os.PathLike, port: int = 0,
                  ready_file: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None,
-                 grace: float = 10.0) -> None:
+                 grace: float = 10.0, new_session: bool = False) -> None:
         self.args, self.api_key, self.log_path = list(args), api_key, Path(log_path)
+        self.new_session = new_session  # its own session: a terminal's Ctrl-C reaches the parent alone
         self.requested_port, self.cwd, self.grace = port, cwd, grace
         self._tmp = None if ready_file else tempfile.TemporaryDirectory(prefix="ember-engine-")
         self.ready_file = Path(ready_file) if ready_file else Path(self._tmp.name) / "ready.json"
@@ -119,7 +120,8 @@ class EngineProcess:
             logf.flush()
             self._log_offset = logf.tell()
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                         env=env, cwd=None if self.cwd is None else str(self.cwd))
+                                         env=env, cwd=None if self.cwd is None else str(self.cwd),
+                                         start_new_session=self.new_session)
         log.info("engine started (pid %d, port %s), log: %s", self.proc.pid, self.requested_port or "auto",
                  self.log_path)
         return self
