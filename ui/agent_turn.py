@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 Approver = Callable[[ToolStep, ToolInfo], Approval]
 STOPPED_RESULT = "error: the user stopped the reply"
+ASKING = "asking"  # in a step's `extra` while the user is asked to approve it
 
 
 def context_tokens(status: dict, model: str | None) -> int | None:
@@ -35,8 +36,9 @@ def context_tokens(status: dict, model: str | None) -> int | None:
 
 
 def close_steps(reply: TranscriptMessage) -> None:
-    """A call still running when the reply ends was cancelled with it."""
+    """A call still running (or waiting for its approval) when the reply ends was cancelled with it."""
     for step in reply.steps:
+        step.extra.pop(ASKING, None)
         if step.status is CallStatus.RUNNING:
             step.status, step.result = CallStatus.CANCELLED, step.result or STOPPED_RESULT
 
@@ -64,6 +66,10 @@ class AgentTurn:
     def _ask(self, step: ToolStep, tool: ToolInfo, question: Future) -> None:
         if question.done():  # stopped before the question came up
             return
+        if self.view._reply is not None:  # the call shows while the user decides
+            step.extra[ASKING] = True
+            self._show_step(self.view._reply, step)
+            self.view.transcript.render_now()
         try:
             choice = self._approve(step, tool)
         except Exception:  # noqa: BLE001 - a failed dialog must not leave the loop waiting

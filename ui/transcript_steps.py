@@ -19,7 +19,8 @@ STEP_ACTION, WHOLE_ACTION = "tool", "toolall"  # ember:tool/<message>/<step>, em
 def title(step: ToolStep) -> str:
     """server · tool · status · 0.4 s, while it runs "running…"."""
     if step.status is CallStatus.RUNNING:
-        return f"{step.server or '?'} · {step.tool or step.name} · running…"
+        doing = "waiting for approval" if step.extra.get("asking") else "running…"
+        return f"{step.server or '?'} · {step.tool or step.name} · {doing}"
     return step_title(step)
 
 
