@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QTextBrowser, QWidget
 from ui.code_highlight import code_blocks, highlight
 from ui.transcript_markdown import ACTION_SCHEME, FENCE, to_markdown
 from ui.transcript_message import TranscriptMessage
-from ui.transcript_steps import STEP_ACTION, WHOLE_ACTION
+from ui.transcript_steps import RESULT_FENCE, STEP_ACTION, WHOLE_ACTION
 
 FAILED_COLOUR = "#d32f2f"  # a failed tool call's line: readable on light and dark backgrounds
 RENDER_INTERVAL_MS = 40  # at most ~25 re-layouts a second while tokens stream in
@@ -149,6 +149,7 @@ class TranscriptView(QTextBrowser):
                 fmt = block.blockFormat()
                 cursor = QTextCursor(block)
                 fmt.setBackground(shade)
+                fmt.setNonBreakableLines(code.language != RESULT_FENCE)  # a tool's long output wraps
                 cursor.setBlockFormat(fmt)
                 cursor.movePosition(QTextCursor.StartOfBlock)
                 cursor.movePosition(QTextCursor.EndOfBlock, QTextCursor.KeepAnchor)

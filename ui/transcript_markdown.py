@@ -79,7 +79,8 @@ def _tool_call_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
             continue
         opened = n in m.opened or not actions
         toggle = _link("tool", i, "hide arguments" if opened else "arguments", n) if actions else ""
-        out.append(f"{'▾' if opened else '▸'} **Tool call** {code_span(f'{name}({_brief(arguments)})')} {toggle}".rstrip())
+        call = code_span(f"{name}({_brief(arguments)})")
+        out.append(f"{'▾' if opened else '▸'} **Tool call** {call} {toggle}".rstrip())
         if opened:
             try:
                 pretty = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)

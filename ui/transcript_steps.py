@@ -14,6 +14,7 @@ from ui.transcript_message import TranscriptMessage
 
 PREVIEW_CHARS, PREVIEW_LINES = 1500, 30  # an opened result shows this much until "show all"
 STEP_ACTION, WHOLE_ACTION = "tool", "toolall"  # ember:tool/<message>/<step>, ember:toolall/<message>/<step>
+RESULT_FENCE = "tool-result"  # a result's block: plain (no lexer has the name), its long lines wrapped
 
 
 def title(step: ToolStep) -> str:
@@ -43,7 +44,8 @@ def step_lines(m: TranscriptMessage, i: int, n: int, actions: bool) -> list[str]
         return out
     whole = n in m.whole or not actions
     shown, cut = (step.result, False) if whole else preview(step.result)
-    out += ["_Result_" + (" _(cut to fit the context)_" if step.truncated else ""), fenced(shown + ("\n…" if cut else ""))]
+    out += ["_Result_" + (" _(cut to fit the context)_" if step.truncated else ""),
+            fenced(shown + ("\n…" if cut else ""), RESULT_FENCE)]
     if actions and (cut or n in m.whole):
         label = f"show all ({len(step.result):,} characters)" if cut else "show less"
         out.append(f"[{label}](ember:{WHOLE_ACTION}/{i}/{n})")
