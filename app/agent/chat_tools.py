@@ -12,7 +12,7 @@ from typing import Any
 
 from app.agent.loop import AgentConfig
 from app.agent.mcp_config import FILE_NAME, McpConfigError, ServerConfig, load_config, save_config
-from app.agent.mcp_connection import ServerState, ToolInfo
+from app.agent.mcp_connection import PromptInfo, ResourceInfo, ServerState, ToolInfo
 from app.agent.mcp_host import McpHost
 from app.agent.toolbox import Toolbox
 
@@ -59,6 +59,15 @@ class ChatTools:
         off = set(chat_settings.get(TOOLS_OFF_KEY) or [])
         tools: list[ToolInfo] = [t for s in states.values() for t in s.tools if f"{t.server}/{t.name}" not in off]
         return Toolbox.of(tools), states
+
+    def prompts_for(self, chat_settings: dict) -> list[PromptInfo]:
+        """The `/name` commands of the chat's servers that are running (none are started for this)."""
+        states = self.host.states()
+        return [p for n in self.enabled_for(chat_settings) if n in states for p in states[n].prompts]
+
+    def resources_for(self, chat_settings: dict) -> list[ResourceInfo]:
+        states = self.host.states()
+        return [r for n in self.enabled_for(chat_settings) if n in states for r in states[n].resources]
 
     def always_allowed(self) -> set[tuple[str, str]]:
         return {(n, t) for n, s in self.servers.items() for t in s.auto_approve}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.agent.mcp_connection import ServerUnavailable, ToolInfo
@@ -20,7 +20,9 @@ from app.agent.steps import Approval, CallStatus, ToolStep
 from app.agent.toolbox import Toolbox, check_arguments, cut_result
 from app.client import ChatDelta
 
-CHARS_PER_TOKEN = 2  # a cautious guess (English runs 3-4): a cut result must fit, whatever the language
+# English runs 3-4 characters a token, but digits are a token each in most vocabularies and a CJK
+# character can be two or three byte tokens: one is the figure under which a cut result still fits
+CHARS_PER_TOKEN = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class StepEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepLimitReached:
+    """The loop has run `limit` rounds of calls: the next reply is asked for without tools."""
     limit: int
 
 
@@ -91,22 +94,56 @@ class AgentRun:
         return self._cancelled.is_set()
 
     def run(self) -> Iterator[AgentEvent]:
+        # A small model that has its result often calls the same tool again with the same arguments
+        # (Qwen2.5-Coder-1.5B does, every time). A repeat learns nothing: a reply that only repeats
+        # calls already answered is dropped unseen, and asked for again without tools, so it answers.
+        done: dict[tuple[str, str], ToolStep] = {}
+        with_tools = True
         for round_ in range(self.config.step_limit + 1):
             if self.cancelled:
                 return
-            yield ReplyStarted(round_)
+            if round_ == self.config.step_limit:  # the last reply is asked for without tools: an answer
+                yield StepLimitReached(self.config.step_limit)
             reply = _Reply()
-            yield from self._reply(reply, with_tools=round_ < self.config.step_limit)
-            if self.cancelled or not reply.calls:
+            held: list[ChatDelta] = []  # deltas before the first text: a dropped reply is never seen
+            for delta in self._reply(reply, with_tools=with_tools and round_ < self.config.step_limit):
+                if held is not None and not (delta.text or delta.reasoning):
+                    held.append(delta)
+                    continue
+                if held is not None:
+                    yield ReplyStarted(round_)
+                    yield from held
+                    held = None
+                yield delta
+            if self.cancelled:
                 return
             steps = [ToolStep(c.id or f"call_{round_}_{i}", c.name, c.arguments) for i, c in enumerate(reply.calls)]
+            if held is not None and steps and all(_call_key(s) in done for s in steps) and with_tools:
+                with_tools = False
+                continue
+            if held is not None:
+                yield ReplyStarted(round_)
+                yield from held
+            if not steps:
+                return
             self.messages.append(assistant_message(reply.text, steps))
             for step in steps:
-                yield from self._run_step(step, self._result_limit(reply.usage))
+                earlier = done.get(_call_key(step))
+                if earlier is not None:
+                    yield StepEvent(self._repeat(step, earlier))
+                else:
+                    yield from self._run_step(step, self._result_limit(reply.usage))
+                    done[_call_key(step)] = step
                 self.messages.append(tool_message(step))
                 if self.cancelled:
                     return
-        yield StepLimitReached(self.config.step_limit)
+            with_tools = True
+
+    @staticmethod
+    def _repeat(step: ToolStep, earlier: ToolStep) -> ToolStep:
+        step.server, step.tool, step.status, step.result = earlier.server, earlier.tool, earlier.status, earlier.result
+        step.seconds, step.extra["repeat_of"] = 0.0, earlier.call_id
+        return step
 
     def _reply(self, reply: _Reply, with_tools: bool) -> Iterator[ChatDelta]:
         extra = {"tools": self.toolbox.openai_tools()} if self.toolbox and with_tools else {}
@@ -129,7 +166,8 @@ class AgentRun:
     def _result_limit(self, usage: Any) -> int:
         limit = self.config.max_result_chars
         if self.context_tokens and usage is not None:
-            left = self.context_tokens - usage.total_tokens - 64  # room for the template's markup
+            reply_room = self.sampling.get("max_tokens") or 256
+            left = self.context_tokens - usage.total_tokens - reply_room - 128  # 128: the template's markup
             limit = min(limit, max(256, left * CHARS_PER_TOKEN))
         return limit
 
@@ -154,7 +192,7 @@ class AgentRun:
             if approval is Approval.DENY:
                 yield StepEvent(self._end(step, CallStatus.DENIED, "The user denied this tool call."), approval)
                 return
-        yield StepEvent(step, approval)
+        yield StepEvent(replace(step, extra=dict(step.extra)), approval)  # a snapshot: the call is running
         yield StepEvent(self._call(step, tool, arguments, limit_chars), approval)
 
     def _call(self, step: ToolStep, tool: ToolInfo, arguments: dict, limit_chars: int) -> ToolStep:
@@ -174,6 +212,15 @@ class AgentRun:
         step.status, step.result = status, result
         step.seconds = None if t0 is None else time.perf_counter() - t0
         return step
+
+
+def _call_key(step: ToolStep) -> tuple[str, str]:
+    """A call's identity: its name and its arguments, whatever their spacing or key order."""
+    import json
+    try:
+        return step.name, json.dumps(json.loads(step.arguments or "{}"), sort_keys=True)
+    except ValueError:
+        return step.name, step.arguments
 
 
 def assistant_message(text: str, steps: list[ToolStep]) -> dict:

@@ -139,7 +139,7 @@ class Connection:
     def fail(self, reason: str) -> None:
         """A call found the server gone: say why, and let the task wind the connection down."""
         self.client = None
-        self._set(status=ServerStatus.FAILED, error=reason)
+        self._set(status=ServerStatus.FAILED, error=reason, tools=(), prompts=(), resources=())
         self.stop()
 
     async def _serve(self) -> None:
@@ -158,10 +158,10 @@ class Connection:
         except BaseException as exc:  # noqa: BLE001 - a server's failure is its state, never the app's
             log.warning("MCP server %s failed: %s", self.cfg.name, failure_words(exc))
             if self.state.status is not ServerStatus.FAILED:
-                self._set(status=ServerStatus.FAILED, error=failure_words(exc))
+                self._set(status=ServerStatus.FAILED, error=failure_words(exc), tools=(), prompts=(), resources=())
         else:
             if self.state.status is not ServerStatus.FAILED:
-                self._set(status=ServerStatus.STOPPED)
+                self._set(status=ServerStatus.STOPPED, tools=(), prompts=(), resources=())
         finally:
             self.client = None
             self.ready.set()

@@ -77,11 +77,12 @@ class McpHost:
                 self._connections[name] = Connection(cfg, self._on_change)
                 self._on_change(self._connections[name].state)
 
-    async def _start(self, names: list[str]) -> None:
+    async def _start(self, names: list[str], retry: bool) -> None:
         conns = [self._connections[n] for n in names if n in self._connections
                  and self._connections[n].state.status not in (ServerStatus.DISABLED,)]
+        again = (ServerStatus.STOPPED, ServerStatus.FAILED) if retry else (ServerStatus.STOPPED,)
         for conn in conns:
-            if conn.state.status in (ServerStatus.STOPPED, ServerStatus.FAILED) and conn.client is None:
+            if conn.state.status in again and conn.client is None:
                 conn.start()
         waits = [conn.ready.wait() for conn in conns if conn.ready is not None]
         if waits:
@@ -114,7 +115,7 @@ class McpHost:
         return ToolOutput(text, is_error=bool(result.is_error))
 
     async def _client(self, server: str) -> Any:
-        await self._start([server])
+        await self._start([server], retry=False)
         conn = self._connections.get(server)
         if conn is None or conn.client is None:
             raise ServerUnavailable(f"the MCP server {server!r} is unavailable"
@@ -144,10 +145,12 @@ class McpHost:
     def states(self) -> dict[str, ServerState]:
         return {name: conn.state for name, conn in list(self._connections.items())}
 
-    def start(self, names: Iterable[str]) -> dict[str, ServerState]:
-        """Start these servers if they are not running, and wait until each is ready or has failed."""
+    def start(self, names: Iterable[str], retry: bool = False) -> dict[str, ServerState]:
+        """Start these servers if they are not running, and wait until each is ready or has failed.
+        A failed server stays failed (its tools absent, its reason shown) until `retry`: the user's
+        Start in Settings -> Tools, not every message of a chat, restarts a server that crashed."""
         names = list(names)
-        self._run(self._start(names))
+        self._run(self._start(names, retry))
         states = self.states()
         return {n: states[n] for n in names if n in states}
 

@@ -75,5 +75,8 @@ def cut_result(text: str, limit_chars: int) -> tuple[str, bool]:
     """A result cut to `limit_chars` with a note saying so, so a huge output cannot overflow the context."""
     if len(text) <= limit_chars:
         return text, False
-    note = f"\n[... cut: the result was {len(text):,} characters; the first {limit_chars:,} are shown]"
-    return text[:limit_chars] + note, True
+    keep = limit_chars
+    for _ in range(2):  # the note counts against the limit too; its figure changes its own length
+        note = f"\n[... cut: the result was {len(text):,} characters; the first {keep:,} are shown]"
+        keep = max(0, limit_chars - len(note))
+    return text[:keep] + note, True

@@ -85,11 +85,44 @@ def _loads(text: str):
         return None
 
 
-def parse_tool_calls(fmt: ToolFormat, text: str) -> tuple[str, list[ParsedCall]]:
-    """(the reply's plain content, its tool calls); text that does not parse stays content."""
+# Models taught Hermes' syntax do not always keep to it: Qwen2.5-Coder answers a tools prompt with the
+# call in a ```json fence, or as the bare object, more often than inside <tool_call>. llama.cpp's Hermes
+# parser reads both; here only for a name among the request's tools, so an example in a code answer stays text.
+_FENCE = re.compile(r"```(?:json|xml)?[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
+
+
+def _named_calls(obj, names: frozenset[str]) -> list[ParsedCall] | None:
+    items = obj if isinstance(obj, list) else [obj]
+    calls = [_call(o, "arguments") for o in items]
+    if not calls or any(c is None or c.name not in names for c in calls):
+        return None
+    return calls
+
+
+def _loose_hermes(text: str, names: frozenset[str]) -> tuple[str, list[ParsedCall]]:
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        calls = _named_calls(_loads(stripped), names)
+        return ("", calls) if calls else (text, [])
+    found = [(m, _named_calls(_loads(m.group(1).strip()), names)) for m in _FENCE.finditer(text)]
+    calls = [c for _, cs in found if cs for c in cs]
+    if not calls:
+        return text, []
+    content = text
+    for m, cs in reversed(found):
+        if cs:
+            content = content[:m.start()] + content[m.end():]
+    return content.strip(), calls
+
+
+def parse_tool_calls(fmt: ToolFormat, text: str, names: frozenset[str] = frozenset()) -> tuple[str, list[ParsedCall]]:
+    """(the reply's plain content, its tool calls); text that does not parse stays content. `names`:
+    the request's tools, for the loose Hermes forms (a fenced or bare call object)."""
     if fmt is ToolFormat.HERMES:
         calls = [_call(_loads(m.group(1)), "arguments") for m in _HERMES.finditer(text)]
-        if not calls or any(c is None for c in calls):
+        if not calls:
+            return _loose_hermes(text, names) if names else (text, [])
+        if any(c is None for c in calls):
             return text, []
         return _HERMES.sub("", text).strip(), calls
     if fmt is ToolFormat.HARMONY:  # `text` is the raw reply; the content comes from the reasoning parser
@@ -130,7 +163,55 @@ def may_start_call(fmt: ToolFormat, text: str) -> int:
     at = text.find(marker)
     if at >= 0:
         return at
+    if fmt is ToolFormat.HERMES:
+        at = _loose_start(text)
+        if at < len(text):
+            return at
     for k in range(min(len(marker) - 1, len(text)), 0, -1):  # a marker cut by the stream
         if marker.startswith(text[-k:]):
             return len(text) - k
+    return len(text)
+
+
+def _grows_into_call(rest: str) -> bool:
+    """Whether `rest` (from a fence or a leading brace) is, or may still grow into, the start of a
+    loose Hermes call: ```json / ```xml, a newline, then {"name" (whitespace allowed between)."""
+    i = 0
+    if rest.startswith("`"):
+        if not "```".startswith(rest[:3]):
+            return False
+        if len(rest) <= 3:
+            return True
+        i = 3
+        word = next((w for w in ("json", "xml") if rest[i:].startswith(w) or w.startswith(rest[i:])), "")
+        i = min(len(rest), i + len(word))
+        while i < len(rest) and rest[i] in " \t":
+            i += 1
+        if i == len(rest):
+            return True
+        if rest[i] != "\n":
+            return False
+    while i < len(rest) and rest[i].isspace():
+        i += 1
+    if i == len(rest):
+        return True
+    if rest[i] != "{":
+        return False
+    i += 1
+    while i < len(rest) and rest[i].isspace():
+        i += 1
+    tail = rest[i:i + 6]
+    return '"name"'.startswith(tail) if len(tail) < 6 else tail == '"name"'
+
+
+def _loose_start(text: str) -> int:
+    """Where a loose Hermes call may begin in streamed `text` (len(text) if nowhere)."""
+    lead = len(text) - len(text.lstrip())
+    if lead < len(text) and text[lead] == "{" and _grows_into_call(text[lead:]):
+        return lead
+    at = text.find("`")
+    while at >= 0:
+        if _grows_into_call(text[at:]):
+            return at
+        at = text.find("`", at + 1)
     return len(text)

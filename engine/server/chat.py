@@ -34,8 +34,9 @@ class ChatChoice:
     """One choice, filled from its RequestOutputs. With tools, streamed text that may begin a
     tool call is held back until the reply ends and is parsed."""
 
-    def __init__(self, index: int, tools: ToolFormat | None, reasoning: ReasoningParser | None = None) -> None:
-        self.index, self.tools, self.parser = index, tools, reasoning
+    def __init__(self, index: int, tools: ToolFormat | None, reasoning: ReasoningParser | None = None,
+                 tool_names: frozenset[str] = frozenset()) -> None:
+        self.index, self.tools, self.parser, self.tool_names = index, tools, reasoning, tool_names
         self.text, self.sent = "", 0  # all answer text; how much of it went out as content
         self.raw = ""  # the reply as written (harmony's tool calls are read from its markup)
         self.reasoning, self.reasoning_sent = "", 0  # the thinking, and how much of it went out
@@ -72,7 +73,7 @@ class ChatChoice:
                 if calls:
                     self.content, self.calls, self.reason = self.text or None, calls, "tool_calls"
             elif self.tools is not None:
-                content, calls = parse_tool_calls(self.tools, self.text)
+                content, calls = parse_tool_calls(self.tools, self.text, self.tool_names)
                 if calls:
                     self.content, self.calls, self.reason = content or None, calls, "tool_calls"
 
@@ -163,7 +164,11 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
         job.submit(ids, params[i], subs[i], engine)
     return ChatRun(engine, loaded.spec.id, rid, ids, job, {s: i for i, s in enumerate(subs)},
                    [ChatChoice(i, shape.tools, ReasoningParser(fmt, inside) if fmt is not ReasoningFormat.NONE
-                               else None) for i in range(body.n)])
+                               else None, tool_names(shape)) for i in range(body.n)])
+
+
+def tool_names(shape: ReplyShape) -> frozenset[str]:
+    return frozenset(t["function"]["name"] for t in shape.template_tools or ())
 
 
 def render_prompt(engine, body: ChatCompletionRequest, shape: ReplyShape) -> str:

@@ -86,3 +86,23 @@ def test_harmony_calls_are_read_from_the_raw_reply():
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
     assert parse_tool_calls(ToolFormat.HARMONY, raw[:-3]) == (raw[:-3], [])  # arguments cut short: no call
     assert parse_tool_calls(ToolFormat.HARMONY, "<|channel|>final<|message|>hi")[1] == []
+
+
+def test_hermes_models_that_fence_their_call_are_read_as_llama_cpp_reads_them():
+    """Qwen2.5-Coder answers a tools prompt with the call in a ```json fence or bare, not in <tool_call>:
+    read for a name among the request's tools only, so an example object in an answer stays text."""
+    names = frozenset({"lookup"})
+    fenced = 'Sure.\n```json\n{\n  "name": "lookup",\n  "arguments": {"key": "a"}\n}\n```'
+    content, (call,) = parse_tool_calls(ToolFormat.HERMES, fenced, names)
+    assert (content, call.name, json.loads(call.arguments)) == ("Sure.", "lookup", {"key": "a"})
+    _, (call,) = parse_tool_calls(ToolFormat.HERMES, ' {"name": "lookup", "arguments": {"key": "b"}}', names)
+    assert json.loads(call.arguments) == {"key": "b"}
+    for text in (fenced, '```json\n{"name": "other", "arguments": {}}\n```', '```python\nprint(1)\n```'):
+        assert parse_tool_calls(ToolFormat.HERMES, text, frozenset({"x"})) == (text, [])
+    assert parse_tool_calls(ToolFormat.HERMES, fenced) == (fenced, [])  # no tools named: nothing loose
+
+
+def test_streamed_text_holds_back_only_what_may_still_become_a_fenced_call():
+    for text, safe in (("Here:\n```", 6), ("Here:\n```js", 6), ('```json\n{\n  "na', 0), (' {"name"', 1),
+                       ("```python\nprint(1)", 18), ("```\ndef f", 9), ("a `b` c", 7), ('{"x": 1}', 8)):
+        assert may_start_call(ToolFormat.HERMES, text) == safe, text
