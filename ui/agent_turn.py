@@ -95,11 +95,11 @@ class AgentTurn:
                 view.next_round()
             return
         if isinstance(event, ServerFailed):
-            reply.notices.append(f"The MCP server {event.server!r} did not start: {event.reason}. "
+            reply.notices.append(f"The MCP server {event.server!r} is unavailable: {event.reason}. "
                                  "The chat goes on without its tools.")
         elif isinstance(event, StepLimitReached):
-            reply.notices.append(f"Stopped after {event.limit} rounds of tool calls (the tool step limit, "
-                                 "in Settings).")
+            reply.notices.append(f"The tool step limit ({event.limit}) is reached: the model is asked to answer "
+                                 "without tools.")
         elif isinstance(event, StepEvent):
             self._show_step(reply, event.step)
         view.chat_store.update_message(view._reply_id, tool_steps=reply.steps, notices=reply.notices)  # a crash

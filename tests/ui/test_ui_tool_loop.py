@@ -141,7 +141,9 @@ def test_a_denied_call_and_invalid_arguments_go_back_to_the_model(qtbot, kit):
 
     asked = []
     invalid = kit.view("bad-args", lambda step, tool: asked.append(step) or Approval.ONCE)
+    kit.controller.settings.tool_step_limit = 1  # the reply after the first round's results gets no tools
     send(qtbot, invalid)
+    assert "tool step limit (1) is reached" in invalid.transcript.toPlainText()
     step = only_step(invalid)
     assert asked == [] and step.status is CallStatus.INVALID  # never asked about, never sent to the server
     assert step.result.startswith("error: invalid arguments at a") and "not called" in step.result
@@ -153,8 +155,8 @@ def test_timeout_oversized_result_and_crash_leave_the_chat_working(qtbot, kit):
     send(qtbot, sleeper)
     assert only_step(sleeper).status is CallStatus.TIMEOUT and "2 s" in only_step(sleeper).result
     notice = sleeper.transcript.messages[1].notices
-    assert len(notice) == 1 and "'broken' did not start" in notice[0]
-    assert "'broken' did not start" in sleeper.transcript.toPlainText()
+    assert len(notice) == 1 and "'broken' is unavailable" in notice[0]
+    assert "'broken' is unavailable" in sleeper.transcript.toPlainText()
     assert sleeper.transcript.messages[-1].content == TOOL_ANSWER
 
     big = kit.view("big", lambda step, tool: Approval.ONCE)
