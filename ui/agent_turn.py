@@ -47,6 +47,7 @@ class AgentTurn:
     def __init__(self, view: Any, tools: ChatTools | None, approver: Approver | None) -> None:
         self.view, self.tools, self._approver = view, tools, approver
         self._gui = gui_calls()  # made here, on the GUI thread
+        self._told: set[ServerFailed] = set()  # a failed server stays failed until retried: said once
 
     def stream(self, client: Any, history: list[dict], model: str | None, sampling: dict,
                chat_settings: dict) -> AgentReply | None:
@@ -95,6 +96,9 @@ class AgentTurn:
                 view.next_round()
             return
         if isinstance(event, ServerFailed):
+            if event in self._told:
+                return
+            self._told.add(event)
             reply.notices.append(f"The MCP server {event.server!r} is unavailable: {event.reason}. "
                                  "The chat goes on without its tools.")
         elif isinstance(event, StepLimitReached):

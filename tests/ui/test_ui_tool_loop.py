@@ -158,6 +158,8 @@ def test_timeout_oversized_result_and_crash_leave_the_chat_working(qtbot, kit):
     assert len(notice) == 1 and "'broken' is unavailable" in notice[0]
     assert "'broken' is unavailable" in sleeper.transcript.toPlainText()
     assert sleeper.transcript.messages[-1].content == TOOL_ANSWER
+    send(qtbot, sleeper, "Again?")  # the server is still failed: the chat said so once
+    assert sleeper.transcript.toPlainText().count("'broken' is unavailable") == 1
 
     big = kit.view("big", lambda step, tool: Approval.ONCE)
     send(qtbot, big)
