@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.agent.steps import ToolStep, steps_from_json, steps_json
+from app.history_export import chat_markdown
 from app.history_schema import ROLES, SCHEMA_VERSION, STATUSES, open_history
 
 EXPORT_FORMAT = "ember-chat"
@@ -52,6 +54,8 @@ class Message:
     model: str | None = None  # the model that wrote a reply
     finish_reason: str | None = None
     tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON) of its calls
+    tool_steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for it, with results
+    notices: list[str] = field(default_factory=list)  # what the chat said about it (a server that failed)
 
 
 class ChatStore:
@@ -169,7 +173,8 @@ class ChatStore:
     def update_message(self, message_id: int, content: str | None = None, status: str | None = None,
                        tok_s: float | None = None, ttft: float | None = None, reasoning: str | None = None,
                        thought_s: float | None = None, model: str | None = None,
-                       finish_reason: str | None = None, tool_calls: list[tuple[str, str]] | None = None) -> None:
+                       finish_reason: str | None = None, tool_calls: list[tuple[str, str]] | None = None,
+                       tool_steps: list[ToolStep] | None = None, notices: list[str] | None = None) -> None:
         """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
 
         The chat keeps its place in the list: a reply that streams or finishes does not move it
@@ -180,7 +185,9 @@ class ChatStore:
         sets, args = [], []
         for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft),
                               ("reasoning", reasoning), ("thought_s", thought_s), ("model", model),
-                              ("finish_reason", finish_reason), ("tool_calls", _calls_json(tool_calls))):
+                              ("finish_reason", finish_reason), ("tool_calls", _calls_json(tool_calls)),
+                              ("tool_steps", None if tool_steps is None else steps_json(tool_steps)),
+                              ("notices", None if notices is None else json.dumps(notices, ensure_ascii=False))):
             if value is not None:
                 sets.append(f"{column}=?")
                 args.append(str(value) if column in ("content", "reasoning") else value)
@@ -211,21 +218,8 @@ class ChatStore:
 
     # ---- export / import ----
     def export_markdown(self, chat_id: int) -> str:
-        chat = self.get_chat(chat_id)
-        lines = [f"# {chat.title}", ""]
-        meta = [f"Model: {chat.model}"] if chat.model else []
-        meta.append("Created: " + time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.created_at)))
-        if system := chat.settings.get("system_prompt"):
-            meta.append(f"System prompt: {system}")
-        lines += ["_" + " · ".join(meta) + "_", ""]
-        for m in self.messages(chat_id):
-            note = "" if m.status == "done" else f" _({m.status})_"
-            lines += [f"## {m.role.capitalize()}{note}", ""]
-            if m.reasoning:  # the thinking as a quote above the answer
-                took = f" for {m.thought_s:.0f} s" if m.thought_s is not None else ""
-                lines += [f"> _Thought{took}:_", ">"] + [f"> {line}".rstrip() for line in m.reasoning.splitlines()] + [""]
-            lines += [m.content.rstrip(), ""]
-        return "\n".join(lines)
+        """The chat as Markdown (app/history_export.py), its tool calls with their arguments and results."""
+        return chat_markdown(self.get_chat(chat_id), self.messages(chat_id))
 
     def export_json(self, chat_id: int) -> str:
         chat = self.get_chat(chat_id)
@@ -242,6 +236,7 @@ class ChatStore:
             title, messages = str(doc["title"]), list(doc["messages"])
             for m in messages:
                 _check(role=m["role"], status=m.get("status", "done"))
+            steps = [steps_json([ToolStep.from_json(d) for d in m.get("tool_steps") or ()]) for m in messages]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise HistoryError(f"cannot import chat: {e}") from None
         with self._tx() as db:
@@ -251,10 +246,10 @@ class ChatStore:
                               float(doc.get("created_at", now)), now))
             chat_id = int(cur.lastrowid)
             db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft, reasoning,"
-                           " thought_s) VALUES (?,?,?,?,?,?,?,?,?)",
+                           " thought_s, tool_steps) VALUES (?,?,?,?,?,?,?,?,?,?)",
                            [(chat_id, m["role"], str(m["content"]), m.get("status", "done"),
                              float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft"),
-                             str(m.get("reasoning") or ""), m.get("thought_s")) for m in messages])
+                             str(m.get("reasoning") or ""), m.get("thought_s"), s) for m, s in zip(messages, steps)])
             return chat_id
 
 
@@ -279,7 +274,7 @@ def _chat(row: sqlite3.Row) -> Chat:
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
                    row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"],
-                   _calls(row["tool_calls"]))
+                   _calls(row["tool_calls"]), steps_from_json(row["tool_steps"]), _notices(row["notices"]))
 
 
 def _calls_json(calls: list[tuple[str, str]] | None) -> str | None:
@@ -291,3 +286,11 @@ def _calls(text: str | None) -> list[tuple[str, str]]:
         return [(c["name"], c["arguments"]) for c in json.loads(text or "[]")]
     except (ValueError, TypeError, KeyError):
         return []
+
+
+def _notices(text: str | None) -> list[str]:
+    try:
+        return [str(n) for n in json.loads(text or "[]")]
+    except (ValueError, TypeError):
+        return []
+

@@ -7,7 +7,8 @@ from pathlib import Path
 
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 3  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and tool calls
+SCHEMA_VERSION = 4  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and
+# tool calls; 4: the calls an agent ran for it, with their results (tool_steps), and its notices
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS chats (
@@ -31,7 +32,9 @@ CREATE TABLE IF NOT EXISTS messages (
     thought_s REAL,                      -- seconds it thought
     model TEXT,                          -- the model that wrote a reply (its id)
     finish_reason TEXT,                  -- the server's: stop, length, tool_calls, ...
-    tool_calls TEXT                      -- JSON list of {"name", "arguments"}: the calls a reply made
+    tool_calls TEXT,                     -- JSON list of {"name", "arguments"}: the calls a reply made
+    tool_steps TEXT,                     -- JSON list of ToolStep (app/agent/steps.py): the calls run, and results
+    notices TEXT                         -- JSON list of lines the chat said about the reply (a server that failed)
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
@@ -40,7 +43,7 @@ CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
 
 # Columns added since schema 1, for files written before them: (name, declaration).
 _ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"), ("model", "TEXT"),
-                  ("finish_reason", "TEXT"), ("tool_calls", "TEXT"))
+                  ("finish_reason", "TEXT"), ("tool_calls", "TEXT"), ("tool_steps", "TEXT"), ("notices", "TEXT"))
 
 
 def open_history(path: Path) -> sqlite3.Connection:

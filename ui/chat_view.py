@@ -1,7 +1,8 @@
 """One open chat: its transcript, the input box, Send/Stop/Regenerate, and its own stream worker.
 
 Every chat has its own worker, so several chats stream at once (the engine batches them). The
-worker runs the Qt-free `EngineClient.chat_stream` generator; this view only reacts to signals.
+worker runs a Qt-free generator, `ReplyStream` or, when the chat has MCP servers on, `AgentReply`
+(ui/agent_turn.py: a reply that called tools is a message of its own); this view reacts to signals.
 """
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import logging
 import time
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
+from app.agent.chat_tools import ChatTools
 from app.client import ChatDelta
 from app.history import ChatStore
 from app.reply_versions import ReplyVersions
 from app.sampling_defaults import effective_settings, request_fields
-from ui.elided_label import ElidedLabel
+from ui.agent_turn import AgentTurn, Approver, close_steps
+from ui.chat_buttons import add_buttons, keep_typing_focus
 from ui.engine_controller import EngineController
 from ui.error_words import reply_error_text
 from ui.message_actions import MessageActions, keep_versions
@@ -45,15 +48,17 @@ class ChatView(QWidget):
 
     def __init__(self, chat_store: ChatStore, chat_id: int, engine: EngineController,
                  model_defaults: Callable[[str | None], dict] | None = None,
-                 versions: ReplyVersions | None = None, parent: QWidget | None = None) -> None:
+                 versions: ReplyVersions | None = None, parent: QWidget | None = None,
+                 tools: ChatTools | None = None, approver: Approver | None = None) -> None:
         super().__init__(parent)
+        self.agent = AgentTurn(self, tools, approver)  # None approver: the dialog of ui/tool_approval.py
         self.versions = versions  # the replies Regenerate wrote, kept across restarts (None: this session only)
         self.chat_store = chat_store
         self.chat_id = chat_id
         self.engine = engine
         self._model_defaults = model_defaults or (lambda _model: {})
         self._worker: GeneratorWorker | None = None
-        self._stream: ReplyStream | None = None
+        self._stream: ReplyStream | None = None  # or an AgentReply (ui/agent_reply.py), which quacks alike
         self._reply: TranscriptMessage | None = None
         self._reply_id: int | None = None
         self._clock = ReplyClock()
@@ -64,21 +69,7 @@ class ChatView(QWidget):
 
         self.transcript = TranscriptView(self)
         self.input = MessageInput(self)
-        self.send_button = QPushButton("Send", self, objectName="sendButton")
-        self.stop_button = QPushButton("Stop", self)
-        self.regenerate_button = QPushButton("Regenerate", self)
-        self.info_label = ElidedLabel(parent=self)
-        self.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
-        self.stop_button.setToolTip("Stop the reply (Esc)")
-        self.send_button.setToolTip("Send the message (Enter)")
-        for b in (self.send_button, self.stop_button, self.regenerate_button):
-            b.setFocusPolicy(Qt.TabFocus)  # a click leaves the keyboard in the message box
-
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.info_label, 1)
-        buttons.addWidget(self.regenerate_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addWidget(self.send_button)
+        buttons = add_buttons(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.transcript, 1)
@@ -172,8 +163,10 @@ class ChatView(QWidget):
             self.transcript.render_now()
             self._finish("error", "The engine is not running. Start it from the Engine menu or the tray.")
             return
-        model = self.chat_store.get_chat(self.chat_id).model  # its own (loaded just in time); None: the server's
-        self._stream = ReplyStream(client, history, model=model, **sampling)
+        chat = self.chat_store.get_chat(self.chat_id)
+        model = chat.model  # its own (loaded just in time); None: the server's
+        agent = self.agent.stream(client, history, model, sampling, chat.settings) if continuing is None else None
+        self._stream = agent or ReplyStream(client, history, model=model, **sampling)
         self._stream_model = model or self.engine.last_status.get("model")  # until the server names it
         self._pending.watch(self._reply, self._stream_model, self.transcript.schedule_render)
         self._worker = GeneratorWorker(self._stream.run)
@@ -192,6 +185,9 @@ class ChatView(QWidget):
 
     def _on_delta(self, delta: ChatDelta) -> None:
         if not self._is_current() or self._reply is None:
+            return
+        if not isinstance(delta, ChatDelta):  # an agent's event: a call, a new reply, a notice
+            self.agent.handle(delta)
             return
         text = delta.text
         now = time.monotonic()
@@ -234,25 +230,37 @@ class ChatView(QWidget):
         reply, self._worker = self._reply, None
         self._pending.stop()
         if reply is not None:
-            reply.status, reply.error = status, error
-            if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)
-                reply.thought_s = time.monotonic() - (self._clock.t_first or self._clock.t_sent)
-            reply.add_version()
-            keep_versions(self.versions, reply)
-            stats = self._stats or {}
-            reply.tok_s, reply.ttft = stats.get("tok_s") or None, stats.get("ttft_s")
-            reply.model = (self._stream and self._stream.model) or self._stream_model
-            self.chat_store.update_message(self._reply_id, reply.content, status, tok_s=reply.tok_s, ttft=reply.ttft,
-                                           reasoning=reply.reasoning or None, thought_s=reply.thought_s,
-                                           model=reply.model, finish_reason=reply.finish_reason,
-                                           tool_calls=reply.tool_calls)
+            self._save_reply(reply, status, error)
         self._reply, self._stream = None, None
         self.transcript.model_names = self.engine.model_names
         self.transcript.render_now()
         focus = self.window().focusWidget()
         self.update_buttons()
-        self._keep_typing_focus(focus)
+        keep_typing_focus(self, focus)
         self.reply_finished.emit(self.chat_id, status)
+
+    def _save_reply(self, reply: TranscriptMessage, status: str, error: str | None = None) -> None:
+        reply.status, reply.error = status, error
+        if reply.reasoning and reply.thought_s is None:  # it thought until the end (or was stopped)
+            reply.thought_s = time.monotonic() - (self._clock.t_first or self._clock.t_sent)
+        reply.add_version()
+        keep_versions(self.versions, reply)
+        close_steps(reply)
+        stats = self._stats or {}
+        reply.tok_s, reply.ttft = stats.get("tok_s") or None, stats.get("ttft_s")
+        reply.model = (self._stream and self._stream.model) or self._stream_model
+        self.chat_store.update_message(self._reply_id, reply.content, status, tok_s=reply.tok_s, ttft=reply.ttft,
+                                       reasoning=reply.reasoning or None, thought_s=reply.thought_s,
+                                       model=reply.model, finish_reason=reply.finish_reason,
+                                       tool_calls=reply.tool_calls, tool_steps=reply.steps, notices=reply.notices)
+
+    def next_round(self) -> None:
+        """The reply that called tools is done; the next one, after their results, is a message of its own."""
+        self._save_reply(self._reply, "done")
+        self._reply_id = self.chat_store.add_message(self.chat_id, "assistant", "", status="streaming")
+        self._reply = TranscriptMessage("assistant", "", "streaming", msg_id=self._reply_id)
+        self.transcript.messages.append(self._reply)
+        self._clock, self._stats = ReplyClock(), None
 
     def _emit_stats(self, server_tok_s: float | None) -> None:
         if (stats := self._clock.stats(server_tok_s)) is None:
@@ -282,12 +290,6 @@ class ChatView(QWidget):
             title = " ".join(text.split())[:48] or DEFAULT_TITLE
             self.chat_store.rename_chat(self.chat_id, title)
             self.title_changed.emit(self.chat_id, title)
-
-    def _keep_typing_focus(self, focus: QWidget | None) -> None:
-        """A button that had the keyboard (and is now disabled) must not hand it on to the search box."""
-        if self.isVisible() and (focus is None or focus in (self.send_button, self.stop_button,
-                                                            self.regenerate_button)):
-            self.input.setFocus()
 
     def update_buttons(self) -> None:
         streaming = self.is_streaming

@@ -1,6 +1,7 @@
 """A chat rendered as Markdown in a read-only QTextBrowser: code blocks monospace and coloured
-(pygments), a line of actions under each message, tool calls collapsed to a line each, a reasoning
-model's thinking above its answer (ui/transcript_markdown.py writes the Markdown).
+(pygments), a line of actions under each message, tool calls collapsed to a line each (a failed one in
+red) that opens to its arguments and result, a reasoning model's thinking above its answer
+(ui/transcript_markdown.py writes the Markdown).
 
 The actions are links of the form `ember:<action>/<message index>[/<code block>]`; the view opens
 and closes tool calls and thoughts itself and emits `action_requested(action, index, block)` for
@@ -9,14 +10,16 @@ the rest (ui/message_actions.py does the work).
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
-from PySide6.QtGui import (QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor, QTextDocument,
+from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QTextCharFormat, QTextCursor, QTextDocument,
                            QTextFormat)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from ui.code_highlight import code_blocks, highlight
 from ui.transcript_markdown import ACTION_SCHEME, FENCE, to_markdown
 from ui.transcript_message import TranscriptMessage
+from ui.transcript_steps import RESULT_FENCE, STEP_ACTION, WHOLE_ACTION
 
+FAILED_COLOUR = "#d32f2f"  # a failed tool call's line: readable on light and dark backgrounds
 RENDER_INTERVAL_MS = 40  # at most ~25 re-layouts a second while tokens stream in
 WEB_SCHEMES = ("http", "https", "mailto")
 # GitHub's dialect with raw HTML read as text (a reply's `<div>` or `</think>` is shown, never
@@ -146,6 +149,7 @@ class TranscriptView(QTextBrowser):
                 fmt = block.blockFormat()
                 cursor = QTextCursor(block)
                 fmt.setBackground(shade)
+                fmt.setNonBreakableLines(code.language != RESULT_FENCE)  # a tool's long output wraps
                 cursor.setBlockFormat(fmt)
                 cursor.movePosition(QTextCursor.StartOfBlock)
                 cursor.movePosition(QTextCursor.EndOfBlock, QTextCursor.KeepAnchor)
@@ -155,6 +159,7 @@ class TranscriptView(QTextBrowser):
                 cursor.mergeCharFormat(char)
         highlight(doc, dark=self.palette().base().color().lightness() < 128)
         self._style_action_lines()
+        self._style_failed_steps()
 
     def _style_action_lines(self) -> None:
         """The action links under each message in a smaller font, so they read as controls, not text."""
@@ -168,6 +173,30 @@ class TranscriptView(QTextBrowser):
                 cursor.movePosition(QTextCursor.EndOfBlock, QTextCursor.KeepAnchor)
                 cursor.mergeCharFormat(small)
             block = block.next()
+
+    def _style_failed_steps(self) -> None:
+        """A tool call that failed (error, denied, timeout, ...) has its line in red."""
+        red = QTextCharFormat()
+        red.setForeground(QColor(FAILED_COLOUR))
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                href = it.fragment().charFormat().anchorHref()
+                it += 1
+                if href.startswith(f"{ACTION_SCHEME}:{STEP_ACTION}/") and self._step_failed(href):
+                    cursor = QTextCursor(block)
+                    cursor.movePosition(QTextCursor.EndOfBlock, QTextCursor.KeepAnchor)
+                    cursor.mergeCharFormat(red)
+                    break
+            block = block.next()
+
+    def _step_failed(self, href: str) -> bool:
+        try:
+            _, i, n = href.split(":", 1)[1].split("/")
+            return self._messages[int(i)].steps[int(n)].failed
+        except (ValueError, IndexError):
+            return False
 
     def _on_user_scrolled(self, _action: int) -> None:
         bar = self.verticalScrollBar()  # the position is already the new one; the value follows
@@ -188,8 +217,12 @@ class TranscriptView(QTextBrowser):
             block = int(parts[2]) if len(parts) > 2 else -1
         except (IndexError, ValueError):
             return
-        if action == "tool" and 0 <= index < len(self._messages):  # open or close a tool call, here
+        if action == STEP_ACTION and 0 <= index < len(self._messages):  # open or close a tool call, here
             self._messages[index].opened ^= {block}
+            self.render_now()
+            return
+        if action == WHOLE_ACTION and 0 <= index < len(self._messages):  # a call's whole result, or its start
+            self._messages[index].whole ^= {block}
             self.render_now()
             return
         if action == "think" and 0 <= index < len(self._messages):  # open or close the thoughts, here

@@ -11,24 +11,14 @@ from __future__ import annotations
 import json
 import re
 
+from app.history_export import code_span, fenced
+from ui.markdown_text import verbatim
 from ui.transcript_message import TranscriptMessage
+from ui.transcript_steps import notice_lines, steps_lines
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 ACTION_SCHEME = "ember"
 FENCE = re.compile(r"^\s*```")
-_PUNCT = re.compile(r"[!-/:-@\[-`{-~]")  # every ASCII punctuation character
-
-
-def verbatim(text: str) -> str:
-    """Markdown that shows `text` exactly as typed: every ASCII punctuation mark backslash-escaped
-    (CommonMark lets any of them be), each line a hard break, and leading spaces kept as no-break
-    spaces (which toPlainText gives back as spaces), so that an indent never opens a code block."""
-    lines = []
-    for line in text.split("\n"):
-        body = line.lstrip(" ")
-        indent = "\u00a0" * (len(line) - len(body))
-        lines.append(indent + _PUNCT.sub(r"\\\g<0>", body))
-    return "\\\n".join(lines)  # a backslash at a line's end is a hard line break
 
 
 def _link(action: str, index: int, text: str, block: int | None = None) -> str:
@@ -81,18 +71,22 @@ def _brief(arguments: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _tool_call_lines(m: TranscriptMessage, i: int, calls: list[tuple[str, str]], actions: bool) -> list[str]:
+def _tool_call_lines(m: TranscriptMessage, i: int, actions: bool) -> list[str]:
+    """The calls the server parsed that no agent ran (or not yet): a brief line each, opened to the JSON."""
     out = []
-    for n, (name, arguments) in enumerate(calls):
+    for n, (name, arguments) in enumerate(m.tool_calls):
+        if n < len(m.steps):  # drawn as its step
+            continue
         opened = n in m.opened or not actions
         toggle = _link("tool", i, "hide arguments" if opened else "arguments", n) if actions else ""
-        out.append(f"{'▾' if opened else '▸'} **Tool call** `{name}({_brief(arguments)})` {toggle}".rstrip())
+        call = code_span(f"{name}({_brief(arguments)})")
+        out.append(f"{'▾' if opened else '▸'} **Tool call** {call} {toggle}".rstrip())
         if opened:
             try:
                 pretty = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
             except ValueError:
                 pretty = arguments
-            out.append(f"```json\n{pretty}\n```")
+            out.append(fenced(pretty, "json"))
     return out
 
 
@@ -117,7 +111,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
         if m.role == "system":
             continue
         title = ROLE_TITLES.get(m.role, m.role.title())
-        body, calls = m.content, m.tool_calls
+        body, calls = m.content, m.tool_calls or m.steps
         thinking = _thinking_lines(m, i, actions) if m.reasoning else []
         if m.status == "streaming":
             body = (body + " ▍") if body else ("" if thinking else f"_{verbatim(m.pending or 'Reading the chat…')}_")
@@ -131,7 +125,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
                 parts.append(body)
         else:
             parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
-        parts += _tool_call_lines(m, i, calls, actions)
+        parts += steps_lines(m, i, actions) + _tool_call_lines(m, i, actions) + notice_lines(m)
         if m.out_of_budget:
             parts.append("_The model used its whole token budget thinking and wrote no answer: "
                          "Continue lets it go on, or raise Max tokens in the chat's settings._")

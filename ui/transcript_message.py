@@ -1,10 +1,14 @@
 """One message as the transcript shows it: its text, status, the replies Regenerate wrote and which one
 is shown, and what the reader opened (tool calls, thoughts). Qt-free; `from_history` builds a chat's
-messages from the chat store's rows."""
+messages from the chat store's rows, `api_messages` the next request's messages from them (a reply
+that ran tools as its call and the tool results, as the model's template expects them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from app.agent.loop import history_messages
+from app.agent.steps import ToolStep
 
 if TYPE_CHECKING:
     from app.history import Message
@@ -30,6 +34,9 @@ class TranscriptMessage:
     ttft: float | None = None
     tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON), as the server parsed them
     pending: str = ""  # what a reply that has not begun waits for ("Waiting for memory: 1 ahead")
+    steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for this reply, with results
+    notices: list[str] = field(default_factory=list)  # lines about the reply: a server that failed, the step limit
+    whole: set[int] = field(default_factory=set)  # the steps whose long result is shown in full
 
     @property
     def out_of_budget(self) -> bool:
@@ -61,7 +68,8 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
         msg = TranscriptMessage(m.role, m.content, status,
                                 "the reply was interrupted" if status == "error" else None, msg_id=m.id,
                                 reasoning=m.reasoning, thought_s=m.thought_s, finish_reason=m.finish_reason,
-                                model=m.model, tok_s=m.tok_s, ttft=m.ttft, tool_calls=m.tool_calls)
+                                model=m.model, tok_s=m.tok_s, ttft=m.ttft, tool_calls=m.tool_calls,
+                                steps=m.tool_steps, notices=m.notices)
         if m.role == "assistant" and versions is not None:
             kept, shown = versions.get(m.id)
             if kept and kept[shown] == m.content:  # the one shown is the one stored
@@ -72,7 +80,11 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
 
 def api_messages(messages: list[TranscriptMessage], system: str | None) -> list[dict]:
     """What the next request sends: the system prompt, then each question and answer shown (no
-    failed reply, nothing empty)."""
+    failed reply, nothing empty); a reply that ran tools as its calls and their results."""
     out = [{"role": "system", "content": system}] if system else []
-    return out + [{"role": m.role, "content": m.content} for m in messages
-                  if m.role in ("user", "assistant") and m.content and m.status != "error"]
+    for m in messages:
+        if m.role == "assistant" and m.steps:
+            out += history_messages(m.content, m.steps)
+        elif m.role in ("user", "assistant") and m.content and m.status != "error":
+            out.append({"role": m.role, "content": m.content})
+    return out
