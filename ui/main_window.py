@@ -109,7 +109,8 @@ class MainWindow(QMainWindow):
     def open_chat(self, chat_id: int) -> ChatView:
         view = self._views.get(chat_id)
         if view is None:
-            view = ChatView(self.chat_store, chat_id, self.engine, self._model_defaults, self._reply_versions, self)
+            view = ChatView(self.chat_store, chat_id, self.engine, self._model_defaults, self._reply_versions, self,
+                            tools=self.tools)
             view.title_changed.connect(self._on_title_changed)
             view.reply_started.connect(self._on_reply_started)
             view.reply_finished.connect(self._on_reply_finished)

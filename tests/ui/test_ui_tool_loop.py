@@ -225,3 +225,43 @@ def test_nothing_from_a_tool_is_rendered_as_html(qtbot):
         assert any(line in shown for shown in lines), f"{line!r} was not shown as written"
     assert "⚠ <b>server</b> said <i>no</i>" in lines
     assert colour_of(view, "<b>srv</b> · look`up · error") == QColor(FAILED_COLOUR).name()
+
+
+def test_the_whole_app_asks_in_its_dialog_and_runs_the_call(qtbot, tmp_path, engine):
+    """build_app's own ChatTools (mcp.json beside the settings) reaches the window's chats, and the
+    real approval dialog answers the loop: a click on "Allow once"."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.agent.chat_tools import config_path
+    from app.gui_main import build_app
+    from ui.tool_approval import ToolApprovalDialog
+
+    settings = make_settings(tmp_path / "app")
+    config_path(settings).parent.mkdir(parents=True, exist_ok=True)
+    config_path(settings).write_text(json.dumps({"mcpServers": {"notes": stdio_server_entry()}}))
+    app = build_app(settings, supervisor=engine)
+    qtbot.addWidget(app.window)
+    app.controller.start()
+    try:
+        qtbot.waitUntil(lambda: app.controller.last_status.get("status") == "ready", timeout=60_000)
+        chat = app.chat_store.create_chat("tools", model="lookup", settings={
+            "temperature": 0, "max_tokens": 64, "mcp_servers": ["notes"]})
+        view = app.window.open_chat(chat)
+        seen = []
+
+        def allow():
+            dialog = QApplication.activeModalWidget()
+            if isinstance(dialog, ToolApprovalDialog) and dialog.isVisible():
+                seen.append(dialog.windowTitle())
+                dialog.once.click()
+            else:
+                QTimer.singleShot(20, allow)
+        QTimer.singleShot(0, allow)
+        send(qtbot, view)
+        assert seen and only_step(view).result == lookup_value("door")
+        assert view.transcript.messages[-1].content == TOOL_ANSWER
+    finally:  # not shutdown(): the engine is this module's
+        app.controller.close()
+        app.chat_tools.close()
+        app.chat_store.close()
