@@ -18,6 +18,7 @@ from typing import Any
 from app.agent.chat_tools import ChatTools
 from app.agent.loop import AgentConfig, AgentRun, StepEvent
 from app.agent.mcp_connection import ServerStatus, ToolInfo
+from app.agent.prompt_commands import PromptCommandError, parse_command
 from app.agent.steps import Approval, ToolStep
 
 Ask = Callable[[ToolStep, ToolInfo, "Future[Approval]"], None]
@@ -28,6 +29,20 @@ class ServerFailed:
     """A server the chat has on did not start: the chat goes on without its tools."""
 
     server: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptExpanded:
+    """The user's `/name …` line ran that MCP prompt: `text` replaces the line, stored and sent."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRefused:
+    """A `/name …` line named a prompt but its arguments do not fit: nothing is sent; `reason` says how."""
+
     reason: str
 
 
@@ -69,6 +84,11 @@ class AgentReply:
         for name, state in states.items():
             if state.status is ServerStatus.FAILED:
                 yield ServerFailed(name, state.error or "it did not start")
+        expanded = self._expand_command()
+        if expanded is not None:
+            yield expanded
+            if isinstance(expanded, CommandRefused):
+                return
         run = AgentRun(self._client, self._messages, toolbox, self._tools.host, self._approve, self._config,
                        self._model, self._sampling, self._context, self._tools.always_allowed())
         with self._lock:
@@ -77,6 +97,26 @@ class AgentReply:
             return
         for event in run.run():  # a call's step is the loop's to change: the GUI gets a copy
             yield replace(event, step=copy_step(event.step)) if isinstance(event, StepEvent) else event
+
+    def _expand_command(self) -> PromptExpanded | CommandRefused | None:
+        """The last message, when it is a `/name …` line naming one of the chat's MCP prompts, becomes
+        that prompt's messages (the servers are running by now, so their prompts are known)."""
+        last = self._messages[-1] if self._messages else {}
+        if last.get("role") != "user" or not str(last.get("content", "")).startswith("/"):
+            return None
+        try:
+            parsed = parse_command(last["content"], self._tools.prompts_for(self._settings))
+        except PromptCommandError as exc:
+            return CommandRefused(str(exc))
+        if parsed is None:
+            return None
+        prompt, arguments = parsed
+        try:
+            messages = self._tools.host.get_prompt(prompt.server, prompt.name, arguments)
+        except Exception as exc:  # noqa: BLE001 - the server's failure, said in the chat
+            return CommandRefused(f"/{prompt.name} failed on {prompt.server}: {exc}")
+        self._messages[-1:] = messages
+        return PromptExpanded("\n\n".join(m["content"] for m in messages if m["role"] == "user"))
 
     def _approve(self, step: ToolStep, tool: ToolInfo) -> Approval:
         """On the loop's thread: ask, and wait for the answer (or the Stop that answers DENY)."""

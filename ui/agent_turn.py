@@ -17,7 +17,7 @@ from app.agent.chat_tools import ChatTools
 from app.agent.loop import ReplyStarted, StepEvent, StepLimitReached
 from app.agent.mcp_connection import ToolInfo
 from app.agent.steps import Approval, CallStatus, ToolStep
-from ui.agent_reply import AgentReply, ServerFailed, answer
+from ui.agent_reply import AgentReply, CommandRefused, PromptExpanded, ServerFailed, answer
 from ui.gui_thread import gui_calls
 from ui.resident_models import entry
 from ui.transcript_message import TranscriptMessage
@@ -95,7 +95,17 @@ class AgentTurn:
             if event.round > 0:
                 view.next_round()
             return
-        if isinstance(event, ServerFailed):
+        if isinstance(event, PromptExpanded):  # the `/name …` line is now the prompt's text
+            asked = next((m for m in reversed(view.transcript.messages) if m.role == "user"), None)
+            if asked is not None:
+                asked.content = event.text
+                if asked.msg_id is not None:
+                    view.chat_store.update_message(asked.msg_id, content=event.text)
+            view.transcript.schedule_render()
+            return
+        if isinstance(event, CommandRefused):
+            reply.notices.append(event.reason)
+        elif isinstance(event, ServerFailed):
             if event in self._told:
                 return
             self._told.add(event)

@@ -5,6 +5,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from ui.elided_label import ElidedLabel
+from ui.resource_attach import ResourceButton
 
 
 def add_buttons(view: QWidget) -> QHBoxLayout:
@@ -18,6 +19,12 @@ def add_buttons(view: QWidget) -> QHBoxLayout:
     view.send_button.setToolTip("Send the message (Enter)")
     row = QHBoxLayout()
     row.addWidget(view.info_label, 1)
+    view.attach_button = None
+    if view.agent.tools is not None:  # MCP resources into the message (ui/resource_attach.py)
+        view.attach_button = ResourceButton(view.agent.tools, lambda: view.chat_store.get_chat(view.chat_id).settings,
+                                            view.input, view)
+        view.attach_button.setFocusPolicy(Qt.TabFocus)
+        row.addWidget(view.attach_button)
     for b in (view.regenerate_button, view.stop_button, view.send_button):
         b.setFocusPolicy(Qt.TabFocus)  # a click leaves the keyboard in the message box
         row.addWidget(b)

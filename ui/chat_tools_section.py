@@ -14,6 +14,7 @@ from PySide6.QtGui import QBrush, QColor, QPalette
 from PySide6.QtWidgets import QGroupBox, QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
 from app.agent.chat_tools import SERVERS_KEY, TOOLS_OFF_KEY, ChatTools
+from app.agent.prompt_commands import usage
 from app.agent.mcp_connection import ServerState, ServerStatus
 from ui.mcp_states import ServerStates
 
@@ -123,6 +124,10 @@ class ChatToolsSection(QGroupBox):
             child.setToolTip(0, tool.description or tool.name)
             child.setFlags(Qt.ItemIsUserCheckable | (Qt.ItemIsEnabled if on else Qt.NoItemFlags))
             child.setCheckState(0, Qt.Unchecked if key in self._off else Qt.Checked)
+        for prompt in state.prompts:  # typed as `/name …` in the message box (app/agent/prompt_commands.py)
+            line = QTreeWidgetItem(item, [usage(prompt)])
+            line.setToolTip(0, (prompt.description or prompt.name) + "\nType it in the message box.")
+            line.setFlags(Qt.ItemIsEnabled if on else Qt.NoItemFlags)
 
     def _on_item_changed(self, item: QTreeWidgetItem, _column: int) -> None:
         if self._loading:

@@ -54,7 +54,9 @@ def test_the_panels_checkboxes_write_the_chat_settings_and_quit_ends_the_servers
         assert ember.chat_store.get_chat(view.chat_id).settings["mcp_servers"] == ["demo"]
         qtbot.waitUntil(lambda: "lookup" in items(section.tree, items(section.tree)["demo"]), timeout=START_MS)
         tools = items(section.tree, items(section.tree)["demo"])
-        assert list(tools) == ["lookup", "add", "sleep", "crash", "big", "fail"]
+        assert list(tools) == ["lookup", "add", "sleep", "crash", "big", "fail", "/review topic=…"]
+        prompt = tools.pop("/review topic=…")  # a prompt: typed as a /command, not ticked
+        assert not prompt.flags() & Qt.ItemIsUserCheckable and "message box" in prompt.toolTip(0)
         assert all(t.checkState(0) == Qt.Checked and t.flags() & Qt.ItemIsEnabled for t in tools.values())
         tools["add"].setCheckState(0, Qt.Unchecked)
         assert ember.chat_store.get_chat(view.chat_id).settings["mcp_tools_off"] == ["demo/add"]

@@ -265,3 +265,28 @@ def test_the_whole_app_asks_in_its_dialog_and_runs_the_call(qtbot, tmp_path, eng
         app.controller.close()
         app.chat_tools.close()
         app.chat_store.close()
+
+
+def test_a_slash_command_runs_the_servers_prompt_and_a_resource_attaches(qtbot, kit):
+    from mcp_test_server import NOTES_TEXT, NOTES_URI
+
+    view = kit.view("lookup", lambda step, tool: Approval.DENY)
+    send(qtbot, view, "/review")  # the prompt needs its topic: said, and nothing goes to the model
+    assert "/review needs topic: /review topic=…" in view.transcript.messages[-1].notices
+    assert not view.transcript.messages[-1].steps
+
+    send(qtbot, view, "/review the launch plan")
+    asked = view.transcript.messages[-3]  # the user's line, then the reply that called and the answer
+    assert asked.role == "user" and "Please review the launch plan" in asked.content
+    stored = {m.id: m for m in kit.store.messages(view.chat_id)}
+    assert stored[asked.msg_id].content == asked.content  # stored as the prompt's text, sent so next turn too
+    send(qtbot, view, "/nothing like that")  # no such prompt: sent as typed
+    assert any(m.content == "/nothing like that" for m in view.transcript.messages)
+
+    button = view.attach_button
+    view.input.setPlainText("Summarise this.")
+    button.menu_.aboutToShow.emit()
+    (action,) = [a for a in button.menu_.actions() if NOTES_URI in a.text()]
+    action.trigger()
+    qtbot.waitUntil(lambda: NOTES_TEXT in view.input.toPlainText(), timeout=30_000)
+    assert view.input.toPlainText().startswith(f"Summarise this.\n\n[resource {NOTES_URI}]\n```")
