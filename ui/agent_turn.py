@@ -68,6 +68,7 @@ class AgentTurn:
         if question.done():  # stopped before the question came up
             return
         if self.view._reply is not None:  # the call shows while the user decides
+            self.view._reply.pending = ""  # the reply has begun: its call, not "Reading the chat…"
             step.extra[ASKING] = True
             self._show_step(self.view._reply, step)
             self.view.transcript.render_now()
@@ -93,7 +94,7 @@ class AgentTurn:
             return
         if isinstance(event, ReplyStarted):
             if event.round > 0:
-                view.next_round()
+                view.next_round(event.t_sent)
             return
         if isinstance(event, PromptExpanded):  # the `/name …` line is now the prompt's text
             asked = next((m for m in reversed(view.transcript.messages) if m.role == "user"), None)

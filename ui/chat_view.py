@@ -254,13 +254,13 @@ class ChatView(QWidget):
                                        model=reply.model, finish_reason=reply.finish_reason,
                                        tool_calls=reply.tool_calls, tool_steps=reply.steps, notices=reply.notices)
 
-    def next_round(self) -> None:
-        """The reply that called tools is done; the next one, after their results, is a message of its own."""
+    def next_round(self, t_sent: float) -> None:
+        """The reply that called tools is done; the next one, sent at `t_sent`, is a message of its own."""
         self._save_reply(self._reply, "done")
         self._reply_id = self.chat_store.add_message(self.chat_id, "assistant", "", status="streaming")
         self._reply = TranscriptMessage("assistant", "", "streaming", msg_id=self._reply_id)
         self.transcript.messages.append(self._reply)
-        self._clock, self._stats = ReplyClock(), None
+        self._clock, self._stats = ReplyClock(t_sent), None
 
     def _emit_stats(self, server_tok_s: float | None) -> None:
         if (stats := self._clock.stats(server_tok_s)) is None:

@@ -37,7 +37,7 @@ class PendingReply(QObject):
         reply = self._reply
         if reply is None:
             return
-        if reply.status != "streaming" or reply.content or reply.reasoning or reply.tool_calls:
+        if reply.status != "streaming" or reply.content or reply.reasoning or reply.tool_calls or reply.steps:
             self.stop()  # it began (or ended): its own text shows now
             return
         words = pending_words(status, self._model, self.engine.model_names)

@@ -38,7 +38,7 @@ class ResourceButton(QToolButton):
             action.triggered.connect(lambda _=False, r=r: self.attach(r))
         states = self.tools.states()
         on = self.tools.enabled_for(settings)
-        idle = [n for n in on if n not in states or states[n].status is not ServerStatus.READY]
+        idle = [n for n in on if n not in states or states[n].status in (ServerStatus.STOPPED, ServerStatus.STARTING)]
         if not on:
             self.menu_.addAction("Turn on an MCP server for this chat (chat settings, Tools)").setEnabled(False)
         elif idle:  # the chat's servers start when it first needs them: this is such a time

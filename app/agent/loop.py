@@ -34,8 +34,10 @@ class AgentConfig:
 
 @dataclass(frozen=True, slots=True)
 class ReplyStarted:
-    """A new assistant reply begins (the first, or the one after a round of calls)."""
+    """A new assistant reply begins (the first, or the one after a round of calls); it is yielded with
+    the reply's first text, and `t_sent` (time.monotonic()) says when its request went out."""
     round: int
+    t_sent: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class _Reply:
     calls: tuple = ()
     usage: Any = None
     finish_reason: str | None = None
+    t_sent: float = 0.0
 
 
 @dataclass
@@ -111,7 +114,7 @@ class AgentRun:
                     held.append(delta)
                     continue
                 if held is not None:
-                    yield ReplyStarted(round_)
+                    yield ReplyStarted(round_, reply.t_sent)
                     yield from held
                     held = None
                 yield delta
@@ -122,7 +125,7 @@ class AgentRun:
                 with_tools = False
                 continue
             if held is not None:
-                yield ReplyStarted(round_)
+                yield ReplyStarted(round_, reply.t_sent)
                 yield from held
             if not steps:
                 return
@@ -147,6 +150,7 @@ class AgentRun:
 
     def _reply(self, reply: _Reply, with_tools: bool) -> Iterator[ChatDelta]:
         extra = {"tools": self.toolbox.openai_tools()} if self.toolbox and with_tools else {}
+        reply.t_sent = time.monotonic()
         self._stream = self.client.chat_stream(self.messages, self.model, **self.sampling, **extra)
         if self.cancelled:
             self._stream.close()

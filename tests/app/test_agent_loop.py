@@ -4,6 +4,7 @@ over stdio, and the engine's own template and call parsing in between."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,6 +72,8 @@ def test_call_result_answer(engine, host):
     assert (step.server, step.tool, json.loads(step.arguments)) == ("a", "lookup", {"key": "door"})
     assert step.status is CallStatus.OK and step.result == lookup_value("door") and step.seconds >= 0
     assert text == TOOL_ANSWER and [type(e) for e in events].count(ReplyStarted) == 2
+    first, second = [e for e in events if isinstance(e, ReplyStarted)]
+    assert 0 < first.t_sent < second.t_sent <= time.monotonic()  # each reply's own request: its ttft's start
     call, result = agent.messages[1], agent.messages[2]  # as the next request carried them
     assert call["tool_calls"][0]["function"]["name"] == "lookup"
     assert result == {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "name": "lookup",

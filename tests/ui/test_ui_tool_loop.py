@@ -102,12 +102,15 @@ def colour_of(view: TranscriptView, text: str) -> str:
 def test_a_call_runs_is_shown_stored_sent_back_reopened_and_exported(qtbot, kit):
     asked = []
     view = kit.view("lookup", lambda step, tool: asked.append((tool.server, step.name, step.arguments_object()))
-                    or Approval.ALWAYS)
+                    or pending.append(view._reply.pending) or Approval.ALWAYS)
+    pending = []
     send(qtbot, view)
+    assert pending == [""]  # while asked, the reply shows its call, not what it waited for before
     user, call, answer = view.transcript.messages  # the reply that called, then the one after its result
     step = only_step(view)
     assert asked == [("notes", "lookup", {"key": "door"})]
     assert (step.status, step.result, answer.content) == (CallStatus.OK, lookup_value("door"), TOOL_ANSWER)
+    assert answer.ttft > 0 and view.info_label.text().count("first token 0 ms") == 0  # from its own request
     text = view.transcript.toPlainText()
     assert "notes · lookup · ok · " in text and lookup_value("door") not in text  # collapsed to its line
     click_link(qtbot, view.transcript, "notes · lookup · ok")
