@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox,
-                               QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
+                               QFormLayout, QFrame, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton,
+                               QScrollArea, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.settings import Settings
 from ui.memory_estimate import MemoryEstimateRow
@@ -146,8 +146,11 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("Server's key", self.connection_key)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
+        scroll = QScrollArea(self, widgetResizable=True, frameShape=QFrame.NoFrame)  # fits a laptop's screen
+        scroll.setWidget(general)
+        scroll.setMinimumWidth(general.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         self.tabs = QTabWidget(self)
-        self.tabs.addTab(general, "General")
+        self.tabs.addTab(scroll, "General")
         self.tabs.addTab(self.tools_page, "Tools")
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
@@ -156,6 +159,8 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+        screen = (self.screen() or QGuiApplication.primaryScreen()).availableGeometry()
+        self.resize(self.sizeHint().width(), min(general.sizeHint().height() + 140, int(screen.height() * 0.9)))
 
     def _explain(self) -> None:
         """Tooltips for the fields whose label alone does not say enough."""
