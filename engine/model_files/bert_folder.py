@@ -20,7 +20,8 @@ BERT_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")  # h
 SPECIAL = {"unk": "[UNK]", "sep": "[SEP]", "pad": "[PAD]", "cls": "[CLS]", "mask": "[MASK]"}
 # sentence-transformers' Pooling modes llama.cpp pools by (llama_pooling_type)
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
-UNSUPPORTED_POOLING = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+UNSUPPORTED_POOLING = {"pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean over sqrt(length)",
+                       "pooling_mode_weightedmean_tokens": "weighted mean"}
 CONVERT_ELSEWHERE = "convert it with llama.cpp's convert_hf_to_gguf.py and import the GGUF"
 
 
@@ -74,8 +75,15 @@ def read_bert_folder(path: Path) -> BertFolder:
     modules = _modules(root)
     encoder = _encoder_dir(root, modules)
     config = _json(encoder / "config.json")
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{encoder / 'config.json'}: expected a JSON object")
     _check_encoder(encoder, config)
-    tokens, types, special = _vocabulary(encoder, config)
+    try:
+        tokens, types, special = _vocabulary(encoder, config)
+    except ModelFileError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a tokenizer.json of another shape
+        raise ModelFileError(f"{encoder}: unreadable vocabulary ({type(e).__name__}: {e})") from None
     pooling, normalize = _pooling(root, modules)
     return BertFolder(root=root, encoder=encoder, config=config, tokens=tokens, token_types=types,
                       special=special, pooling=pooling, normalize=normalize)
@@ -210,7 +218,7 @@ def _pooling_mode(path: Path) -> str:
     cfg = _json(path)
     if not isinstance(cfg, dict):
         raise ModelFileError(f"{path}: expected a JSON object")
-    other = [k.removeprefix("pooling_mode_") for k in UNSUPPORTED_POOLING if cfg.get(k)]
+    other = [mode for key, mode in UNSUPPORTED_POOLING.items() if cfg.get(key)]
     modes = [mode for key, mode in POOLING_MODES.items() if cfg.get(key)]
     if other or len(modes) != 1:
         said = ", ".join(modes + other) or "none"

@@ -40,7 +40,10 @@ def _header_and_start(path: Path) -> tuple[dict, int]:
     end = 0
     for name, info in header.items():
         if name != "__metadata__":
-            end = max(end, int(info["data_offsets"][1]))
+            try:
+                end = max(end, int(info["data_offsets"][1]))
+            except (KeyError, TypeError, ValueError, IndexError):
+                raise ModelFileError(f"{path}: corrupt safetensors header entry for {name!r}") from None
     if 8 + n + end > size:
         raise ModelFileError(f"{path}: truncated: tensors need {8 + n + end} bytes, file has {size}")
     return header, 8 + n
@@ -55,8 +58,11 @@ def float_tensors(path: Path) -> dict[str, np.ndarray]:
     for name, info in header.items():
         if name == "__metadata__" or info.get("dtype") not in _FLOATS:
             continue
-        begin, end = (int(x) for x in info["data_offsets"])
-        shape = tuple(int(d) for d in info["shape"])
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = tuple(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise ModelFileError(f"{path}: corrupt safetensors header entry for {name!r}") from None
         dtype = np.dtype(_FLOATS[info["dtype"]]).newbyteorder("<")
         if (end - begin) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
             raise ModelFileError(f"{path}: tensor {name!r} has {end - begin} bytes for shape {list(shape)}")
