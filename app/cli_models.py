@@ -45,8 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = action("rm", cmd_rm, "remove an installed model")
     p.add_argument("model")
-    p = action("import", cmd_import, "import a local GGUF file or GPTQ/AWQ/compressed-tensors directory")
+    p = action("import", cmd_import, "import a local GGUF file, a GPTQ/AWQ/compressed-tensors directory, or a "
+                                     "sentence-transformers BERT folder (converted to GGUF once)")
     p.add_argument("path", type=Path)
+    p.add_argument("--outtype", choices=("f16", "f32"), default="f16",
+                   help="weights of the GGUF a BERT folder is converted to (default: f16)")
     p.add_argument("--id", dest="model_id", help="model id (default: from the file's metadata)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--move", dest="mode", action="store_const", const="move", help="move instead of copy")
@@ -270,11 +273,14 @@ def cmd_import(args) -> int:
 
     _, store = _setup(args)
     try:
-        m = store.import_path(args.path, model_id=args.model_id, mode=args.mode)
+        m = store.import_path(args.path, model_id=args.model_id, mode=args.mode, outtype=args.outtype)
     except (ModelFileError, FileExistsError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UnsupportedArchitecture) else 1
     print(f"imported {m.id} ({m.architecture}, {m.quantization}, {m.parameter_count:,} parameters) -> {m.path}")
+    if m.converted_from:
+        print(f"converted from {m.converted_from}: an embedding model; `ember serve --model-id {m.id}` answers "
+              "/v1/embeddings")
     return 0
 
 

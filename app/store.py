@@ -14,6 +14,7 @@ import shutil
 import threading
 from pathlib import Path
 
+from app.store_convert import converts, import_converted
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.model_files.load_settings import LoadSettings, load_settings_path, read_load_settings
 from engine.model_files.manifest import (CHAT_TEMPLATE, MANIFEST, ModelManifest, chat_template_path, fsync_dir,
@@ -116,15 +117,18 @@ class ModelStore:
         return manifest
 
     def import_path(self, path: Path, *, model_id: str | None = None,
-                    mode: str | None = None) -> ModelManifest:
+                    mode: str | None = None, outtype: str = "f16") -> ModelManifest:
         """Import a GGUF file or a GPTQ/AWQ/compressed-tensors directory: copy (default), move,
         or link (register in place). Importing bytes already installed returns the existing
-        model instead of a duplicate.
+        model instead of a duplicate. A BERT embedder's folder is converted to a GGUF of
+        `outtype` instead (app/store_convert.py).
         """
         mode = mode or self.import_mode
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {IMPORT_MODES}")
         src = Path(path).expanduser().resolve()
+        if converts(src):
+            return import_converted(self, src, model_id=model_id, outtype=outtype)
         meta = read_meta(src)  # validates before anything is copied
         check_runnable(meta, src)
         digest = sha256_path(src)

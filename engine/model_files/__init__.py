@@ -9,6 +9,8 @@
 - footprint, memory: a model's memory shape, KV-size and pool arithmetic, the default context cap
 - fit: the fit rule (choose_backend), behind the engine's backend choice and the GUI's badge
 - tool_call_syntax: tool calls in a model's own syntax; errors: ModelFileError
+- bert_folder, bert_gguf, safetensors_file: a sentence-transformers BERT folder converted to the
+  GGUF llama.cpp embeds (the store's import of embedders), torch-free
 
 tests/test_import_rules.py holds ui/ and the GUI's path to these modules of engine/.
 """

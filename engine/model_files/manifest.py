@@ -40,6 +40,8 @@ class ModelManifest:
     num_layers: int | None = None  # KV-cache shape, for fit advice
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    converted_from: str | None = None  # the checkpoint folder this GGUF was converted from on import
+    converted_from_sha256: str | None = None  # of the files the conversion read (one conversion per checkpoint)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -4,7 +4,6 @@ engine's `--model PATH` and its footprint all read a model through here."""
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from engine.model_files.families import hf_family, hf_model_types, swa_period
 from engine.model_files.footprint import KERNEL_TYPES
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
 from engine.model_files.quant_config import parse_quantization_config
+from engine.model_files.safetensors_file import safetensors_header
 
 MAX_JSON_BYTES = 16 << 20  # config.json / safetensors headers larger than this are not real models
 
@@ -174,7 +174,10 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
     config = read_json(path / "config.json", required=True)
     qcfg = quantization_config_of(path, config)
     if qcfg is None:
-        raise ModelFileError(f"{path}: no quantization_config in config.json and no quantize_config.json")
+        raise ModelFileError(f"{path}: a {config.get('model_type') or 'Hugging Face'} checkpoint without quantization "
+                             "(no quantization_config in config.json, no quantize_config.json): Ember imports GGUF "
+                             "files, GPTQ/AWQ/compressed-tensors folders and BERT embedding models (converted to "
+                             "GGUF); convert this one with llama.cpp's convert_hf_to_gguf.py and import the GGUF")
     spec = parse_quantization_config(qcfg, str(path / "config.json"))
     method = "gptq" if spec.format.startswith("gptq") else str(spec.format)
     bits, group = spec.bits, spec.group_size
@@ -184,7 +187,7 @@ def read_quantized_dir_meta(path: Path) -> ModelMeta:
         raise ModelFileError(f"{path}: no .safetensors weight files")
     params = 0
     for shard in shards:
-        for name, info in _safetensors_header(shard).items():
+        for name, info in safetensors_header(shard).items():
             if name == "__metadata__":
                 continue
             n = 1
@@ -234,27 +237,3 @@ def read_json(path: Path, *, required: bool) -> dict | None:
         raise ModelFileError(f"{path}: expected a JSON object")
     return data
 
-
-def _safetensors_header(path: Path) -> dict:
-    """A safetensors file starts with u64 little-endian header length, then a JSON header."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise ModelFileError(f"{path}: truncated safetensors file")
-        (n,) = struct.unpack("<Q", raw)
-        if n > min(MAX_JSON_BYTES, size - 8):
-            raise ModelFileError(f"{path}: corrupt safetensors header length {n}")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelFileError(f"{path}: corrupt safetensors header: {e}") from e
-    if not isinstance(header, dict):
-        raise ModelFileError(f"{path}: corrupt safetensors header")
-    end = 0
-    for name, info in header.items():
-        if name != "__metadata__":
-            end = max(end, int(info["data_offsets"][1]))
-    if 8 + n + end > size:
-        raise ModelFileError(f"{path}: truncated: tensors need {8 + n + end} bytes, file has {size}")
-    return header

@@ -1,5 +1,5 @@
 """A real embedding model, all-MiniLM-L6-v2 (its PyPI package, written as a GGUF the way llama.cpp's
-converter writes BERT: tests/bert_gguf.py), served by a real engine process: it imports and loads
+converter writes BERT: engine/model_files/bert_gguf.py), served by a real engine process: it imports and loads
 as an embedding model (`auto` picks llama.cpp, which pools as the file says), its vectors agree
 with a float64 BERT forward written in the test, rerank puts the answer known in advance first,
 and a chat on it is a 400 that says it makes embeddings, not text.
@@ -13,11 +13,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from bert_gguf import bert_forward_f64, fetch_minilm, write_bert_gguf
+from bert_gguf import bert_forward_f64, fetch_minilm
 from real_models import cache_dir
 from server_util import start_engine
 
 from app.cli import main
+from engine.model_files.bert_gguf import convert_bert_folder
 
 ollama = pytest.importorskip("ollama")
 tokenizers = pytest.importorskip("tokenizers")
@@ -40,7 +41,7 @@ def checkpoint():
 
 @pytest.fixture(scope="module")
 def gguf_path(checkpoint, tmp_path_factory):
-    return write_bert_gguf(checkpoint, tmp_path_factory.mktemp("minilm") / "all-minilm-l6-v2.gguf")
+    return convert_bert_folder(checkpoint, tmp_path_factory.mktemp("minilm") / "all-minilm-l6-v2.gguf", "f32")
 
 
 @pytest.fixture(scope="module")
