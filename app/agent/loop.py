@@ -108,7 +108,7 @@ class AgentRun:
             if round_ == self.config.step_limit:  # the last reply is asked for without tools: an answer
                 yield StepLimitReached(self.config.step_limit)
             reply = _Reply()
-            held: list[ChatDelta] = []  # deltas before the first text: a dropped reply is never seen
+            held: list[ChatDelta] | None = []  # deltas before the first text: a dropped reply is never seen
             for delta in self._reply(reply, with_tools=with_tools and round_ < self.config.step_limit):
                 if held is not None and not (delta.text or delta.reasoning):
                     held.append(delta)

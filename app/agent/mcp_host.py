@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -185,4 +184,3 @@ class McpHost:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
-            time.sleep(0)
