@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app.bench.lib.processes import free_port
+
 SERVER_SCRIPT = Path(__file__).resolve().parent / "mcp_test_server.py"
 
 
@@ -19,12 +21,6 @@ def stdio_server_entry(**env: str) -> dict:
     """One `mcpServers` entry (Claude Desktop / Cursor notation) that runs the test server over
     stdio; `env` goes to its environment (MCP_TEST_NAME, MCP_TEST_SECRET, MCP_TEST_FAIL_START)."""
     return {"command": sys.executable, "args": [str(SERVER_SCRIPT), "stdio"], "env": dict(env)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_answers(port: int) -> bool:

@@ -7,6 +7,7 @@ was not asked to use tends to call them) and which of their tools are off (`mcp_
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,6 @@ class ChatTools:
         cfg = self.servers.get(server)
         if cfg is None or tool in cfg.auto_approve:
             return
-        from dataclasses import replace
         self.servers[server] = replace(cfg, auto_approve=(*cfg.auto_approve, tool))
         save_config(self.path, self.servers)
 

@@ -8,6 +8,7 @@ The engine writes `tools` into the model's template and parses its calls; this l
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -220,7 +221,6 @@ class AgentRun:
 
 def _call_key(step: ToolStep) -> tuple[str, str]:
     """A call's identity: its name and its arguments, whatever their spacing or key order."""
-    import json
     try:
         return step.name, json.dumps(json.loads(step.arguments or "{}"), sort_keys=True)
     except ValueError:

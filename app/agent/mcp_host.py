@@ -4,6 +4,7 @@ stops with the host; one that fails or crashes marks itself failed with the reas
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -109,7 +110,6 @@ class McpHost:
             raise ServerUnavailable(f"the MCP server {server!r} stopped: {failure_words(exc)}") from None
         text = content_text(result.content)
         if not text and result.structured_content is not None:
-            import json
             text = json.dumps(result.structured_content)
         return ToolOutput(text, is_error=bool(result.is_error))
 

@@ -204,14 +204,19 @@ def _grows_into_call(rest: str) -> bool:
     return '"name"'.startswith(tail) if len(tail) < 6 else tail == '"name"'
 
 
+# how far past a candidate start _grows_into_call looks: a window that ends in whitespace only holds
+# the text back (it may still grow into a call), so a short window errs on the side of waiting
+_LOOSE_WINDOW = 64
+
+
 def _loose_start(text: str) -> int:
     """Where a loose Hermes call may begin in streamed `text` (len(text) if nowhere)."""
     lead = len(text) - len(text.lstrip())
-    if lead < len(text) and text[lead] == "{" and _grows_into_call(text[lead:]):
+    if lead < len(text) and text[lead] == "{" and _grows_into_call(text[lead:lead + _LOOSE_WINDOW]):
         return lead
     at = text.find("`")
     while at >= 0:
-        if _grows_into_call(text[at:]):
+        if _grows_into_call(text[at:at + _LOOSE_WINDOW]):
             return at
         at = text.find("`", at + 1)
     return len(text)
