@@ -40,7 +40,8 @@ def engine_args(settings: Settings) -> dict[str, Any]:
             "backend": settings.backend, "device": settings.device, "dtype": settings.dtype,
             "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads,
             "memory_budget": settings.memory_budget_gb, "max_loaded_models": settings.max_loaded_models,
-            "keep_alive": settings.keep_alive,
+            "keep_alive": settings.keep_alive, "docs_dir": str(settings.docs_dir),
+            "embedding_model": settings.embedding_model,
             "speculative": engine_speculative(settings.speculative, settings.models_dir)}
 
 

@@ -119,6 +119,8 @@ class Settings(BaseModel):
                                  "chat stops offering tools")
     tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="Seconds a tool call may run before it "
                                   "is cancelled")
+    embedding_model: str | None = Field(None, max_length=512, description="The model that indexes and searches "
+                                        "documents (an installed id; none: the first installed embedding model)")
 
     # field -> (value in the file or None, value from the environment); save() keeps env values out of the file
     _env_overrides: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
@@ -155,6 +157,11 @@ class Settings(BaseModel):
     @property
     def history_path(self) -> Path:
         return self.data_dir / "chats.sqlite3"
+
+    @property
+    def docs_dir(self) -> Path:
+        """The documents store (engine/docs/): its database and the uploaded files."""
+        return self.data_dir / "documents"
 
     @property
     def path(self) -> Path:

@@ -76,6 +76,10 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     g.add_argument("--model-id", default=d.get("model_id"), help="model id from the store (default: the bundled model)")
     g.add_argument("--model", default=d.get("model"), metavar="PATH", help="a .gguf file or GPTQ/AWQ directory")
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
+    p.add_argument("--docs-dir", default=d.get("docs_dir"), metavar="DIR",
+                   help="the documents store of the Files and Vector Stores API (default: none, those routes answer 503)")
+    p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID",
+                   help="the model that embeds documents and queries (default: the first installed embedding model)")
     p.add_argument("--host", default=d["host"])
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",
@@ -204,7 +208,8 @@ def server_settings(args, api_key: str | None, default_model=None):
     keyless = (args.ollama_port,) if args.ollama_keyless and args.ollama_port else ()
     return ServerSettings(api_key=api_key, models_dir=args.models_dir, allowed_hosts=allowed,
                           cors_origins=tuple(args.cors_origin), keyless_ports=keyless,
-                          max_reasoning_tokens=args.max_reasoning_tokens, default_model=default_model)
+                          max_reasoning_tokens=args.max_reasoning_tokens, default_model=default_model,
+                          docs_dir=args.docs_dir, embedding_model=args.embedding_model)
 
 
 def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:

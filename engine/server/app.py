@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from engine.server.admin_routes import build_admin_router
 from engine.server.anthropic.routes import build_anthropic_router
 from engine.server.auth import SecurityMiddleware, SecurityPolicy
+from engine.server.documents import Documents
 from engine.server.embeddings import Embeddings
 from engine.server.errors import install_error_handlers
 from engine.server.json_body import JSONBodyMiddleware
@@ -28,7 +29,9 @@ from engine.server.ollama.routes import build_ollama_router
 from engine.server.openai.chat_routes import build_chat_router
 from engine.server.openai.completions_routes import build_completions_router
 from engine.server.openai.embedding_routes import build_embeddings_router
+from engine.server.openai.files_routes import build_files_router
 from engine.server.openai.responses_routes import build_responses_router
+from engine.server.openai.vector_store_routes import build_vector_store_router
 from engine.service.handle import EngineHandle
 from engine.service.served_model import ModelSpec
 
@@ -43,6 +46,8 @@ class ServerSettings:
     max_body_bytes: int = 16 << 20
     max_reasoning_tokens: int | None = None  # a reasoning model's thinking, capped unless a request says
     default_model: ModelSpec | None = None  # what a request that names no model gets when none is loaded
+    docs_dir: str | None = None  # the documents store (Files, Vector Stores, file_search); None: those answer 503
+    embedding_model: str | None = None  # the model that embeds documents (None: the first installed embedder)
     extra: dict = field(default_factory=dict)
 
 
@@ -55,6 +60,7 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     async def lifespan(_app: FastAPI):
         engine_thread.start()
         yield
+        app.state.documents.close()
         await asyncio.to_thread(engine_thread.stop)
 
     app = FastAPI(title="Ember engine", version="0.1.0", lifespan=lifespan,
@@ -64,12 +70,15 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     app.state.settings = settings
     app.state.puller = puller
     app.state.embeddings = Embeddings()  # llama.cpp's embeddings context, built on first use
+    app.state.documents = Documents(settings.docs_dir, settings.embedding_model)  # opened on first use
     metrics = engine_thread.metrics
     install_error_handlers(app)
     app.include_router(build_chat_router())
     app.include_router(build_completions_router())
     app.include_router(build_embeddings_router())
     app.include_router(build_responses_router())
+    app.include_router(build_files_router())
+    app.include_router(build_vector_store_router())
     app.include_router(build_ollama_router())
     app.include_router(build_ollama_models_router())
     app.include_router(build_anthropic_router())

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from starlette.exceptions import HTTPException
 
+from engine.server.json_body import UPLOAD_PATHS
+
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
 OPEN_PATHS = frozenset({"/health"})
 
@@ -66,6 +68,7 @@ class SecurityPolicy:
     allowed_hosts: frozenset[str] = frozenset()  # extra Host names ("*" allows any), for remote binds
     cors_origins: frozenset[str] = frozenset()  # browser origins allowed ("*" allows any)
     max_body_bytes: int = 16 << 20
+    max_upload_bytes: int = 512 << 20  # a file upload (UPLOAD_PATHS): a document, as large as one may be
     open_paths: frozenset[str] = field(default=OPEN_PATHS)
     keyless_ports: frozenset[int] = frozenset()  # where a client on this machine needs no key (Ollama's)
 
@@ -135,10 +138,10 @@ class SecurityMiddleware:
             msg = "invalid API key" if given else "missing API key: send 'Authorization: Bearer <key>'"
             return await _deny(send, 401, msg, "invalid_api_key", {"www-authenticate": "Bearer"})
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > p.max_body_bytes):
-            return await _deny(send, 413, f"request body larger than {p.max_body_bytes} bytes",
-                               "request_too_large")
-        await self.app(scope, _limited(receive, p.max_body_bytes), send)
+        limit = p.max_upload_bytes if scope["path"] in UPLOAD_PATHS else p.max_body_bytes
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _deny(send, 413, f"request body larger than {limit} bytes", "request_too_large")
+        await self.app(scope, _limited(receive, limit), send)
 
 
 def _limited(receive, limit: int):

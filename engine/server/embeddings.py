@@ -31,6 +31,7 @@ from starlette.requests import Request
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
 from engine.server.openai import bodies as R
+from engine.service.handle import EngineHandle
 from engine.service.served_model import LoadedModel
 from engine.server.errors import APIError
 from engine.server.serving import Job
@@ -39,7 +40,14 @@ MAX_INPUTS = 256
 MAX_CONTEXT = 8192  # an embeddings context's own KV: no larger than this whatever the chats get
 POOLING = {1: "mean", 2: "cls", 3: "last"}  # llama.cpp's enum llama_pooling_type
 MEAN = 1
+YIELD_POLL_S = 0.02  # how often background embedding looks whether the chats are done
 RANK = 4  # a cross-encoder reranker's head: one score per (query, document) pair, not a vector
+
+
+def chats_running(thread: EngineHandle) -> bool:
+    """Whether a model that generates has requests in its engine (the status the engine thread
+    publishes after every step, so this is safe from any thread)."""
+    return any(m.running and m.model is not None and m.model.generates for m in thread.models)
 
 
 def l2_normalize(v: np.ndarray) -> np.ndarray:
@@ -170,9 +178,10 @@ def file_pooling(path: str) -> int | None:
     return _pooling[path]
 
 
-async def pool_on_engine(request: Request, loaded: LoadedModel, inputs, truncate: bool) -> EmbedResult:
+async def pool_on_engine(thread: EngineHandle, request: Request | None, loaded: LoadedModel, inputs,
+                         truncate: bool) -> EmbedResult:
     """Each input a sequence of the chats' scheduler, mean-pooled by the runner (see the docstring)."""
-    engine, thread = loaded.engine, request.app.state.engine_thread
+    engine = loaded.engine
     tok = engine.tokenizer
     plans = await run_in_threadpool(plan_inputs, inputs, lambda s: tok.encode(s, parse_special=False),
                                     tok.vocab_size, engine.max_model_len, truncate)
@@ -199,8 +208,11 @@ class Embeddings:
         self._embedder: Embedder | None = None
         self._key: tuple | None = None
 
-    async def run(self, request: Request, loaded: LoadedModel, inputs: list[str | list[int]],
-                  truncate: bool = False) -> EmbedResult:
+    async def run(self, thread: EngineHandle, loaded: LoadedModel, inputs: list[str | list[int]],
+                  truncate: bool = False, request: Request | None = None, background: bool = False) -> EmbedResult:
+        """`request`: the HTTP call whose hanging up aborts the work (None: nobody's). `background`
+        (indexing documents): on llama.cpp, each input waits while a chat has a reply running, so
+        that the two never share the cores; on Ember's engine the scheduler's priority does that."""
         spec = loaded.spec
         gguf = spec.format == "gguf" and not os.path.isdir(spec.path)
         if not inputs:
@@ -210,22 +222,28 @@ class Embeddings:
                            code="invalid_value", param="input")
         if (loaded.engine.runner.pools_embeddings
                 and (not gguf or await run_in_threadpool(file_pooling, spec.path) in (None, MEAN))):
-            return await pool_on_engine(request, loaded, inputs, truncate)
+            return await pool_on_engine(thread, request, loaded, inputs, truncate)
         if not gguf:
             raise APIError(400, f"embeddings of a {spec.format} model need Ember's engine; the loaded model "
                            f"{spec.id!r} runs on {loaded.backend} (load it with the torch backend, or load a "
                            "GGUF file)", code="invalid_model", param="model")
         n_ctx = min(loaded.engine.max_model_len, MAX_CONTEXT)
         threads = loaded.engine.config.num_threads or os.cpu_count() or 1
-        return await run_in_threadpool(self._run, spec.path, n_ctx, threads, inputs, truncate)
+        wait = (lambda: chats_running(thread)) if background else None
+        return await run_in_threadpool(self._run, spec.path, n_ctx, threads, inputs, truncate, wait)
 
-    def _run(self, path: str, n_ctx: int, threads: int, inputs, truncate: bool) -> EmbedResult:
+    def _run(self, path: str, n_ctx: int, threads: int, inputs, truncate: bool, wait) -> EmbedResult:
         with self.lock:
             t0 = time.monotonic()
             e = self._embedder_for(path, n_ctx, threads)
             load = time.monotonic() - t0
             plans = plan_inputs(inputs, e.tokenize, e.n_vocab, n_ctx, truncate)
-            return EmbedResult([e.embed(ids) for ids in plans], [len(ids) for ids in plans], load, e.ranker)
+            vectors = []
+            for ids in plans:
+                while wait is not None and wait():
+                    time.sleep(YIELD_POLL_S)
+                vectors.append(e.embed(ids))
+            return EmbedResult(vectors, [len(ids) for ids in plans], load, e.ranker)
 
     def _embedder_for(self, path: str, n_ctx: int, threads: int) -> Embedder:
         key = (path, n_ctx, threads)

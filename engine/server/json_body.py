@@ -3,8 +3,8 @@
 Ollama's own documented request, `curl http://localhost:11434/api/generate -d '{"model": ...}'`,
 goes out as `application/x-www-form-urlencoded` (curl's `-d`), and some clients send text/plain or
 no type at all; FastAPI would hand such a body to the route as bytes and refuse it ("the request
-body must be a JSON object"). No route of Ember's takes form or multipart data, so a body whose
-type is missing or not JSON is declared JSON here, before the routes read it.
+body must be a JSON object"). Only OpenAI's file uploads (`UPLOAD_PATHS`) take multipart data, so
+any other body whose type is missing or not JSON is declared JSON here, before the routes read it.
 
 It runs inside SecurityMiddleware: a browser may send a text/plain POST without a CORS preflight
 (a "simple request"), so a foreign page's body must be refused by the Origin check before it is
@@ -16,6 +16,7 @@ from email.message import Message
 
 BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})
 JSON = (b"content-type", b"application/json")
+UPLOAD_PATHS = frozenset({"/v1/files"})  # multipart/form-data, as OpenAI's Files API takes it
 
 
 def is_json_type(content_type: str) -> bool:
@@ -36,6 +37,8 @@ class JSONBodyMiddleware:
         if scope["type"] == "http" and scope["method"] not in BODILESS:
             headers = scope["headers"]
             given = [v for k, v in headers if k.lower() == b"content-type"]
-            if not given or not is_json_type(given[0].decode("latin-1")):
+            kind = given[0].decode("latin-1") if given else ""
+            upload = scope["path"] in UPLOAD_PATHS and kind.lower().startswith("multipart/form-data")
+            if not upload and not is_json_type(kind):
                 scope = {**scope, "headers": [(k, v) for k, v in headers if k.lower() != b"content-type"] + [JSON]}
         await self.app(scope, receive, send)

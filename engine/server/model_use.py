@@ -85,7 +85,7 @@ async def use_model(request: Request, requested: str | None, text: bool = True,
     state = request.app.state
     thread: EngineHandle = state.engine_thread
     spec = resolve(thread, state.model_store, state.settings.default_model, requested)
-    loaded = await _acquire(thread, spec, keep_alive_s)
+    loaded = await acquire(thread, spec, keep_alive_s)
     request.scope[HOLDS].append(spec.id)
     if text and not loaded.generates:
         raise APIError(400, f"{spec.id!r} is an embedding model: it makes embeddings (/v1/embeddings, "
@@ -94,7 +94,7 @@ async def use_model(request: Request, requested: str | None, text: bool = True,
     return loaded
 
 
-async def _acquire(thread: EngineHandle, spec: ModelSpec, keep_alive_s) -> LoadedModel:
+async def acquire(thread: EngineHandle, spec: ModelSpec, keep_alive_s) -> LoadedModel:
     fut = thread.acquire(spec, keep_alive_s)
     wait = thread.residency.max_wait_s
     try:

@@ -106,7 +106,8 @@ class Job:
     engine frees their KV blocks on its next step.
     """
 
-    def __init__(self, thread: EngineHandle, request: Request) -> None:
+    def __init__(self, thread: EngineHandle, request: Request | None) -> None:
+        """`request`: the HTTP call whose hang-up aborts the job (None: background work)."""
         self.thread, self.request = thread, request
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
@@ -125,7 +126,7 @@ class Job:
         self.unfinished.add(rid)
         self.thread.submit_sink(ids, params, rid, engine, sink)
         self.thread.metrics.prompt_tokens.inc(len(ids))
-        if self._watcher is None:
+        if self._watcher is None and self.request is not None:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _next(self):

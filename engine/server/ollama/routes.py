@@ -231,6 +231,11 @@ async def _unload(request: Request, name: str, chat: bool) -> dict:
     return _loaded_reply(spec.id, chat, "unload")
 
 
+async def _embed(request: Request, loaded, inputs: list, truncate: bool = False):
+    state = request.app.state
+    return await state.embeddings.run(state.engine_thread, loaded, inputs, truncate, request=request)
+
+
 def build_ollama_router() -> APIRouter:
     router = APIRouter(route_class=OllamaRoute)
 
@@ -280,7 +285,7 @@ def build_ollama_router() -> APIRouter:
         t0 = time.monotonic()
         loaded = await _loaded(request, body.model, text=False, keep_alive=body.keep_alive)
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        res = await request.app.state.embeddings.run(request, loaded, inputs, truncate=body.truncate)
+        res = await _embed(request, loaded, inputs, body.truncate)
         return ollama_embed_reply(body.model, res, body.dimensions, t0)
 
     @router.post("/api/embeddings")
@@ -288,6 +293,6 @@ def build_ollama_router() -> APIRouter:
         loaded = await _loaded(request, body.model, text=False)
         if not body.prompt:  # as Ollama: no text, no vector
             return {"embedding": []}
-        return ollama_embeddings_reply(await request.app.state.embeddings.run(request, loaded, [body.prompt]))
+        return ollama_embeddings_reply(await _embed(request, loaded, [body.prompt]))
 
     return router

@@ -70,7 +70,7 @@ def build_embeddings_router() -> APIRouter:
     async def embeddings(body: EmbeddingRequest, request: Request):
         state = request.app.state
         loaded = await use_model(request, body.model, text=False)
-        res = await state.embeddings.run(request, loaded, body.inputs)
+        res = await state.embeddings.run(state.engine_thread, loaded, body.inputs, request=request)
         size = len(res.vectors[0])
         check_dimensions(body.dimensions, size)
         data = []
@@ -88,7 +88,8 @@ def build_embeddings_router() -> APIRouter:
     async def rerank(body: RerankRequest, request: Request):
         state = request.app.state
         loaded = await use_model(request, body.model, text=False)
-        res = await state.embeddings.run(request, loaded, [body.query, *body.documents])
+        res = await state.embeddings.run(state.engine_thread, loaded, [body.query, *body.documents],
+                                          request=request)
         if res.ranker:
             raise APIError(400, f"{loaded.spec.id!r} is a cross-encoder reranker (rank pooling), which Ember "
                            "does not run yet; load an embedding or chat model to rerank by similarity",

@@ -1,0 +1,111 @@
+"""OpenAI's Files and Vector Stores API on a real engine process, with the official `openai` client
+over real HTTP: the test set of tests/docs_kit.py (facts no model knows, in PDF, DOCX, PPTX,
+Markdown and code, beside distractors) uploaded, indexed by the real all-MiniLM-L6-v2 in the
+background, and searched: each question's own file is the top result.
+
+Oracles we did not write: the `openai` client (every request and object shape), pypdf, markitdown,
+SQLite's FTS5, sqlite-vec and the real MiniLM.
+"""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from docs_kit import QUESTIONS, minilm_store, write_corpus
+from server_util import openai_client, start_engine, tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_factory):
+    root = tmp_path_factory.mktemp("vs")
+    minilm_store(root / "models")
+    proc = start_engine(tiny_model(tiny_model_factory), root, "--models-dir", str(root / "models"),
+                        "--docs-dir", str(root / "docs"), backend="auto")
+    yield proc, root
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def indexed(server):
+    proc, root = server
+    client = openai_client(proc)
+    files = write_corpus(root / "corpus")
+    uploaded = {f.name: client.files.create(file=open(f, "rb"), purpose="assistants") for f in files}
+    store = client.vector_stores.create(name="kit", metadata={"owner": "tests"})
+    batch = client.vector_stores.file_batches.create_and_poll(
+        vector_store_id=store.id, file_ids=[u.id for u in uploaded.values()], poll_interval_ms=200)
+    return client, store, uploaded, batch
+
+
+def test_every_file_is_indexed_and_counted(indexed):
+    client, store, uploaded, batch = indexed
+    assert batch.status == "completed"
+    assert batch.file_counts.completed == len(uploaded) and batch.file_counts.failed == 0
+    got = client.vector_stores.retrieve(store.id)
+    assert got.status == "completed" and got.file_counts.total == len(uploaded)
+    assert got.metadata == {"owner": "tests"} and got.name == "kit"
+    assert got.usage_bytes == sum(u.bytes for u in uploaded.values())
+    listed = {f.id: f.status for f in client.vector_stores.files.list(store.id)}
+    assert listed == {u.id: "completed" for u in uploaded.values()}
+
+
+@pytest.mark.parametrize("q", QUESTIONS, ids=[q.filename for q in QUESTIONS])
+def test_the_file_that_holds_the_answer_is_the_top_result(indexed, q):
+    client, store, _, _ = indexed
+    page = client.vector_stores.search(store.id, query=q.text, max_num_results=3)
+    top = page.data[0]
+    assert top.filename == q.filename, [d.filename for d in page.data]
+    assert q.fact in top.content[0].text
+    assert 0 < top.score <= 1 and len(page.data) <= 3
+
+
+def test_files_api_round_trips_and_deleting_a_file_removes_its_chunks(indexed, server, tmp_path):
+    client, store, uploaded, _ = indexed
+    f = tmp_path / "extra.txt"
+    f.write_text("The zebra crossing on Quillon Street was painted purple in 2024.")
+    up = client.files.create(file=open(f, "rb"), purpose="assistants")
+    assert up.filename == "extra.txt" and up.bytes == f.stat().st_size and up.object == "file"
+    assert client.files.retrieve(up.id).id == up.id
+    assert client.files.content(up.id).read() == f.read_bytes()
+    assert up.id in {x.id for x in client.files.list()}
+    vsf = client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=up.id, poll_interval_ms=200)
+    assert vsf.status == "completed"
+    assert client.vector_stores.search(store.id, query="Quillon Street crossing colour").data[0].file_id == up.id
+    assert client.files.delete(up.id).deleted
+    hits = client.vector_stores.search(store.id, query="Quillon Street crossing colour").data
+    assert up.id not in {h.file_id for h in hits}
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(up.id)
+
+
+def test_a_file_ember_cannot_read_fails_alone_with_its_reason(indexed, tmp_path):
+    client, _, _, _ = indexed
+    bad = tmp_path / "scan.pdf"
+    bad.write_bytes(b"%PDF-1.4\n%garbage that is no PDF at all\n")
+    good = tmp_path / "ok.md"
+    good.write_text("# Note\n\nThe orchard has nine pear trees.")
+    s = client.vector_stores.create(name="mixed")
+    ids = [client.files.create(file=open(p, "rb"), purpose="assistants").id for p in (bad, good)]
+    batch = client.vector_stores.file_batches.create_and_poll(vector_store_id=s.id, file_ids=ids,
+                                                              poll_interval_ms=200)
+    assert (batch.file_counts.failed, batch.file_counts.completed) == (1, 1)
+    failed = client.vector_stores.files.retrieve(file_id=ids[0], vector_store_id=s.id)
+    assert failed.status == "failed" and "scan.pdf" in failed.last_error.message
+    assert "PDF" in failed.last_error.message
+    assert client.vector_stores.delete(s.id).deleted
+
+
+def test_bad_requests_get_openai_shaped_errors(indexed, server):
+    client, store, _, _ = indexed
+    proc, _ = server
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.retrieve("vs_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.files.create(vector_store_id=store.id, file_id="file-nope")
+    with pytest.raises(openai.BadRequestError):
+        client.vector_stores.search(store.id, query="   ")
+    r = httpx.post(proc.base_url + "/v1/files", headers={"Authorization": f"Bearer {proc.api_key}"},
+                   files={"file": ("a.txt", b"x")}, data={"purpose": "nonsense"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
