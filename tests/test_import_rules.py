@@ -3,7 +3,7 @@ and by importing the GUI's modules in a fresh interpreter.
 
 - engine imports nothing from app or ui, and no Qt;
 - ui imports no torch or llama_cpp, and of engine only its torch-free model-file facts
-  (SHARED_ENGINE: the GGUF header, manifest, bundled model, footprint and fit rule);
+  (SHARED_ENGINE: the GGUF header, manifest, bundled model, footprint and fit rule, a reply's citations);
 - app imports Qt only in app/gui_main.py (and app/bench/soak_gui.py, the bench that drives the
   real window in its own process), and ui only from gui_main;
 - the GUI's path (app/gui_main.py, ui/ and every project module they import, transitively)
@@ -37,7 +37,8 @@ SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.m
                  "engine.model_files.quant_config", "engine.model_files.architectures",
                  "engine.model_files.families", "engine.model_files.safetensors_file",
                  "engine.model_files.bert_folder", "engine.model_files.bert_gguf",
-                 "engine.kernel_library", "engine.kernel_paths", "engine.keep_alive")
+                 "engine.kernel_library", "engine.kernel_paths", "engine.keep_alive",
+                 "engine.docs", "engine.docs.sources")
 
 
 def shared(name: str) -> bool:

@@ -3,13 +3,15 @@
 The sources go into the user's turn, not the system prompt: small models follow an instruction
 next to the question better than one far above it, and a chat template that drops or merges
 system messages (Gemma's) keeps them. Each source is numbered and named by file and location, so
-the answer can cite `[1]` and the window can link it to the passage.
+the answer can cite `[1]` and the window can link it to the passage (it imports `citations`).
 """
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from engine.docs.retrieve import Hit
+if TYPE_CHECKING:  # the window imports this module too: no numpy or store behind it
+    from engine.docs.retrieve import Hit
 
 INSTRUCTION = ("Use the numbered sources below to answer. Cite each source you use by its number in square "
                "brackets, like [1]. If the sources do not hold the answer, say so.")
