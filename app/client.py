@@ -7,10 +7,12 @@ response, so the engine sees the disconnect, aborts the sequence and frees its K
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from app.doc_sources import parse_sources
 from app.openai_stream import (ChatDelta, ChatStream, EngineClientError, ToolCall, Usage, describe,
                                error_from_response, error_message, parse_usage, sse_events)
 
@@ -46,8 +48,10 @@ class EngineClient:
         self.close()
 
     # ---- plain requests ----
-    def _request(self, method: str, path: str, json_body: Any = None, timeout: Any = None) -> httpx.Response:
-        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    def _request(self, method: str, path: str, json_body: Any = None, timeout: Any = None,
+                 **kwargs: Any) -> httpx.Response:
+        if timeout is not None:
+            kwargs["timeout"] = timeout
         try:
             response = self._http.request(method, path, json=json_body, **kwargs)
         except httpx.HTTPError as e:
@@ -114,6 +118,57 @@ class EngineClient:
         body = {"model": model_id} if model_id else {}
         return self._json("POST", "/v1/engine/unload", body, timeout=LOAD_TIMEOUT)
 
+    # ---- documents: OpenAI's Files and Vector Stores ----
+    def upload_file(self, path: Path | str, purpose: str = "assistants") -> dict:
+        """POST /v1/files (multipart): the File object, whose id a vector store takes."""
+        path = Path(path)
+        with path.open("rb") as f:
+            response = self._request("POST", "/v1/files", files={"file": (path.name, f)},
+                                     data={"purpose": purpose}, timeout=LOAD_TIMEOUT)
+        return response.json()
+
+    def delete_file(self, file_id: str) -> dict:
+        return self._json("DELETE", f"/v1/files/{file_id}")
+
+    def _pages(self, path: str) -> list[dict]:
+        """Every item of an OpenAI cursor listing, oldest first."""
+        items: list[dict] = []
+        after = None
+        while True:
+            query = "?limit=100&order=asc" + (f"&after={after}" if after else "")
+            body = self._json("GET", path + query)
+            items += body.get("data") or []
+            if not body.get("has_more") or not items:
+                return items
+            after = items[-1]["id"]
+
+    def vector_stores(self) -> list[dict]:
+        return self._pages("/v1/vector_stores")
+
+    def create_vector_store(self, name: str, metadata: dict[str, str] | None = None) -> dict:
+        return self._json("POST", "/v1/vector_stores", {"name": name, "metadata": metadata or {}})
+
+    def rename_vector_store(self, store_id: str, name: str) -> dict:
+        return self._json("POST", f"/v1/vector_stores/{store_id}", {"name": name})
+
+    def delete_vector_store(self, store_id: str) -> dict:
+        return self._json("DELETE", f"/v1/vector_stores/{store_id}")
+
+    def attach_file(self, store_id: str, file_id: str, attributes: dict | None = None) -> dict:
+        """Add an uploaded file to a store; the engine indexes it in the background (status in_progress)."""
+        body = {"file_id": file_id} | ({"attributes": attributes} if attributes else {})
+        return self._json("POST", f"/v1/vector_stores/{store_id}/files", body)
+
+    def vector_store_files(self, store_id: str) -> list[dict]:
+        """The store's files with their status (in_progress: Ember's `progress`), attributes and error."""
+        return self._pages(f"/v1/vector_stores/{store_id}/files")
+
+    def vector_store_file(self, store_id: str, file_id: str) -> dict:
+        return self._json("GET", f"/v1/vector_stores/{store_id}/files/{file_id}")
+
+    def detach_file(self, store_id: str, file_id: str) -> dict:
+        return self._json("DELETE", f"/v1/vector_stores/{store_id}/files/{file_id}")
+
     # ---- generation ----
     def _body(self, messages: list[dict], model: str | None, sampling: dict[str, Any]) -> dict:
         model = model or self._model()
@@ -134,10 +189,14 @@ class EngineClient:
         return models[0]["id"] if models else None
 
     def chat_stream(self, messages: list[dict], model: str | None = None, *, include_usage: bool = True,
-                    **sampling: Any) -> ChatStream:
+                    documents: dict | None = None, **sampling: Any) -> ChatStream:
         """Start a streamed chat completion; sampling keywords (temperature, top_p, max_tokens, stop,
-        seed, ...) go into the request body as they are. Raises EngineClientError for a refused request."""
+        seed, ...) go into the request body as they are. `documents` ({"vector_store_ids": [...]}, Ember's
+        extension) answers from those stores: the stream's first delta carries the passages as `sources`.
+        Raises EngineClientError for a refused request."""
         body = self._body(messages, model, sampling) | {"stream": True}
+        if documents:
+            body["documents"] = documents
         if include_usage:
             body["stream_options"] = {"include_usage": True}
         request = self._http.build_request("POST", "/v1/chat/completions", json=body, timeout=STREAM_TIMEOUT)
@@ -169,4 +228,5 @@ class EngineClient:
         except (KeyError, IndexError, TypeError, AttributeError):
             raise EngineClientError("the server's chat completion has no choices or a malformed call") from None
         return ChatDelta(text, choice.get("finish_reason"), parse_usage(reply.get("usage")),
-                         None, time.perf_counter() - t_sent, message.get("reasoning_content") or "", calls)
+                         None, time.perf_counter() - t_sent, message.get("reasoning_content") or "", calls,
+                         parse_sources(reply.get("sources")))

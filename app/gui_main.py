@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 
 from app.agent.chat_tools import ChatTools, config_path
 from app.catalog import Catalog
+from app.embedders import embedding_models
 from app.history import ChatStore
 from app.model_kind import COMPLETION, is_completion_model
 from app.reply_versions import ReplyVersions
@@ -28,6 +29,7 @@ from app.settings import Settings
 from app.store import ModelStore
 from app.supervisor import EngineSupervisor
 from ui.crash_dialog import CrashReporter
+from ui.documents_dialog import DocumentsDialog
 from ui.engine_controller import EngineController
 from ui.main_window import MainWindow
 from ui.mcp_states import ServerStates
@@ -41,7 +43,7 @@ log = logging.getLogger("ember")
 
 ENGINE_FIELDS = ("server_port", "ollama_port", "ollama_keyless", "api_key", "backend", "device", "dtype",
                  "kv_memory_fraction", "threads", "models_dir", "server_host", "speculative",
-                 "memory_budget_gb", "max_loaded_models", "keep_alive")
+                 "memory_budget_gb", "max_loaded_models", "keep_alive", "embedding_model")
 
 
 @dataclass
@@ -60,6 +62,16 @@ class EmberApp:
     settings_dialog: SettingsDialog | None = None
     chat_tools: ChatTools | None = None  # the MCP servers (mcp.json); their processes end with close_tools()
     tool_states: ServerStates | None = None
+    documents: DocumentsDialog | None = None
+
+    def open_documents(self, parent: QWidget | None = None) -> DocumentsDialog:
+        """The Documents view (collections and their files), one for the app."""
+        if self.documents is None:
+            self.documents = DocumentsDialog(self.controller, self.window)
+            self.documents.collections_changed.connect(self.window.settings_panel.documents.refresh)
+        self.documents.show()
+        self.documents.raise_()
+        return self.documents
 
     def open_model_manager(self, parent: QWidget | None = None) -> ModelManagerDialog:
         if self.model_manager is None:
@@ -88,7 +100,8 @@ class EmberApp:
         before = {f: getattr(self.settings, f) for f in (*ENGINE_FIELDS, "connection_url", "connection_key")}
         dialog = SettingsDialog(self.settings, self.window, models=[(m.id, m.name) for m in self.store.list()],
                                 engine_status=self.controller.last_status, tools=self.chat_tools,
-                                tool_states=self.tool_states, show_log=self.window.show_engine_log)
+                                tool_states=self.tool_states, show_log=self.window.show_engine_log,
+                                embedders=embedding_models(self.store))
         self.controller.status_changed.connect(dialog.memory.show_status)  # the loaded model's figures, live
         dialog.settings_saved.connect(lambda s: self._on_settings_saved(before))
         dialog.open()  # window-modal, does not block the event loop
@@ -166,9 +179,13 @@ def build_app(settings: Settings, supervisor: Any | None = None, downloads: Any 
                         open_settings=lambda parent: parts["app"].open_settings(parent),
                         model_defaults=store_defaults(store),
                         local_models=lambda: [(m.id, _picker_name(store, m)) for m in store.list()],
-                        reply_versions=ReplyVersions(settings.history_path), tools=chat_tools)
+                        reply_versions=ReplyVersions(settings.history_path), tools=chat_tools,
+                        open_documents=lambda parent: parts["app"].open_documents(parent))
     window.settings_panel.tools.set_tools(chat_tools, tool_states)
     window.settings_panel.tools.configure_requested.connect(lambda: parts["app"].open_tools_settings())
+    window.settings_panel.documents.set_engine(controller)
+    window.settings_panel.documents.manage_requested.connect(lambda: parts["app"].open_documents())
+    controller.models_changed.connect(window.settings_panel.documents.refresh)  # the engine (re)started
     tray = TrayIcon(controller, save_settings=settings.save)
     window.tray = tray
     ember = EmberApp(settings, chat_store, store, controller, window, tray, catalog, downloads,

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from app.agent.steps import ToolStep, steps_from_json, steps_json
+from app.doc_sources import Source, parse_sources, sources_from_json, sources_json
 from app.history_export import chat_markdown
-from app.history_schema import ROLES, SCHEMA_VERSION, STATUSES, open_history
+from app.history_schema import (ROLES, SCHEMA_VERSION, STATUSES, calls_from_json, calls_json, notices_from_json,
+                                open_history)
 
 EXPORT_FORMAT = "ember-chat"
 
@@ -56,6 +58,7 @@ class Message:
     tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON) of its calls
     tool_steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for it, with results
     notices: list[str] = field(default_factory=list)  # what the chat said about it (a server that failed)
+    sources: list[Source] = field(default_factory=list)  # the passages of the user's documents it was given
 
 
 class ChatStore:
@@ -174,7 +177,8 @@ class ChatStore:
                        tok_s: float | None = None, ttft: float | None = None, reasoning: str | None = None,
                        thought_s: float | None = None, model: str | None = None,
                        finish_reason: str | None = None, tool_calls: list[tuple[str, str]] | None = None,
-                       tool_steps: list[ToolStep] | None = None, notices: list[str] | None = None) -> None:
+                       tool_steps: list[ToolStep] | None = None, notices: list[str] | None = None,
+                       sources: list[Source] | None = None) -> None:
         """Change what is given; the GUI calls it as a reply streams (content) and once at the end (status).
 
         The chat keeps its place in the list: a reply that streams or finishes does not move it
@@ -185,9 +189,10 @@ class ChatStore:
         sets, args = [], []
         for column, value in (("content", content), ("status", status), ("tok_s", tok_s), ("ttft", ttft),
                               ("reasoning", reasoning), ("thought_s", thought_s), ("model", model),
-                              ("finish_reason", finish_reason), ("tool_calls", _calls_json(tool_calls)),
+                              ("finish_reason", finish_reason), ("tool_calls", calls_json(tool_calls)),
                               ("tool_steps", None if tool_steps is None else steps_json(tool_steps)),
-                              ("notices", None if notices is None else json.dumps(notices, ensure_ascii=False))):
+                              ("notices", None if notices is None else json.dumps(notices, ensure_ascii=False)),
+                              ("sources", sources_json(sources))):
             if value is not None:
                 sets.append(f"{column}=?")
                 args.append(str(value) if column in ("content", "reasoning") else value)
@@ -246,10 +251,11 @@ class ChatStore:
                               float(doc.get("created_at", now)), now))
             chat_id = int(cur.lastrowid)
             db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft, reasoning,"
-                           " thought_s, tool_steps) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                           " thought_s, tool_steps, sources) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                            [(chat_id, m["role"], str(m["content"]), m.get("status", "done"),
                              float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft"),
-                             str(m.get("reasoning") or ""), m.get("thought_s"), s) for m, s in zip(messages, steps)])
+                             str(m.get("reasoning") or ""), m.get("thought_s"), s,
+                             sources_json(parse_sources(m.get("sources")))) for m, s in zip(messages, steps)])
             return chat_id
 
 
@@ -274,23 +280,5 @@ def _chat(row: sqlite3.Row) -> Chat:
 def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
                    row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"],
-                   _calls(row["tool_calls"]), steps_from_json(row["tool_steps"]), _notices(row["notices"]))
-
-
-def _calls_json(calls: list[tuple[str, str]] | None) -> str | None:
-    return None if calls is None else json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
-
-
-def _calls(text: str | None) -> list[tuple[str, str]]:
-    try:
-        return [(c["name"], c["arguments"]) for c in json.loads(text or "[]")]
-    except (ValueError, TypeError, KeyError):
-        return []
-
-
-def _notices(text: str | None) -> list[str]:
-    try:
-        return [str(n) for n in json.loads(text or "[]")]
-    except (ValueError, TypeError):
-        return []
-
+                   calls_from_json(row["tool_calls"]), steps_from_json(row["tool_steps"]), notices_from_json(row["notices"]),
+                   sources_from_json(row["sources"]))

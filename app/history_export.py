@@ -69,4 +69,17 @@ def chat_markdown(chat: Any, messages: list[Any]) -> str:
         for step in m.tool_steps:
             lines += [part for block in step_markdown(step) for part in (block, "")]
         lines += [f"> {notice}" for notice in m.notices] + ([""] if m.notices else [])
+        lines += sources_markdown(m.sources)
     return "\n".join(lines)
+
+
+def sources_markdown(sources: list[Any]) -> list[str]:
+    """The passages a reply was given, numbered as its `[n]` cite them: file, location, and the text quoted."""
+    if not sources:
+        return []
+    lines = ["**Sources**", ""]
+    for s in sources:
+        where = f" — {s.location}" if s.location else ""
+        lines.append(f"{s.index}. {code_span(s.filename)}{where}" + (f" ({s.path})" if s.path else ""))
+        lines += [f"   > {line}".rstrip() for line in s.text.strip().splitlines()[:6]]
+    return lines + [""]

@@ -2,13 +2,15 @@
 foreign keys on, and a file from an older Ember migrated (its messages gain the newer columns)."""
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 4  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and
-# tool calls; 4: the calls an agent ran for it, with their results (tool_steps), and its notices
+SCHEMA_VERSION = 5  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and
+# tool calls; 4: the calls an agent ran for it, with their results (tool_steps), and its notices;
+# 5: the passages of the user's documents it was given (sources)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS chats (
@@ -34,7 +36,8 @@ CREATE TABLE IF NOT EXISTS messages (
     finish_reason TEXT,                  -- the server's: stop, length, tool_calls, ...
     tool_calls TEXT,                     -- JSON list of {"name", "arguments"}: the calls a reply made
     tool_steps TEXT,                     -- JSON list of ToolStep (app/agent/steps.py): the calls run, and results
-    notices TEXT                         -- JSON list of lines the chat said about the reply (a server that failed)
+    notices TEXT,                        -- JSON list of lines the chat said about the reply (a server that failed)
+    sources TEXT                         -- JSON list of Source (app/doc_sources.py): the passages it was given
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
@@ -43,7 +46,8 @@ CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
 
 # Columns added since schema 1, for files written before them: (name, declaration).
 _ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"), ("model", "TEXT"),
-                  ("finish_reason", "TEXT"), ("tool_calls", "TEXT"), ("tool_steps", "TEXT"), ("notices", "TEXT"))
+                  ("finish_reason", "TEXT"), ("tool_calls", "TEXT"), ("tool_steps", "TEXT"), ("notices", "TEXT"),
+                  ("sources", "TEXT"))
 
 
 def open_history(path: Path) -> sqlite3.Connection:
@@ -65,3 +69,23 @@ def open_history(path: Path) -> sqlite3.Connection:
             db.execute(f"ALTER TABLE messages ADD COLUMN {name} {declaration}")
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return db
+
+
+# The JSON columns, written and read back (a malformed value reads as empty).
+def calls_json(calls: list[tuple[str, str]] | None) -> str | None:
+    return None if calls is None else json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
+
+
+def calls_from_json(text: str | None) -> list[tuple[str, str]]:
+    try:
+        return [(c["name"], c["arguments"]) for c in json.loads(text or "[]")]
+    except (ValueError, TypeError, KeyError):
+        return []
+
+
+def notices_from_json(text: str | None) -> list[str]:
+    try:
+        return [str(n) for n in json.loads(text or "[]")]
+    except (ValueError, TypeError):
+        return []
+

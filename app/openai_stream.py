@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from app.doc_sources import Source, parse_sources
+
 log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 64 * 1024
@@ -63,6 +65,7 @@ class ChatDelta:
     ttft: float | None = None
     reasoning: str = ""  # a reasoning model's thinking (delta.reasoning_content), apart from the answer
     tool_calls: tuple[ToolCall, ...] = ()  # every call so far, on the deltas that add to them
+    sources: tuple[Source, ...] = ()  # the passages a documents reply was given (on its first delta)
 
 
 class ChatStream(Iterator[ChatDelta]):
@@ -84,6 +87,7 @@ class ChatStream(Iterator[ChatDelta]):
         self.usage: Usage | None = None
         self.id: str | None = None
         self.model: str | None = None
+        self.sources: tuple[Source, ...] = ()  # Ember's documents extension: on the first chunk
 
     @property
     def ttft(self) -> float | None:
@@ -133,6 +137,8 @@ class ChatStream(Iterator[ChatDelta]):
             raise error_from_body(chunk, None)
         self.id = self.id or chunk.get("id")
         self.model = self.model or chunk.get("model")
+        sources = parse_sources(chunk.get("sources")) if "sources" in chunk else ()
+        self.sources = sources or self.sources
         text, thought, finish, calls = "", "", None, ()
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -154,9 +160,9 @@ class ChatStream(Iterator[ChatDelta]):
             self.finish_reason = finish
         if usage is not None:
             self.usage = usage
-        if not (text or thought or finish or usage or calls):
+        if not (text or thought or finish or usage or calls or sources):
             return None  # role-only or empty keep-alive chunk
-        return ChatDelta(text, finish, usage, self.tok_s, self.ttft, thought, calls)
+        return ChatDelta(text, finish, usage, self.tok_s, self.ttft, thought, calls, sources)
 
     def _add_calls(self, parts: Any) -> tuple[ToolCall, ...]:
         """OpenAI's streamed tool calls: each part names its call's index; the id and name come

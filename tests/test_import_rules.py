@@ -9,7 +9,8 @@ and by importing the GUI's modules in a fresh interpreter.
 - the GUI's path (app/gui_main.py, ui/ and every project module they import, transitively)
   reaches no torch or llama_cpp, and no engine module but SHARED_ENGINE;
 - the engine core (sequence, block_manager, scheduler, llm_engine, output_processor, runner) imports no torch.
-Imports inside functions count too: ast.walk sees them all.
+Imports inside functions count too: ast.walk sees them all (but those under `if TYPE_CHECKING:`,
+which never run).
 """
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ def imports_of(root: Path, path: Path) -> set[str]:
     mod = module_name(root, path)
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out: set[str] = set()
+    typing_only = {id(n) for branch in ast.walk(tree) if isinstance(branch, ast.If) and _type_checking(branch.test)
+                   for stmt in branch.body for n in ast.walk(stmt)}  # never run: names for annotations only
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -73,6 +78,12 @@ def imports_of(root: Path, path: Path) -> set[str]:
             out.add(prefix)
             out.update(f"{prefix}.{alias.name}" for alias in node.names if alias.name != "*")
     return {name for name in out if name}
+
+
+def _type_checking(test: ast.expr) -> bool:
+    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def top(name: str) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QPushButton, QWidget
 
 from ui.elided_label import ElidedLabel
@@ -17,7 +18,7 @@ def add_buttons(view: QWidget) -> QHBoxLayout:
     view.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
     view.stop_button.setToolTip("Stop the reply (Esc)")
     view.send_button.setToolTip("Send the message (Enter)")
-    row = QHBoxLayout()
+    row = view.buttons_row = QHBoxLayout()  # ui/chat_documents.py adds its Files… button here
     row.addWidget(view.info_label, 1)
     view.attach_button = None
     if view.agent.tools is not None:  # MCP resources into the message (ui/resource_attach.py)
@@ -35,3 +36,11 @@ def keep_typing_focus(view: QWidget, focus: QWidget | None) -> None:
     """A button that had the keyboard (and is now disabled) must not hand it on to the search box."""
     if view.isVisible() and (focus is None or focus in (view.send_button, view.stop_button, view.regenerate_button)):
         view.input.setFocus()
+
+
+def put_back(view: QWidget, text: str) -> None:
+    """An edited question back in the message box, to send again on Enter."""
+    view.input.setPlainText(text)
+    view.input.moveCursor(QTextCursor.End)
+    view.input.setFocus()
+    view.update_buttons()

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QSpinBox, QVBoxLayout, QWidget)
 
 from app.sampling_defaults import EFFORTS, effective_settings
+from ui.chat_documents_section import ChatDocumentsSection
 from ui.chat_tools_section import ChatToolsSection
 
 
@@ -55,6 +56,7 @@ class ChatSettingsPanel(QWidget):
         self.set_effort_choice(False)
         self.source = QLabel(self, objectName="settingsSource", wordWrap=True)
         self.tools = ChatToolsSection(self)  # shown once the app hands it its MCP servers (set_tools)
+        self.documents = ChatDocumentsSection(self)  # shown once the app hands it the engine (set_engine)
         self._lay_out()
 
         self.system_prompt.textChanged.connect(self._on_edited)
@@ -66,6 +68,7 @@ class ChatSettingsPanel(QWidget):
         self.effort.currentIndexChanged.connect(self._on_edited)
         self.model.currentIndexChanged.connect(self._on_model_edited)
         self.tools.changed.connect(self.settings_changed)  # only its own keys: the store merges them
+        self.documents.changed.connect(self.settings_changed)
         self.load({}, None)
 
     def _lay_out(self) -> None:
@@ -84,6 +87,7 @@ class ChatSettingsPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 6, 6, 6)
         layout.addWidget(box)
+        layout.addWidget(self.documents)
         layout.addWidget(self.tools)
         layout.addStretch(1)
 
@@ -106,6 +110,7 @@ class ChatSettingsPanel(QWidget):
         self.effort.setCurrentIndex(max(0, self.effort.findData(s.get("effort"))))
         self._select_model(model)
         self.tools.load(settings or {})
+        self.documents.load(settings or {})
         self._loading = False
 
     def values(self) -> dict:

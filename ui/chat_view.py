@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from app.agent.chat_tools import ChatTools
@@ -20,7 +19,8 @@ from app.history import ChatStore
 from app.reply_versions import ReplyVersions
 from app.sampling_defaults import effective_settings, request_fields
 from ui.agent_turn import AgentTurn, Approver, close_steps
-from ui.chat_buttons import add_buttons, keep_typing_focus
+from ui.chat_buttons import add_buttons, keep_typing_focus, put_back
+from ui.chat_documents import ChatDocuments
 from ui.engine_controller import EngineController
 from ui.error_words import reply_error_text
 from ui.message_actions import MessageActions, keep_versions
@@ -83,8 +83,9 @@ class ChatView(QWidget):
         self.actions = MessageActions(self.transcript, chat_store, versions, lambda: self.is_streaming, self.stop,
                                       parent=self)
         self.transcript.action_requested.connect(self.actions.run)
-        self.actions.edit_requested.connect(self._put_back)
+        self.actions.edit_requested.connect(lambda text: put_back(self, text))
         self.actions.continue_requested.connect(self.continue_reply)
+        self.docs = ChatDocuments(self)  # its files and collections: `documents` in its requests, sources back
         self._load()
 
     # ---- public API (tests drive these, as a user would through the buttons) ----
@@ -94,7 +95,7 @@ class ChatView(QWidget):
 
     def send(self, text: str) -> None:
         text = text.strip()
-        if not text or self.is_streaming:
+        if not text or self.is_streaming or not self.docs.ready_to_send():
             return
         self.input.clear()
         msg_id = self.chat_store.add_message(self.chat_id, "user", text)
@@ -143,6 +144,7 @@ class ChatView(QWidget):
                                                      or "speculative" in self.engine.last_status):
             sampling["speculative"] = "off"  # this chat opted out (other servers may not know the field)
         history = api_messages(self.transcript.messages, system)
+        sampling["documents"] = self.docs.request_field()
         if continuing is None:
             self._reply = TranscriptMessage("assistant", "", "streaming")
             self.transcript.messages.append(self._reply)
@@ -203,6 +205,7 @@ class ChatView(QWidget):
             self._clock.tokens = delta.usage.completion_tokens or self._clock.tokens
         if delta.finish_reason:
             self._reply.finish_reason = delta.finish_reason
+        self._reply.sources = list(delta.sources) or self._reply.sources
         if delta.tool_calls:  # the server's parsed calls, as data: the reply's text holds none of their syntax
             self._reply.tool_calls = [(c.name, c.arguments) for c in delta.tool_calls]
         self._emit_stats(delta.tok_s)
@@ -252,7 +255,8 @@ class ChatView(QWidget):
         self.chat_store.update_message(self._reply_id, reply.content, status, tok_s=reply.tok_s, ttft=reply.ttft,
                                        reasoning=reply.reasoning or None, thought_s=reply.thought_s,
                                        model=reply.model, finish_reason=reply.finish_reason,
-                                       tool_calls=reply.tool_calls, tool_steps=reply.steps, notices=reply.notices)
+                                       tool_calls=reply.tool_calls, tool_steps=reply.steps, notices=reply.notices,
+                                       sources=reply.sources)
 
     def next_round(self, t_sent: float) -> None:
         """The reply that called tools is done; the next one, sent at `t_sent`, is a message of its own."""
@@ -275,13 +279,6 @@ class ChatView(QWidget):
     def _load(self) -> None:
         self.transcript.model_names = self.engine.model_names
         self.transcript.set_messages(from_history(self.chat_store.messages(self.chat_id), self.versions))
-        self.update_buttons()
-
-    def _put_back(self, text: str) -> None:
-        """An edited question back in the message box, to send again on Enter."""
-        self.input.setPlainText(text)
-        self.input.moveCursor(QTextCursor.End)
-        self.input.setFocus()
         self.update_buttons()
 
     def _maybe_title_from(self, text: str) -> None:

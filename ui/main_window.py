@@ -45,7 +45,7 @@ class MainWindow(QMainWindow):
                  model_defaults: Callable[[str | None], dict] | None = None,
                  local_models: Callable[[], list[tuple[str, str]]] | None = None,
                  reply_versions: ReplyVersions | None = None, tools: object = None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, open_documents: Callable[[QWidget], None] | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
         self.chat_store = chat_store
@@ -53,6 +53,7 @@ class MainWindow(QMainWindow):
         self.tray: TrayIcon | None = None  # set by the app when a tray icon exists
         self._open_model_manager = open_model_manager
         self._open_settings = open_settings
+        self._open_documents = open_documents
         self._model_defaults = model_defaults or (lambda _model: {})
         self._local_models = local_models or (lambda: [])
         self._reply_versions = reply_versions
@@ -257,7 +258,8 @@ class MainWindow(QMainWindow):
             stop=self._on_stop, search=self._on_search, engine=self.engine,
             models=lambda: self._open_model_manager and self._open_model_manager(self),
             settings=lambda: self._open_settings and self._open_settings(self),
-            engine_log=self.show_engine_log, about=self._on_about)
+            engine_log=self.show_engine_log, about=self._on_about,
+            documents=lambda: self._open_documents and self._open_documents(self))
         self.new_chat_action, self.models_action = self.actions.new_chat, self.actions.models
         self.settings_action = self.actions.settings
 

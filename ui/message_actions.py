@@ -28,6 +28,7 @@ class MessageActions(QObject):
 
     edit_requested = Signal(str)  # a question taken back: its text, for the message box
     continue_requested = Signal(int)  # a reply that thought through its budget, to go on (the chat view streams it)
+    source_requested = Signal(int, int)  # a reply's `[n]` or listed source clicked: message index, source number
 
     def __init__(self, transcript: TranscriptView, chat_store: ChatStore, versions: ReplyVersions | None,
                  is_streaming: Callable[[], bool], stop: Callable[[], None], parent: QObject | None = None) -> None:
@@ -44,6 +45,7 @@ class MessageActions(QObject):
             return
         handler = {"copy": self.copy, "code": self.copy_code, "edit": self.edit, "delete": self.delete,
                    "continue": lambda i, _b: self.continue_requested.emit(i),
+                   "source": self.source_requested.emit,
                    "prev": lambda i, _b: self.flip(i, -1), "next": lambda i, _b: self.flip(i, +1)}.get(action)
         if handler is not None:
             handler(index, block)

@@ -53,15 +53,18 @@ class SettingsDialog(QDialog):
 
     def __init__(self, settings: Settings, parent: QWidget | None = None,
                  models: list[tuple[str, str]] | None = None, engine_status: dict | None = None,
-                 tools: Any = None, tool_states: Any = None, show_log: Callable[[], object] | None = None) -> None:
+                 tools: Any = None, tool_states: Any = None, show_log: Callable[[], object] | None = None,
+                 embedders: list[tuple[str, str]] | None = None) -> None:
         """`models`: the installed models as (id, name), which the draft-model picker offers;
         `engine_status`: the engine's last /v1/engine/status (`memory.show_status` takes later ones);
-        `tools`, `tool_states`, `show_log`: the app's ChatTools, its ServerStates and the log dialog's opener."""
+        `tools`, `tool_states`, `show_log`: the app's ChatTools, its ServerStates and the log dialog's opener;
+        `embedders`: the installed embedding models as (id, name), for documents."""
         super().__init__(parent)
         self.setWindowTitle("Ember settings")
         self.setMinimumWidth(620)
         self.settings = settings
         self._make_fields(settings, models or [])
+        self.embedding_model = self._embedder_choice(settings.embedding_model, embedders or [])
         self.tools_page = ToolsPage(settings, tools, tool_states, show_log, self)
         self._lay_out(settings, engine_status)
         self._explain()
@@ -145,6 +148,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(memory)
         layout.addWidget(self._group("Connection", [("Server URL", self.connection_url),
                                                     ("Server's key", self.connection_key)]))
+        layout.addWidget(self._group("Documents", [("Embedding model", self.embedding_model)]))
         layout.addWidget(self._group("Appearance", [("Theme", self.theme)]))
         scroll = QScrollArea(self, widgetResizable=True, frameShape=QFrame.NoFrame)  # fits a laptop's screen
         scroll.setWidget(general)
@@ -194,6 +198,7 @@ class SettingsDialog(QDialog):
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,
             "connection_key": self.connection_key.text().strip() or None,
+            "embedding_model": self.embedding_model.currentData(),
             "tool_step_limit": self.tools_page.step_limit.value(), "tool_timeout_s": self.tools_page.timeout.value(),
         }
 
@@ -221,6 +226,17 @@ class SettingsDialog(QDialog):
         box = QComboBox(self)
         box.addItems(items)
         box.setCurrentText(current)
+        return box
+
+    def _embedder_choice(self, current: str | None, embedders: list[tuple[str, str]]) -> QComboBox:
+        """The installed embedding models; the first item leaves the choice to the engine."""
+        box = QComboBox(self)
+        box.addItem("The first installed one" if embedders else "None installed (Models → Model manager)", None)
+        for model_id, name in embedders + ([(current, current)] if current and current not in dict(embedders) else []):
+            box.addItem(name, model_id)
+        box.setCurrentIndex(max(0, box.findData(current)))
+        box.setToolTip("The model that indexes your documents and searches them for a chat's question. "
+                       "Changing it indexes every collection again; the engine takes it on its next start")
         return box
 
     def _group(self, title: str, rows: list) -> QGroupBox:

@@ -14,6 +14,7 @@ import re
 from app.history_export import code_span, fenced
 from ui.markdown_text import verbatim
 from ui.transcript_message import TranscriptMessage
+from ui.transcript_sources import sources_lines, with_citation_links
 from ui.transcript_steps import notice_lines, steps_lines
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -119,6 +120,8 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
             body += "\n```"
         if actions and m.status != "streaming":
             body = _with_code_links(body, i)
+        if actions and m.sources:
+            body = with_citation_links(body, m, i)
         if thinking:
             parts += [f"#### {title}", *thinking]
             if body.strip():
@@ -126,6 +129,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
         else:
             parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
         parts += steps_lines(m, i, actions) + _tool_call_lines(m, i, actions) + notice_lines(m)
+        parts += sources_lines(m, i, actions)
         if m.out_of_budget:
             parts.append("_The model used its whole token budget thinking and wrote no answer: "
                          "Continue lets it go on, or raise Max tokens in the chat's settings._")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.agent.loop import history_messages
 from app.agent.steps import ToolStep
+from app.doc_sources import Source
 
 if TYPE_CHECKING:
     from app.history import Message
@@ -37,6 +38,7 @@ class TranscriptMessage:
     steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for this reply, with results
     notices: list[str] = field(default_factory=list)  # lines about the reply: a server that failed, the step limit
     whole: set[int] = field(default_factory=set)  # the steps whose long result is shown in full
+    sources: list[Source] = field(default_factory=list)  # the passages of the user's documents it was given
 
     @property
     def out_of_budget(self) -> bool:
@@ -69,7 +71,7 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
                                 "the reply was interrupted" if status == "error" else None, msg_id=m.id,
                                 reasoning=m.reasoning, thought_s=m.thought_s, finish_reason=m.finish_reason,
                                 model=m.model, tok_s=m.tok_s, ttft=m.ttft, tool_calls=m.tool_calls,
-                                steps=m.tool_steps, notices=m.notices)
+                                steps=m.tool_steps, notices=m.notices, sources=m.sources)
         if m.role == "assistant" and versions is not None:
             kept, shown = versions.get(m.id)
             if kept and kept[shown] == m.content:  # the one shown is the one stored

@@ -1,7 +1,7 @@
 """The main window's menus and keyboard shortcuts, in one place (the platform's conventions).
 
 Ctrl+N new chat · Ctrl+R regenerate · Escape stop the reply · Ctrl+F search chats ·
-Ctrl+M model manager · Ctrl+, settings · Ctrl+W close the window · Ctrl+Q quit.
+Ctrl+M model manager · Ctrl+Shift+D documents · Ctrl+, settings · Ctrl+W close the window · Ctrl+Q quit.
 Every menu says "engine" for the background process (the tray and the messages do too).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ class WindowActions:
     stop: QAction
     search: QAction
     models: QAction
+    documents: QAction
     settings: QAction
     engine_log: QAction
     about: QAction
@@ -44,7 +45,7 @@ def _action(parent: QObject, menu: QMenu, text: str, slot: Callable, *shortcuts)
 
 def build_menus(window: QMainWindow, *, new_chat: Callable, export: Callable[[str], None],
                 regenerate: Callable, stop: Callable, search: Callable, models: Callable, settings: Callable,
-                engine_log: Callable, about: Callable, engine) -> WindowActions:
+                engine_log: Callable, about: Callable, engine, documents: Callable = lambda: None) -> WindowActions:
     """Fill `window`'s menu bar; `engine` is the EngineController (start/stop/restart, quit)."""
     bar = window.menuBar()
     file_menu = bar.addMenu("&File")
@@ -62,7 +63,9 @@ def build_menus(window: QMainWindow, *, new_chat: Callable, export: Callable[[st
     stop_a = _action(window, chat_menu, "Stop reply", stop, "Escape")
     find = _action(window, chat_menu, "Search chats", search, QKeySequence.Find, "Ctrl+F")
 
-    models_a = _action(window, bar.addMenu("&Models"), "Model manager…", models, "Ctrl+M")
+    models_menu = bar.addMenu("&Models")
+    models_a = _action(window, models_menu, "Model manager…", models, "Ctrl+M")
+    docs_a = _action(window, models_menu, "Documents…", documents, "Ctrl+Shift+D")
 
     engine_menu = bar.addMenu("&Engine")
     _action(window, engine_menu, "Start engine", engine.start_server)
@@ -72,4 +75,4 @@ def build_menus(window: QMainWindow, *, new_chat: Callable, export: Callable[[st
     log = _action(window, engine_menu, "Engine log…", engine_log)
 
     about_a = _action(window, bar.addMenu("&Help"), "About Ember", about)
-    return WindowActions(new, md, js, regen, stop_a, find, models_a, prefs, log, about_a)
+    return WindowActions(new, md, js, regen, stop_a, find, models_a, docs_a, prefs, log, about_a)

@@ -165,3 +165,24 @@ def create_worker(func: Callable[..., Any], *args: Any, **kwargs: Any) -> _Worke
     if inspect.isgeneratorfunction(func):
         return GeneratorWorker(func, *args, **kwargs)
     return FunctionWorker(func, *args, **kwargs)
+
+
+class WorkerSet:
+    """Starts workers and holds each until it ends, so a view that fires and forgets them (a refresh,
+    an upload) never has one collected mid-run; `slots` connect its signals by name."""
+
+    def __init__(self) -> None:
+        self._running: set[_WorkerBase] = set()
+
+    def run(self, worker: _WorkerBase, **slots: Callable[..., Any]) -> _WorkerBase:
+        for name, slot in slots.items():
+            getattr(worker, name).connect(slot)
+        self._running.add(worker)
+        worker.finished.connect(lambda: self._running.discard(worker))
+        worker.start()
+        return worker
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for every worker (tests, closing)."""
+        for worker in list(self._running):
+            worker.join(timeout)

@@ -1,0 +1,106 @@
+"""One passage a reply was given: its text, file and location, and "Open file", which opens the
+local file it was uploaded from in the user's own viewer (a PDF at its page where that viewer takes one).
+
+The local path is the vector-store file's `path` attribute (the window's uploads keep it); when the
+source does not carry it, a worker asks the engine for it. Nothing here touches the network on the
+GUI thread."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QProcess, Qt, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+
+from app.client import EngineClient
+from app.doc_sources import Source
+from ui.workers import FunctionWorker
+
+# PDF viewers that take a page on their command line (Linux): the desktop file's name -> arguments
+PAGE_ARGS = {"evince": ["--page-index={page}"], "okular": ["-p", "{page}"], "zathura": ["-P", "{page}"],
+             "atril": ["--page-index={page}"], "xreader": ["--page-index={page}"]}
+
+
+def viewer_command(path: Path, page: int | None) -> list[str] | None:
+    """The default PDF viewer's command that opens `path` at `page`, when it is one that can; else None
+    (the file is then opened plainly). Runs a short program: call it off the GUI thread."""
+    if page is None or path.suffix.lower() != ".pdf" or not sys.platform.startswith("linux") \
+            or shutil.which("xdg-mime") is None:
+        return None
+    try:
+        desktop = subprocess.run(["xdg-mime", "query", "default", "application/pdf"], capture_output=True,
+                                 text=True, timeout=3).stdout.strip().lower()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for name, args in PAGE_ARGS.items():
+        if name in desktop and (exe := shutil.which(name)):
+            return [exe, *(a.format(page=page) for a in args), str(path)]
+    return None
+
+
+def local_path(client: EngineClient | None, source: Source) -> tuple[str, list[str] | None]:
+    """(the file's local path or "", the command that opens it at its page or None)."""
+    path = source.path
+    if not path and client is not None and source.vector_store_id:
+        attrs = client.vector_store_file(source.vector_store_id, source.file_id).get("attributes") or {}
+        path = str(attrs.get("path") or "")
+    if not path:
+        return "", None
+    return path, viewer_command(Path(path), source.page)
+
+
+class SourceDialog(QDialog):
+    def __init__(self, source: Source, client: EngineClient | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.source, self._client = source, client
+        self._worker: FunctionWorker | None = None
+        self.setWindowTitle(f"Source [{source.index}]: {source.filename}")
+        self.header = QLabel(self, textFormat=Qt.PlainText, wordWrap=True)
+        self.header.setText(f"[{source.index}]  {source.label}")
+        font = self.header.font()
+        font.setBold(True)
+        self.header.setFont(font)
+        self.where = QLabel(self, textFormat=Qt.PlainText, wordWrap=True)
+        self.where.setText(source.path or "")
+        self.where.setVisible(bool(source.path))
+        self.text = QPlainTextEdit(source.text.strip(), self, readOnly=True)
+        self.text.setMinimumSize(480, 220)
+        self.note = QLabel(self, textFormat=Qt.PlainText, wordWrap=True)
+        self.note.hide()
+        buttons = QDialogButtonBox(QDialogButtonBox.Close, self)
+        self.open_button = buttons.addButton("Open file", QDialogButtonBox.ActionRole)
+        self.open_button.setToolTip(f"Open {source.filename}" + (f" at page {source.page}" if source.page else "")
+                                    + " in its viewer")
+        self.open_button.clicked.connect(self.open_file)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        for w in (self.header, self.where, self.text, self.note, buttons):
+            layout.addWidget(w)
+
+    def open_file(self) -> None:
+        """Find the local file (a worker) and open it in the user's viewer."""
+        self.open_button.setEnabled(False)
+        self._worker = FunctionWorker(local_path, self._client, self.source)
+        self._worker.returned.connect(self._on_found)
+        self._worker.errored.connect(lambda e: self._say(f"The file could not be found: {e}"))
+        self._worker.start()
+
+    def _on_found(self, found: tuple[str, list[str] | None]) -> None:
+        path, command = found
+        self.open_button.setEnabled(True)
+        if not path or not Path(path).exists():
+            self._say("This file was not added from this computer, or it has been moved or deleted since."
+                      if not path else f"{path} is no longer there: it was moved or deleted.")
+            return
+        if command is not None and QProcess.startDetached(command[0], command[1:]):
+            return
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(path)):
+            self._say(f"No program opens {Path(path).name} here.")
+
+    def _say(self, text: str) -> None:
+        self.open_button.setEnabled(True)
+        self.note.setText(text)
+        self.note.show()
