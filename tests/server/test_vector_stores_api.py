@@ -12,16 +12,17 @@ import httpx
 import openai
 import pytest
 from docs_kit import QUESTIONS, minilm_store, write_corpus
-from server_util import openai_client, start_engine, tiny_model
+from server_util import openai_client, start_engine
 
 pytestmark = pytest.mark.slow
+CTX = 2048  # the tiny chat model's context: a few passages in its byte-level tokens
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_factory):
     root = tmp_path_factory.mktemp("vs")
     minilm_store(root / "models")
-    proc = start_engine(tiny_model(tiny_model_factory), root, "--models-dir", str(root / "models"),
+    proc = start_engine(tiny_model_factory(ctx=CTX), root, "--models-dir", str(root / "models"),
                         "--docs-dir", str(root / "docs"), backend="auto")
     yield proc, root
     proc.stop()
@@ -109,3 +110,53 @@ def test_bad_requests_get_openai_shaped_errors(indexed, server):
     r = httpx.post(proc.base_url + "/v1/files", headers={"Authorization": f"Bearer {proc.api_key}"},
                    files={"file": ("a.txt", b"x")}, data={"purpose": "nonsense"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
+
+
+def test_a_chat_with_documents_gets_the_passages_and_says_which(indexed, server):
+    """The `documents` extension: the passages go into the user's turn (the prompt grows by them)
+    and the reply carries them as `sources`, streamed on its first chunk."""
+    client, store, uploaded, _ = indexed
+    q = QUESTIONS[0]
+    ask = {"model": "model.gguf", "max_tokens": 4, "temperature": 0,
+           "messages": [{"role": "user", "content": q.text}]}
+    plain = client.chat.completions.create(**ask)
+    docs = {"vector_store_ids": [store.id], "max_num_results": 2}
+    with_docs = client.chat.completions.create(**ask, extra_body={"documents": docs})
+    sources = with_docs.model_extra["sources"]
+    assert [s["index"] for s in sources] == [1, 2] and sources[0]["filename"] == q.filename
+    assert q.fact in sources[0]["text"] and sources[0]["file_id"] == uploaded[q.filename].id
+    assert sources[0]["vector_store_id"] == store.id and sources[0]["location"] == "page 2"
+    grown = with_docs.usage.prompt_tokens - plain.usage.prompt_tokens
+    assert grown > len(sources[0]["text"]) // 8  # the passages are in the prompt
+    chunks = list(client.chat.completions.create(**ask, stream=True, extra_body={"documents": docs}))
+    assert chunks[0].model_extra["sources"] == sources
+    assert all("sources" not in c.model_extra for c in chunks[1:])
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(**ask, extra_body={"documents": {"vector_store_ids": ["vs_nope"]}})
+
+
+def test_only_the_passages_that_fit_the_context_are_given(indexed):
+    client, store, _, _ = indexed
+    ask = {"model": "model.gguf", "max_tokens": 4, "temperature": 0,
+           "messages": [{"role": "user", "content": QUESTIONS[3].text}]}
+    r = client.chat.completions.create(**ask, extra_body={"documents": {"vector_store_ids": [store.id],
+                                                                        "max_num_results": 20}})
+    sources = r.model_extra["sources"]
+    assert 0 < len(sources) < 20 and sources[0]["filename"] == QUESTIONS[3].filename
+    assert r.usage.prompt_tokens + 4 <= CTX
+
+
+def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
+    client, store, _, _ = indexed
+    big = tmp_path / "long.md"
+    big.write_text("\n\n".join(f"## Part {i}\n\nParagraph {i} about the harbour's tides and boats. " * 3
+                               for i in range(400)))
+    up = client.files.create(file=open(big, "rb"), purpose="assistants")
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
+    seen = []
+    while (f := client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)).status == "in_progress":
+        if "progress" in f.model_extra:
+            seen.append(f.model_extra["progress"])
+    assert f.status == "completed" and "progress" not in f.model_extra
+    for p in seen:
+        assert 0 < p["chunks_done"] <= p["chunks_total"]

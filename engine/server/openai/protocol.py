@@ -161,6 +161,13 @@ class ChatMessage(BaseModel):
         return d
 
 
+class DocumentsOption(BaseModel):
+    """`documents` (an Ember extension): answer from these vector stores' passages (file_search.py)."""
+    model_config = _config
+    vector_store_ids: list[Annotated[str, Field(max_length=64)]] = Field(..., min_length=1, max_length=16)
+    max_num_results: int = Field(5, ge=1, le=20)
+
+
 # The chat template's own variables, which a request's chat_template_kwargs may not replace.
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
@@ -183,6 +190,7 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = Field(
         False, description="Continue the last message, the assistant's (its reasoning_content, then its content), "
                            "instead of starting a new reply, as vLLM's field does.")
+    documents: DocumentsOption | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
