@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton, QWidget
 from app.client import EngineClient
 from app.doc_sync import CHAT_KEY, IndexClock, add_files, status_words
 from app.embedders import embedder_problem
+from ui.resident_models import resident
 from ui.source_dialog import SourceDialog
 from ui.workers import FunctionWorker, GeneratorWorker, WorkerSet
 
@@ -75,6 +76,16 @@ class ChatDocuments(QObject):
         """The request's `documents` (None: the chat has no documents)."""
         ids = self.store_ids()
         return {"vector_store_ids": ids} if ids else None
+
+    def default_model(self) -> str | None:
+        """The model a chat without its own talks to, named when the engine's most recently used model
+        is the embedder (it indexed or searched last): the engine would otherwise pick it for the
+        chat. None (the engine's choice) otherwise."""
+        models = resident(self.view.engine.last_status)
+        if not models or not models[0].get("embeds_only"):
+            return None
+        chat = next((m["id"] for m in models if not m.get("embeds_only")), None)
+        return chat or self.view.engine.settings.default_model
 
     def ready_to_send(self) -> bool:
         """False (and the reason shown above the message box) when the chat's documents cannot be searched."""

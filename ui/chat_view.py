@@ -166,7 +166,7 @@ class ChatView(QWidget):
             self._finish("error", "The engine is not running. Start it from the Engine menu or the tray.")
             return
         chat = self.chat_store.get_chat(self.chat_id)
-        model = chat.model  # its own (loaded just in time); None: the server's
+        model = chat.model or self.docs.default_model()  # its own (loaded just in time); None: the server's
         agent = self.agent.stream(client, history, model, sampling, chat.settings) if continuing is None else None
         self._stream = agent or ReplyStream(client, history, model=model, **sampling)
         self._stream_model = model or self.engine.last_status.get("model")  # until the server names it
