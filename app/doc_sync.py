@@ -115,14 +115,26 @@ def status_words(f: dict, seconds_left: float | None = None) -> str:
     if status == "in_progress":
         progress = f.get("progress") or {}
         done, total = progress.get("chunks_done"), progress.get("chunks_total")
-        words = f"Indexing: {done} of {total} passages" if total else "Indexing…"
+        if not total:
+            return "Waiting to be indexed"  # behind other files, or being read
+        words = f"Indexing: {done} of {total} passages"
         return words + (f", {duration_words(seconds_left)} left" if seconds_left is not None else "")
     if status == "completed":
         chunks = f.get("chunks", (f.get("progress") or {}).get("chunks_total"))
-        return f"Indexed: {chunks} passage{'s' if chunks != 1 else ''}" if chunks is not None else "Indexed"
+        if chunks is not None:
+            return f"Indexed: {chunks} passage{'s' if chunks != 1 else ''}"
+        return f"Indexed ({size_words(f['usage_bytes'])})" if f.get("usage_bytes") else "Indexed"
     if status == "failed":
         return "Failed: " + ((f.get("last_error") or {}).get("message") or "the file could not be indexed")
     return "Cancelled" if status == "cancelled" else str(status or "")
+
+
+def size_words(n: int) -> str:
+    for unit in ("bytes", "KB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
 
 
 def duration_words(seconds: float) -> str:

@@ -50,7 +50,7 @@ class ChatDocuments(QObject):
         self.line = QLabel(view, textFormat=Qt.PlainText, wordWrap=True, objectName="chatDocuments")
         self.line.hide()
         view.layout().insertWidget(1, self.line)
-        self.button = QPushButton("Files…", view)
+        self.button = QPushButton("Add files…", view)
         self.button.setToolTip("Give this chat files to answer from (PDF, Word, PowerPoint, HTML, Markdown, "
                                "text, code); you can also drop them on the chat")
         self.button.setFocusPolicy(Qt.TabFocus)
@@ -82,10 +82,7 @@ class ChatDocuments(QObject):
         is the embedder (it indexed or searched last): the engine would otherwise pick it for the
         chat. None (the engine's choice) otherwise."""
         models = resident(self.view.engine.last_status)
-        if not models or not models[0].get("embeds_only"):
-            return None
-        chat = next((m["id"] for m in models if not m.get("embeds_only")), None)
-        return chat or self.view.engine.settings.default_model
+        return self.view.engine.serving_model if models and models[0].get("embeds_only") else None
 
     def ready_to_send(self) -> bool:
         """False (and the reason shown above the message box) when the chat's documents cannot be searched."""

@@ -59,13 +59,16 @@ class FilesTable(QTableWidget):
                 state.setForeground(QColor(RED))
             self.setItem(row, 0, name)
             self.setItem(row, 1, state)
-            self.setCellWidget(row, 2, self._bar(done, total) if indexing else None)
+            if indexing and total:
+                self.setCellWidget(row, 2, self._bar(done, total))
+            else:
+                self.removeCellWidget(row, 2)
             if f["id"] in selected:
                 self.selectRow(row)
 
     def _bar(self, done: int, total: int) -> QProgressBar:
         bar = QProgressBar(self)
-        bar.setRange(0, total or 0)  # no total yet: a busy bar
+        bar.setRange(0, total)
         bar.setValue(done)
         bar.setFormat("%p%")
         return bar
