@@ -136,7 +136,15 @@ class ChatDocuments(QObject):
         if own is None or client is None:
             self._show()
             return
-        self.workers.run(FunctionWorker(client.vector_store_files, own), returned=self._on_files)
+        self.workers.run(FunctionWorker(client.vector_store_files, own), returned=self._on_files,
+                         errored=self._on_files_error)
+
+    def _on_files_error(self, error: Exception) -> None:
+        """The chat's collection was deleted (in the Documents view): the chat has no files now."""
+        if getattr(error, "status_code", None) == 404:
+            self.view.chat_store.update_chat_settings(self.view.chat_id, {OWN_KEY: None})
+            self._files = []
+            self._show()
 
     def _on_files(self, files: list[dict]) -> None:
         self._files = files

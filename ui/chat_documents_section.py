@@ -70,6 +70,10 @@ class ChatDocumentsSection(QGroupBox):
             item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
             self.list.addItem(item)
         self._loading = False
+        listed = {self.list.item(i).data(Qt.UserRole) for i in range(self.list.count())}
+        if self.engine is not None and self._chosen and not set(self._chosen) <= listed and stores:
+            self._chosen = [s for s in self._chosen if s in listed]  # deleted in the Documents view
+            self.changed.emit(self.values())
         self._tick()
         self.note.setText("" if self.list.count() else "No collections yet: Manage… makes one.")
         self.note.setVisible(not self.list.count())

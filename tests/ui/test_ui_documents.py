@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 from docs_kit import FILES, minilm_store
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
 
 from app.client import EngineClient
 from ui.chat_documents import OWN_KEY
@@ -39,6 +42,17 @@ def app(qtbot, docs_engine):
         yield ember
 
 
+def drop(widget, paths) -> None:
+    """Files dragged from a file manager and dropped on `widget` (Qt's own drag events, as XDND delivers them)."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    pos = widget.rect().center()
+    enter = QDragEnterEvent(pos, Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier)
+    QApplication.sendEvent(widget, enter)
+    assert enter.isAccepted()
+    QApplication.sendEvent(widget, QDropEvent(QPointF(pos), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+
+
 def state_of(table, name: str) -> str:
     for row in range(table.rowCount()):
         if table.item(row, 0) is not None and table.item(row, 0).text() == name:
@@ -55,7 +69,8 @@ def test_the_documents_view_adds_a_real_file_and_shows_it_indexed_and_syncs(qtbo
     dialog.create_collection("Family notes")
     qtbot.waitUntil(lambda: dialog.collections.currentItem() is not None
                     and dialog.collections.currentItem().text() == "Family notes", timeout=WAIT_MS)
-    dialog.add_paths([notes, gone])
+    dialog.add_paths([notes])
+    drop(dialog.files.viewport(), [gone])
     qtbot.waitUntil(lambda: state_of(dialog.files, "recipes.md").startswith("Indexed")
                     and state_of(dialog.files, "quota.py").startswith("Indexed"), timeout=WAIT_MS)
     (store,) = [s for s in EngineClient(app.controller.base_url, app.controller.api_key).vector_stores()
@@ -94,7 +109,7 @@ def test_a_chat_with_a_file_sends_documents_and_keeps_its_sources(qtbot, app, tm
     cake.write_text(FILES["recipes.md"])
     view = app.window.new_chat()
     app.chat_store.update_chat_settings(view.chat_id, {"temperature": 0.0, "max_tokens": 8})
-    view.docs.attach([cake])
+    drop(view.transcript.viewport(), [cake])  # dropped on the chat
     qtbot.waitUntil(lambda: "recipes.md: Indexed" in view.docs.line.text(), timeout=WAIT_MS)
     own = app.chat_store.get_chat(view.chat_id).settings[OWN_KEY]
 
