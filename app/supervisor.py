@@ -24,6 +24,8 @@ from pathlib import Path
 from app.client import EngineClient, EngineClientError
 from app.engine_process import EngineProcess, connect_url, engine_args, to_argv
 from app.settings import Settings
+from app.store import ModelStore
+from engine.model_files.architectures import embeds_only
 
 log = logging.getLogger(__name__)
 
@@ -233,8 +235,9 @@ class EngineSupervisor:
         return proc
 
     def _track_model(self, model: str | None) -> None:
-        """A model switched through the API is the one a restarted engine loads."""
-        if not model:
+        """A model switched through the API is the one a restarted engine loads (never the embedding
+        model that indexed documents last: it cannot chat)."""
+        if not model or _embeds_only(self.settings, model):
             return
         if self._path_model is None and self._orig_path is not None:
             self._path_model = model  # the id the engine gave the file it was started with
@@ -286,3 +289,8 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _embeds_only(settings: Settings, model_id: str) -> bool:
+    manifest = ModelStore(settings.models_dir).get(model_id)
+    return manifest is not None and embeds_only(manifest.architecture)

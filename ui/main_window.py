@@ -174,7 +174,7 @@ class MainWindow(QMainWindow):
     def _show_model_kind(self, status: dict) -> None:
         """Chats on a loaded base model (no chat template) say so above their messages."""
         for view in self._views.values():
-            model = self.chat_store.get_chat(view.chat_id).model or status.get("model")
+            model = self.chat_store.get_chat(view.chat_id).model or self.engine.serving_model
             if (loaded := entry(status, model)) is not None:
                 view.transcript.set_notice(COMPLETION_NOTICE.format(name=self.engine.model_names.get(model, model))
                                            if loaded.get("completion_only") else "")

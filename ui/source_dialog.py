@@ -57,6 +57,8 @@ class SourceDialog(QDialog):
         super().__init__(parent)
         self.source, self._client = source, client
         self._worker: FunctionWorker | None = None
+        self._found: tuple[str, list[str] | None] | None = None  # (local path or "", viewer command)
+        self._open_asked = False
         self.setWindowTitle(f"Source [{source.index}]: {source.filename}")
         self.header = QLabel(self, textFormat=Qt.PlainText, wordWrap=True)
         self.header.setText(f"[{source.index}]  {source.label}")
@@ -80,27 +82,43 @@ class SourceDialog(QDialog):
         for w in (self.header, self.where, self.text, self.note, buttons):
             layout.addWidget(w)
 
-    def open_file(self) -> None:
-        """Find the local file (a worker) and open it in the user's viewer."""
-        self.open_button.setEnabled(False)
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt name
+        super().showEvent(event)
+        if self._found is None and self._worker is None:
+            self._look_up()
+
+    def _look_up(self) -> None:
+        """Where the file is on this computer (a worker: the engine may have to say)."""
         self._worker = FunctionWorker(local_path, self._client, self.source)
         self._worker.returned.connect(self._on_found)
-        self._worker.errored.connect(lambda e: self._say(f"The file could not be found: {e}"))
+        self._worker.errored.connect(lambda e: self._on_found(("", None)))
         self._worker.start()
 
     def _on_found(self, found: tuple[str, list[str] | None]) -> None:
-        path, command = found
-        self.open_button.setEnabled(True)
+        self._found, self._worker = found, None
+        self.where.setText(found[0])
+        self.where.setVisible(bool(found[0]))
+        if self._open_asked:
+            self.open_file()
+
+    def open_file(self) -> None:
+        """Open the local file in the user's viewer (once its place is known)."""
+        if self._found is None:
+            self._open_asked = True
+            if self._worker is None:
+                self._look_up()
+            return
+        self._open_asked = False
+        path, command = self._found
         if not path or not Path(path).exists():
             self._say("This file was not added from this computer, or it has been moved or deleted since."
                       if not path else f"{path} is no longer there: it was moved or deleted.")
             return
-        if command is not None and QProcess.startDetached(command[0], command[1:]):
+        if command is not None and QProcess.startDetached(command[0], command[1:])[0]:
             return
         if not QDesktopServices.openUrl(QUrl.fromLocalFile(path)):
             self._say(f"No program opens {Path(path).name} here.")
 
     def _say(self, text: str) -> None:
-        self.open_button.setEnabled(True)
         self.note.setText(text)
         self.note.show()

@@ -128,6 +128,7 @@ def test_a_chat_with_a_file_sends_documents_and_keeps_its_sources(qtbot, app, tm
     assert reopened.sources == reply.sources
     dialog = view.docs.show_source(len(view.transcript.messages) - 1, reply.sources[0].index)
     assert "340 grams" in dialog.text.toPlainText() and "recipes.md" in dialog.header.text()
+    qtbot.waitUntil(lambda: dialog.where.text() == str(cake.resolve()), timeout=WAIT_MS)  # asked of the engine
     dialog.close()
 
 
