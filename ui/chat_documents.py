@@ -47,6 +47,7 @@ class ChatDocuments(QObject):
         self._clock = IndexClock()
         self._files: list[dict] = []
         self._problem = ""
+        self.dialog: SourceDialog | None = None  # the passage shown last
         self.line = QLabel(view, textFormat=Qt.PlainText, wordWrap=True, objectName="chatDocuments")
         self.line.hide()
         view.layout().insertWidget(1, self.line)
@@ -62,6 +63,7 @@ class ChatDocuments(QObject):
             w.setAcceptDrops(True)
             w.installEventFilter(self)
         view.actions.source_requested.connect(self.show_source)
+        view.title_changed.connect(self._on_title_changed)
         self.refresh()
 
     # ---- what the chat sends ----
@@ -118,6 +120,12 @@ class ChatDocuments(QObject):
         elif event[2]:
             self._problem = f"{Path(event[1]).name}: {event[2]}"
             self._show()
+
+    def _on_title_changed(self, _chat_id: int, title: str) -> None:
+        """The chat's own collection keeps the chat's name (it was made under its first title)."""
+        own, client = self.settings().get(OWN_KEY), self.view.engine.client()
+        if own and client is not None:
+            self.workers.run(FunctionWorker(client.rename_vector_store, own, f"Chat: {title}"))
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt name
         if event.type() in (QEvent.DragEnter, QEvent.DragMove) and dropped_files(event):

@@ -16,7 +16,7 @@ from app.settings import Settings
 from app.supervisor import EngineSupervisor, SupervisorState
 from ui.engine_actions import EngineActions
 from ui.gui_thread import gui_calls
-from ui.resident_models import resident
+from ui.resident_models import chatting_model
 from ui.status_poll import IDLE_POLL_FACTOR, POLL_INTERVAL_MS, WAKE_S, engine_idle, timed_status
 from ui.workers import FunctionWorker
 
@@ -107,8 +107,7 @@ class EngineController(QObject):
     def serving_model(self) -> str | None:
         """The model a chat without one of its own talks to: the engine's most recently used that chats
         (an embedding model that indexed documents since is not one)."""
-        chats = next((m["id"] for m in resident(self.last_status) if not m.get("embeds_only")), None)
-        return chats or (self.models[0] if self.models else None) or self.settings.default_model
+        return chatting_model(self.last_status) or (self.models[0] if self.models else None) or self.settings.default_model
 
     @property
     def current_model(self) -> str | None:

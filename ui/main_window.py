@@ -23,7 +23,7 @@ from ui.chat_settings_panel import ChatSettingsPanel
 from ui.chat_view import ChatView
 from ui.engine_controller import EngineController
 from ui.engine_log_dialog import EngineLogDialog
-from ui.resident_models import entry
+from ui.resident_models import chatting_model, entry
 from ui.resources import icon
 from ui.status_bar import EngineStatusBar
 from ui.tray import TrayIcon
@@ -174,7 +174,7 @@ class MainWindow(QMainWindow):
     def _show_model_kind(self, status: dict) -> None:
         """Chats on a loaded base model (no chat template) say so above their messages."""
         for view in self._views.values():
-            model = self.chat_store.get_chat(view.chat_id).model or self.engine.serving_model
+            model = self.chat_store.get_chat(view.chat_id).model or chatting_model(status)
             if (loaded := entry(status, model)) is not None:
                 view.transcript.set_notice(COMPLETION_NOTICE.format(name=self.engine.model_names.get(model, model))
                                            if loaded.get("completion_only") else "")

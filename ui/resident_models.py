@@ -27,6 +27,11 @@ def resident(status: dict) -> list[dict]:
              "embeds_only": bool(status.get("embeds_only")), "completion_only": bool(status.get("completion_only"))}]
 
 
+def chatting_model(status: dict) -> str | None:
+    """The most recently used loaded model that chats (not an embedding model that indexed documents)."""
+    return next((m["id"] for m in resident(status) if not m.get("embeds_only")), None)
+
+
 def entry(status: dict, model: str | None) -> dict | None:
     """The resident entry of `model`, or None when it is not loaded."""
     return next((m for m in resident(status) if m["id"] == model), None) if model else None

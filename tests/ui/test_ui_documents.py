@@ -116,6 +116,11 @@ def test_a_chat_with_a_file_sends_documents_and_keeps_its_sources(qtbot, app, tm
     view.send("How many grams of rye flour does Grandma Irelle's plum cake need?")
     qtbot.waitUntil(lambda: not view.is_streaming, timeout=WAIT_MS)
     assert sent == [{"vector_store_ids": [own]}]
+    client = EngineClient(app.controller.base_url, app.controller.api_key)
+    title = app.chat_store.get_chat(view.chat_id).title  # the question's start; the collection follows it
+    assert title.startswith("How many grams")
+    qtbot.waitUntil(lambda: [s["name"] for s in client.vector_stores() if s["id"] == own] == [f"Chat: {title}"],
+                    timeout=WAIT_MS)
     reply = view.transcript.messages[-1]
     assert reply.status == "done", reply.error
     assert reply.sources and reply.sources[0].filename == "recipes.md"
