@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer
-from PySide6.QtWidgets import QFileDialog, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QLabel, QToolButton, QWidget
 
 from app.client import EngineClient
 from app.doc_sync import CHAT_KEY, IndexClock, add_files, status_words
 from app.embedders import embedder_problem
 from ui.resident_models import resident
+from ui.resources import icon
 from ui.source_dialog import SourceDialog
 from ui.workers import FunctionWorker, GeneratorWorker, WorkerSet
 
@@ -51,9 +52,10 @@ class ChatDocuments(QObject):
         self.line = QLabel(view, textFormat=Qt.PlainText, wordWrap=True, objectName="chatDocuments")
         self.line.hide()
         view.layout().insertWidget(1, self.line)
-        self.button = QPushButton("Add files…", view)
-        self.button.setToolTip("Give this chat files to answer from (PDF, Word, PowerPoint, HTML, Markdown, "
-                               "text, code); you can also drop them on the chat")
+        self.button = QToolButton(view, icon=icon("attach-file"), objectName="addFilesButton")
+        self.button.setToolTip("Add files: give this chat files to answer from (PDF, Word, PowerPoint, HTML, "
+                               "Markdown, text, code); you can also drop them on the chat")
+        self.button.setAccessibleName("Add files")
         self.button.setFocusPolicy(Qt.TabFocus)
         self.button.clicked.connect(self.choose_files)
         view.buttons_row.insertWidget(1, self.button)

@@ -24,7 +24,7 @@ class ChatDocumentsSection(QGroupBox):
         self._chosen: list[str] = []
         self._loading = False
         self.list = QListWidget(self)
-        self.list.setMaximumHeight(110)
+        self.list.setMaximumHeight(90)
         self.list.setToolTip("Tick the collections this chat answers from; the chat's own files (Files…) "
                              "are always used")
         self.note = QLabel(self, wordWrap=True, textFormat=Qt.PlainText)
@@ -77,6 +77,7 @@ class ChatDocumentsSection(QGroupBox):
         self._tick()
         self.note.setText("" if self.list.count() else "No collections yet: Manage… makes one.")
         self.note.setVisible(not self.list.count())
+        self.list.setVisible(bool(self.list.count()))  # the panel stays short on a small screen
 
     def _tick(self) -> None:
         self._loading = True

@@ -29,7 +29,7 @@ class DocumentsDialog(QDialog):
     def __init__(self, engine, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Documents")
-        self.resize(820, 460)
+        self.resize(920, 480)
         self.engine = engine
         self.workers = WorkerSet()
         self.stores: list[dict] = []
@@ -68,7 +68,7 @@ class DocumentsDialog(QDialog):
         split = QSplitter(self)
         split.addWidget(left)
         split.addWidget(right)
-        split.setSizes([240, 580])
+        split.setSizes([220, 700])
         layout = QVBoxLayout(self)
         layout.addWidget(split, 1)
         layout.addWidget(self.message)
