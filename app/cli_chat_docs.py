@@ -30,9 +30,10 @@ class DocsChat:
         hits = search(self.store, [self.store_id], question, vector, top_k=TOP_K, mode="hybrid")
         return [*history[:-1], {**history[-1], "content": with_sources(question, hits)}], hits
 
-    def print_sources(self, answer: str, hits: list, out=sys.stdout) -> None:
+    def print_sources(self, answer: str, hits: list, out=None) -> None:
         from engine.docs.sources import cited_sources, label
 
+        out = out or sys.stdout
         cited = cited_sources(answer, len(hits))
         if not hits:
             print("(no passage of the collection matched this question)", file=out)

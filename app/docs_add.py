@@ -64,9 +64,10 @@ def remove_gone(store, store_id: str, tally: Tally) -> None:
             print(f"removed {f.path} (gone from the disk)")
 
 
-def add(settings, name: str, paths: list[str], model, threads: int | None, out=sys.stdout) -> int:
+def add(settings, name: str, paths: list[str], model, threads: int | None, out=None) -> int:
     from engine.docs.indexer import Indexer
 
+    out = out or sys.stdout
     files, missing = discover(paths)
     if not logging.getLogger().isEnabledFor(logging.DEBUG):  # each failure is printed below, in its line
         logging.getLogger("engine.docs.indexer").setLevel(logging.ERROR)
@@ -86,6 +87,7 @@ def add(settings, name: str, paths: list[str], model, threads: int | None, out=s
             if cancel.is_set():
                 break
             _index_one(indexer, target.id, path, f"[{i}/{len(files)}] {path.name}", cancel, tally, out)
+        tally.cancelled = cancel.is_set()
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -145,7 +147,7 @@ def _index_one(indexer, store_id: str, path: Path, head: str, cancel, tally: Tal
 
 def _summary(store, target, tally: Tally, not_reached: int, seconds: float, out) -> None:
     files = store.store_files(target.id)
-    parts = [f"{len(tally.indexed)} indexed ({tally.chunks} chunks)", f"{len(tally.unchanged)} unchanged"]
+    parts = [f"{len(tally.indexed)} indexed ({_n(tally.chunks, 'chunk')})", f"{len(tally.unchanged)} unchanged"]
     parts += [f"{len(tally.failed)} failed"] if tally.failed else []
     parts += [f"{len(tally.removed)} removed"] if tally.removed else []
     print(f"{target.name}: {', '.join(parts)} in {seconds:.1f} s; the collection holds {len(files)} files, "
