@@ -88,6 +88,8 @@ def add(settings, name: str, paths: list[str], model, threads: int | None, out=N
                 break
             _index_one(indexer, target.id, path, f"[{i}/{len(files)}] {path.name}", cancel, tally, out)
         tally.cancelled = cancel.is_set()
+    except KeyboardInterrupt:  # the second Ctrl-C: an open transaction rolled back, the file keeps its old chunks
+        tally.cancelled = True
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

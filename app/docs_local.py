@@ -76,10 +76,11 @@ def embedding_model(settings: Settings, wanted: str | None = None, collection_mo
 
 
 def _from_file(path: Path) -> EmbeddingModel:
+    """A GGUF named by its path: its id is the engine's for `--embedding-model FILE` (the file's name)."""
+    from engine.model_files.manifest import slugify
     from engine.model_files.meta import read_meta
 
-    meta = read_meta(path)
-    return EmbeddingModel(str(path.resolve()), str(path.resolve()), meta.context_length)
+    return EmbeddingModel(slugify(path.stem), str(path.resolve()), read_meta(path).context_length)
 
 
 class LocalEmbedder:
@@ -88,7 +89,9 @@ class LocalEmbedder:
 
     def __init__(self, model: EmbeddingModel, threads: int | None = None) -> None:
         self.model, self.threads = model, threads or os.cpu_count() or 1
-        self.n_ctx = min(model.context_length or 512, MAX_CONTEXT)
+        from engine.model_files.footprint import default_context
+
+        self.n_ctx = min(default_context(model.context_length or 512), MAX_CONTEXT)  # the engine's context
         self._embedder = None
 
     def _load(self):
