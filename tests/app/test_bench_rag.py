@@ -26,6 +26,7 @@ def test_bench_rag_runs_on_a_tiny_set_and_writes_its_figures(tmp_path, monkeypat
     x = r["indexing"]
     assert r["model"] == model and x["set"] == "pydoc" and x["files"] == 3 and x["chunks"] >= 3
     assert x["pipeline_chunks_per_s"] > 0 and x["bare_chunks_per_s"] > 0 and x["max_1_minus_cos"] < 1e-4
+    assert 0 < x["pipeline_embed_s"] <= x["pipeline_s"]
     assert set(r["retrieval"]) == {"pydoc", "kit"} and r["retrieval"]["kit"]["questions"] == len(QUESTIONS)
     for figures in r["retrieval"].values():
         for mode in ("hybrid", "vector", "bm25"):
