@@ -1,8 +1,8 @@
 """`ember chat` (streaming terminal chat with history) and `ember generate PROMPT`.
 
-These run the engine in-process: no server, no GUI. `chat --docs COLLECTION` answers from documents
-(app/cli_chat_docs.py). With `--mcp FILE` (tools) they run it in an engine
-process instead, driven by the agent loop (app/cli_tools.py).
+These run the engine in-process: no server, no GUI; `chat --docs COLLECTION` answers from documents
+(app/cli_chat_docs.py). With `--mcp FILE` (tools) they run it in an engine process instead, driven by
+the agent loop (app/cli_tools.py).
 """
 from __future__ import annotations
 
