@@ -93,6 +93,17 @@ class Documents:
             self._worker = threading.Thread(target=self._work, name="ember-indexer", daemon=True)
             self._worker.start()
 
+    def resume(self, state) -> None:
+        """Files left `in_progress` by an engine that stopped while indexing are indexed again (the
+        store still holds their previous chunks, if any: a file's chunks are written at once)."""
+        if self.root is None or not (self.root / DB_NAME).exists():
+            return
+        for s in self.store.stores():
+            left = [sf.file_id for sf in self.store.store_files(s.id, "in_progress")]
+            if left:
+                log.info("indexing %d file(s) of %s again: the engine stopped before they were done", len(left), s.id)
+                self.enqueue(state, s.id, left)
+
     def cancel(self, store_id: str, file_id: str | None = None) -> None:
         for (sid, fid), ev in list(self._cancel.items()):
             if sid == store_id and (file_id is None or fid == file_id):

@@ -160,3 +160,30 @@ def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
     assert f.status == "completed" and "progress" not in f.model_extra
     for p in seen:
         assert 0 < p["chunks_done"] <= p["chunks_total"]
+
+
+def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(tmp_path, tiny_model_factory):
+    """The engine is killed while a long file indexes; the next engine on the same folder finishes it."""
+    root = tmp_path
+    minilm_store(root / "models")
+    args = (tiny_model_factory(ctx=CTX), root, "--models-dir", str(root / "models"), "--docs-dir", str(root / "docs"))
+    proc = start_engine(*args, backend="auto")
+    client = openai_client(proc)
+    doc = root / "long.md"
+    doc.write_text("\n\n".join(f"## Entry {i}\n\nThe ferry left pier {i} at dawn with {i * 3} crates." for i in range(600)))
+    up = client.files.create(file=open(doc, "rb"), purpose="assistants")
+    store = client.vector_stores.create(name="resume")
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
+    while "progress" not in (f := client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)).model_extra:
+        assert f.status == "in_progress"
+    proc.proc.kill()  # as a crash: no shutdown at all
+    proc.proc.wait()
+    proc.stop()
+    proc = start_engine(*args, backend="auto")
+    try:
+        client = openai_client(proc)
+        done = client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id, poll_interval_ms=200)
+        assert done.status == "completed"
+        assert client.vector_stores.search(store.id, query="ferry pier 599 crates").data[0].file_id == up.id
+    finally:
+        proc.stop()
