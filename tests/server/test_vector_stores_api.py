@@ -150,7 +150,7 @@ def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
     client, store, _, _ = indexed
     big = tmp_path / "long.md"
     big.write_text("\n\n".join(f"## Part {i}\n\nParagraph {i} about the harbour's tides and boats. " * 3
-                               for i in range(400)))
+                               for i in range(150)))
     up = client.files.create(file=open(big, "rb"), purpose="assistants")
     client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
     seen = []
@@ -170,7 +170,7 @@ def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(t
     proc = start_engine(*args, backend="auto")
     client = openai_client(proc)
     doc = root / "long.md"
-    doc.write_text("\n\n".join(f"## Entry {i}\n\nThe ferry left pier {i} at dawn with {i * 3} crates." for i in range(600)))
+    doc.write_text("\n\n".join(f"## Entry {i}\n\nThe ferry left pier {i} at dawn with {i * 3} crates." for i in range(300)))
     up = client.files.create(file=open(doc, "rb"), purpose="assistants")
     store = client.vector_stores.create(name="resume")
     client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
@@ -184,6 +184,36 @@ def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(t
         client = openai_client(proc)
         done = client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id, poll_interval_ms=200)
         assert done.status == "completed"
-        assert client.vector_stores.search(store.id, query="ferry pier 599 crates").data[0].file_id == up.id
+        assert client.vector_stores.search(store.id, query="ferry pier 299 crates").data[0].file_id == up.id
     finally:
         proc.stop()
+
+
+def test_indexing_waits_while_a_chat_is_replying(indexed, server, tmp_path):
+    """The yield rule (engine/server/embeddings.py): background embedding does not run beside a
+    running reply. While one streams, the file's progress moves by at most the batch that was
+    already being embedded when the reply started; after the reply, the indexing finishes."""
+    client, store, _, _ = indexed
+    doc = tmp_path / "tides.md"
+    doc.write_text("\n\n".join(f"## Day {i}\n\nHigh tide at {i % 12} o'clock, low tide six hours later." * 2
+                               for i in range(500)))
+    up = client.files.create(file=open(doc, "rb"), purpose="assistants")
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
+
+    def progress():
+        f = client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)
+        assert f.status == "in_progress", "the indexing ended before the test could look"
+        return f.model_extra.get("progress", {}).get("chunks_done", 0)
+
+    while progress() == 0:
+        pass
+    stream = client.chat.completions.create(model="model.gguf", max_tokens=1500, temperature=0, stream=True,
+                                            messages=[{"role": "user", "content": "Tell a long story."}],
+                                            extra_body={"ignore_eos": True})
+    seen = []
+    for i, _ in enumerate(stream):
+        if i in (5, 200, 1000):  # the reply is running: it is being read
+            seen.append(progress())
+    assert seen[2] - seen[0] <= 16  # indexer.BATCH: the batch in flight when the reply began, at most
+    assert client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id,
+                                           poll_interval_ms=200).status == "completed"
