@@ -219,3 +219,33 @@ def test_a_cancelled_or_failed_indexing_keeps_the_previous_chunks(embed, tmp_pat
         raise DocError("the embedder went away")
     assert Indexer(store, broken, name).index(s.id, f.id).status == "failed"
     assert _rows(store) == before
+
+
+def test_a_new_embedding_model_embeds_the_store_again(embed, tmp_path):
+    """The store records the model and dimension that built it; another embedder (a tiny random
+    BERT of another width, converted and run as a user's would be) embeds every file again, and
+    the old vectors go."""
+    from bert_folder_factory import HIDDEN, MAX_POS, write_bert_folder
+
+    from engine.model_files.bert_gguf import convert_bert_folder
+    from engine.server.embeddings import Embedder, l2_normalize
+
+    tiny = Embedder(str(convert_bert_folder(write_bert_folder(tmp_path / "bert"), tmp_path / "b.gguf", "f32")), MAX_POS, 1)
+
+    def tiny_embed(texts):
+        return np.stack([l2_normalize(tiny.embed(tiny.tokenize(t)[:MAX_POS])) for t in texts])
+
+    fn, name = embed
+    store = DocStore(tmp_path / "d.sqlite3")
+    s = store.create_store("one")
+    ix = Indexer(store, fn, name)
+    for p in write_corpus(tmp_path / "c"):
+        ix.index(s.id, ix.add_path(s.id, p).id)
+    assert (store.store(s.id).embed_model, store.store(s.id).dim) == (name, 384)
+    n = _rows(store)[0]
+    done = Indexer(store, tiny_embed, "tiny-bert").sync(s.id)
+    assert {sf.embed_model for sf in done} == {"tiny-bert"} and all(sf.status == "completed" for sf in done)
+    assert (store.store(s.id).embed_model, store.store(s.id).dim) == ("tiny-bert", HIDDEN)
+    assert _rows(store) == (n, n, n)  # the 384-wide vectors are gone, as many of the new ones
+    assert store.db.execute("SELECT count(*) FROM vec_384").fetchall() == [(0,)]
+    assert len(search(store, [s.id], "lighthouse keeper", tiny_embed(["lighthouse keeper"])[0])) == 5
