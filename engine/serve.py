@@ -78,8 +78,9 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
     p.add_argument("--docs-dir", default=d.get("docs_dir"), metavar="DIR",
                    help="the documents store of the Files and Vector Stores API (default: none, those routes answer 503)")
-    p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID",
-                   help="the model that embeds documents and queries (default: the first installed embedding model)")
+    p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID_OR_PATH",
+                   help="the model that embeds documents and queries: an installed id or a GGUF file (default: "
+                        "the first installed embedding model)")
     p.add_argument("--host", default=d["host"])
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",

@@ -25,6 +25,7 @@ from engine.model_files.architectures import embeds_only
 from engine.model_files.meta import read_meta
 from engine.server.embeddings import l2_normalize
 from engine.server.errors import APIError
+from engine.server.model_store import spec_from_path
 from engine.server.model_use import acquire, resolve
 from engine.service.handle import KEEP_DEFAULT
 from engine.service.served_model import ModelSpec
@@ -57,6 +58,8 @@ class Documents:
     def embedder(self, state) -> ModelSpec:
         """The model that embeds documents and queries: the configured one, else the first installed
         embedding-only model; a 400 in words when there is none."""
+        if self.embedding_model and Path(self.embedding_model).expanduser().is_file():  # --embedding-model PATH
+            return spec_from_path(self.embedding_model)
         if self.embedding_model:
             return resolve(state.engine_thread, state.model_store, None, self.embedding_model)
         for spec in state.model_store.list():

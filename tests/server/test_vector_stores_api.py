@@ -217,3 +217,24 @@ def test_indexing_waits_while_a_chat_is_replying(indexed, server, tmp_path):
     assert seen[2] - seen[0] <= 16  # indexer.BATCH: the batch in flight when the reply began, at most
     assert client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id,
                                            poll_interval_ms=200).status == "completed"
+
+
+def test_the_embedding_model_may_be_a_file_and_a_missing_one_is_named(tmp_path, tiny_model_factory):
+    from app.store import ModelStore
+
+    minilm_store(tmp_path / "models")
+    gguf = next(m.path for m in ModelStore(tmp_path / "models").list())
+    for choice, ok in ((str(gguf), True), ("no-such-embedder", False)):
+        proc = start_engine(tiny_model_factory(ctx=CTX), tmp_path, "--docs-dir", str(tmp_path / f"docs-{ok}"),
+                            "--embedding-model", choice, backend="auto")
+        try:
+            client = openai_client(proc)
+            (tmp_path / "a.md").write_text("# A\n\nThe kettle whistles at noon.")
+            f = client.files.create(file=open(tmp_path / "a.md", "rb"), purpose="assistants")
+            s = client.vector_stores.create(name="x")
+            done = client.vector_stores.files.create_and_poll(vector_store_id=s.id, file_id=f.id, poll_interval_ms=100)
+            assert done.status == ("completed" if ok else "failed")
+            if not ok:
+                assert "no-such-embedder" in done.last_error.message
+        finally:
+            proc.stop()
