@@ -238,3 +238,24 @@ def test_the_embedding_model_may_be_a_file_and_a_missing_one_is_named(tmp_path, 
                 assert "no-such-embedder" in done.last_error.message
         finally:
             proc.stop()
+
+
+def test_a_file_over_the_upload_limit_is_refused_before_it_is_read(indexed, server):
+    """A 2 GB upload: OpenAI's 413 shape at once (the Content-Length is checked before the body is
+    read), and the store is as it was."""
+    import http.client
+    import json
+    import socket
+
+    client, _, _, _ = indexed
+    proc, _ = server
+    before = [f.id for f in client.files.list()]
+    host, port = proc.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {proc.api_key}\r\n"
+                     f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {2 << 30}\r\n\r\n".encode())
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        assert reply.status == 413
+        assert json.loads(reply.read())["error"]["code"] == "request_too_large"
+    assert [f.id for f in client.files.list()] == before
