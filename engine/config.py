@@ -51,6 +51,7 @@ class EngineConfig:
         "help": "drafts per step (default: chosen each step by measured goodput, up to 8; 0 keeps the "
                 "drafter's shadow statistics only)"})
     chat_template: str | None = None  # a Jinja template file used in place of the model's own (--chat-template)
+    mmproj: str | None = None  # a vision model's projector GGUF (--mmproj): chats may carry images (llama.cpp)
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads of the kernels (default: torch's own; all cores for llama.cpp)"})
     seed: int = 0

@@ -64,7 +64,7 @@ def add_config_args(p: argparse.ArgumentParser, defaults: dict | None = None) ->
 def config_kwargs(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that the flags in `args` set (dtype is one of the backend flags)."""
     return {"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
-            "speculative": args.speculative, "chat_template": args.chat_template,
+            "speculative": args.speculative, "chat_template": args.chat_template, "mmproj": args.mmproj,
             **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
 
 

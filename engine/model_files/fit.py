@@ -26,6 +26,7 @@ from engine.model_files.architectures import EMBER_ARCHITECTURES
 from engine.model_files.errors import ModelFileError
 from engine.model_files.footprint import (RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION, GiB, ModelFootprint,
                                           estimate_bytes, fits, footprint_of, kv_bytes, max_context_that_fits)
+from engine.model_files.projector import PROJECTOR_REFUSAL, is_projector
 
 # A context shorter than this is not worth suggesting: suggest a smaller model instead.
 MIN_USEFUL_CONTEXT = 512
@@ -73,6 +74,8 @@ def unsupported_architecture(fp: ModelFootprint) -> str | None:
     """One line naming the architecture and what Ember runs, when no runner runs it; else None."""
     if fp.ember_engine or fp.llama_cpp_runs:
         return None
+    if is_projector(fp.architecture):
+        return PROJECTOR_REFUSAL
     return (f"unsupported architecture {fp.architecture!r}: Ember runs {', '.join(sorted(EMBER_ARCHITECTURES))} "
             "on its own engine and the architectures its llama.cpp knows (qwen3, gemma3, phi3, gpt-oss, ...)")
 

@@ -33,6 +33,8 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
             kw["kv_cache_max_bytes"] = min(kv_cache_max_bytes, kw.get("kv_cache_max_bytes", kv_cache_max_bytes))
         if spec.chat_template and "chat_template" not in kw:  # --chat-template, when given, wins
             kw["chat_template"] = spec.chat_template
+        if spec.mmproj and "mmproj" not in kw:  # likewise --mmproj
+            kw["mmproj"] = spec.mmproj
         load = spec.load  # the model's own load settings win over the server's
         kw |= {k: v for k, v in (("max_model_len", load.context_length), ("num_threads", load.threads)) if v}
         config = EngineConfig(model_path=spec.path, **kw)
