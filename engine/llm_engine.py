@@ -60,7 +60,8 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, images: list | None = None) -> str:
+        """`images`: the prompt's image spans, from `runner.vision.tokenize` (a vision model's runner)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -78,7 +79,10 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already running")
+        if images and self.runner.vision is None:
+            raise ValueError("this model cannot see images: it was loaded without a projector (--mmproj)")
         seq = Sequence(ids, params, request_id=request_id)
+        seq.images = list(images or [])
         if params.thinking_budget is not None:
             params.speculative = False  # one token a step: the budget replaces at most that one
         self.output_processor.add(seq)

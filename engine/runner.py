@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.scheduler_output import PromptCache, SchedulerOutput
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:  # only named: the vision path loads llama.cpp
+    from engine.backends.llamacpp_vision import Vision
 
 
 @dataclass(slots=True)
@@ -69,6 +72,9 @@ class Runner(Protocol):
     # The widest window of the model's sliding-window layers (0: none); the block manager reports
     # the blocks they are done with to give_back_window (engine/kv_window.py).
     sliding_window: int = 0
+    # A vision model's image path (engine/backends/llamacpp_vision.py's Vision: tokenize a prompt
+    # with images, prefill them); None: the model cannot see, and a request with images is refused.
+    vision: Vision | None = None
     # What it holds, for the engine's status (Settings shows the loaded model's real figures):
     # its weights' bytes, the bytes reserved for its KV (kv_capacity_blocks blocks; a lazy pool
     # commits them as chats write), and the CPU threads it computes with (None: not known, or a GPU).

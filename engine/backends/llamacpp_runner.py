@@ -32,6 +32,7 @@ from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext, parts
 from engine.backends.llamacpp_context import FA_TILE_ROWS
 from engine.backends.llamacpp_setup import (LlamaCppError, context_params, decode_error, kv_block_bytes, llama,
                                             load_model, open_context)
+from engine.backends.llamacpp_vision import Vision, cut_before_image, images_ahead
 from engine.backends.slot_cache import SlotCache
 from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, num_kv_blocks
@@ -79,6 +80,8 @@ class LlamaCppRunner(Runner):
         self._threads = self.num_threads = threads
         self.weight_bytes, self.kv_bytes = int(ll.llama_model_size(self._model)), self.num_blocks * block_bytes
         self._scoring: ScoringContext | None = None
+        self.vision = Vision(ll, self._model, config.mmproj, threads, n_gpu_layers != 0, self.vocab_size) \
+            if config.mmproj else None  # a vision model's projector: prompts may hold images
 
         # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
@@ -143,14 +146,14 @@ class LlamaCppRunner(Runner):
         if not self.caches_prompts or seq.scores_prompt:
             return 0
         m = self._match(seq)
-        return m.num_tokens if m else 0
+        return cut_before_image(seq.images, m.num_tokens) if m else 0
 
     def claim_prompt(self, seq, num_tokens: int) -> int:
         """Give seq a slot whose cells hold its first tokens; returns how many (<= num_tokens)."""
         m = self._match(seq)
         if m is None:
             return 0
-        n = min(num_tokens, m.num_tokens)
+        n = cut_before_image(seq.images, min(num_tokens, m.num_tokens))
         if m.take_over:  # the same chat's next turn: keep the shared part, drop the slot's tail
             self._slots.take(m.slot)
             slot = m.slot
@@ -192,7 +195,8 @@ class LlamaCppRunner(Runner):
 
     def run_model(self, out: SchedulerOutput) -> torch.Tensor:
         """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
-        scored = [s.scores_prompt for s in out.seqs]  # they run in their own context
+        # a scored prompt runs in its own context; a prompt's chunk with images, alone (llamacpp_vision.py)
+        scored = [s.scores_prompt or images_ahead(s) for s in out.seqs]
         n = sum(k for k, x in zip(out.num_new_tokens, scored) if not x)
         if n > self.n_batch:
             raise LlamaCppError(f"step of {n} tokens exceeds n_batch {self.n_batch}")
@@ -218,8 +222,10 @@ class LlamaCppRunner(Runner):
         if not any(scored):
             return logits
         pieces = list(logits.split([0 if x else m for m, x in zip(out.num_logits, scored)]))
-        for j in (j for j, x in enumerate(scored) if x):  # each scored sequence's rows at its place
-            pieces[j] = self._scoring_context().run(out.seqs[j], out.num_new_tokens[j], out.num_logits[j])
+        for j in (j for j, x in enumerate(scored) if x):  # each one's rows at its place
+            s, k, m = out.seqs[j], out.num_new_tokens[j], out.num_logits[j]
+            pieces[j] = self.vision.prefill(self, s, self._slot(s), k, m) if images_ahead(s) else \
+                self._scoring_context().run(s, k, m)
         return torch.cat(pieces)
 
     def _scoring_context(self) -> ScoringContext:  # made at the first scored prompt
@@ -275,19 +281,13 @@ class LlamaCppRunner(Runner):
 
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
-        ll = self._ll
-        if getattr(self, "_scoring", None) is not None:
-            self._scoring.close()
-            self._scoring = None
-        if getattr(self, "_batch", None) is not None:
-            self._batch.free()
-            self._batch = None
-        if getattr(self, "_context", None) is not None:
-            self._context.close()
-            self._context = None
+        """Free the projector, scoring context, batch, context and model (idempotent)."""
+        for name in ("vision", "_scoring", "_batch", "_context"):
+            if (part := getattr(self, name, None)) is not None:
+                part.free() if name == "_batch" else part.close()
+                setattr(self, name, None)
         if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
+            self._ll.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
