@@ -36,6 +36,14 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsi
 # here torch-free for the GUI's estimates; tests/app/test_fit_agreement.py checks they agree)
 KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
 
+
+def kernel_matrix(name: str, ndim: int) -> bool:
+    """A GGUF tensor Ember's kernels would hold quantized: a matrix, or a stack of experts'
+    matrices, but not a mixture's router (ffn_gate_inp), held in float32 whatever its type (its
+    top-k is a choice that int8 activations would move; llama.cpp's quantizer leaves it F32)."""
+    return ndim >= 2 and not name.endswith("ffn_gate_inp.weight")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFootprint:
     """The model's memory shape: weight bytes and KV bytes per token of context."""

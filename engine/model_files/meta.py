@@ -11,7 +11,7 @@ import gguf  # constants only (file types, block sizes); no torch
 
 from engine.model_files.errors import ModelFileError
 from engine.model_files.families import hf_family, hf_model_types, swa_period
-from engine.model_files.footprint import KERNEL_TYPES
+from engine.model_files.footprint import KERNEL_TYPES, kernel_matrix
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
 from engine.model_files.quant_config import parse_quantization_config
 from engine.model_files.safetensors_file import safetensors_header
@@ -100,7 +100,7 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
         value_head_dim=_scalar_max(field(f"{arch}.attention.value_length")),
         sliding_window=window,
         sliding_layers=windowed,
-        kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if len(t.shape) == 2),
+        kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if kernel_matrix(t.name, len(t.shape))),
     )
 
 
