@@ -137,7 +137,8 @@ class _Tensors:
             data = (fill + self.norm_jitter * self.rng.standard_normal(shape)).astype(np.float32)
         else:
             data = (self.rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if self.qtype is not None and len(shape) == 2:
+        # as llama.cpp's quantizer: every matrix and expert stack, but not a router (ffn_gate_inp)
+        if self.qtype is not None and len(shape) >= 2 and kind != MODEL_TENSOR.FFN_GATE_INP:
             self.w.add_tensor(name, quantize(data, self.qtype), raw_dtype=self.qtype)
         else:
             self.w.add_tensor(name, data)
@@ -151,7 +152,7 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
     layers overrides the architecture's layer count; norm_jitter adds noise to the norms (else
-    1); qtype stores every matrix in that block type, quantized by gguf-py; rope_dim: phi3's
+    1); qtype stores every matrix and expert stack (not a router) in that block type, quantized by gguf-py; rope_dim: phi3's
     rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all; longrope: phi3's LongRoPE
     as the converter writes it for the 128k models (rope_factors_long/short, an original context
     of a quarter of the context, attn_factor sqrt(1 + ln(scale) / ln(original))); pre: the
