@@ -65,6 +65,9 @@ class ModelFootprint:
     # every GPTQ/AWQ checkpoint accepted (their reader refuses other model types)
     ember_engine: bool = True
     ember_engine_why_not: str = ""  # the loader's refusal, logged when auto picks llama.cpp for it
+    # A mixture of experts: the weight bytes one token reads (the file is held whole; weights_bytes
+    # is what must fit, this what a decode step streams); 0: every weight, a dense model.
+    active_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes,
@@ -93,6 +96,7 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
                           architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
                           value_head_dim=get("value_head_dim") or 0, kernels_cover=bool(get("kernels_cover")),
                           sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0,
+                          active_bytes=get("active_bytes") or 0,
                           ember_engine_why_not=NOT_YET.get(arch, "") or (
                               "an embedding model: llama.cpp embeds it" if embeds_only(arch) else ""))
 

@@ -34,6 +34,7 @@ class ModelMeta:
     sliding_window: int = 0  # tokens a windowed layer attends to (0: every layer attends to all)
     sliding_layers: int = 0  # how many layers are windowed
     kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (footprint.KERNEL_TYPES)
+    active_bytes: int = 0  # weight bytes one token reads (a mixture of experts: its used experts' share); 0: all
 
 
 def read_meta(path: Path) -> ModelMeta:
@@ -101,7 +102,18 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
         sliding_window=window,
         sliding_layers=windowed,
         kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if kernel_matrix(t.name, len(t.shape))),
+        active_bytes=active_bytes(tensors, _scalar_max(field(f"{arch}.expert_count")),
+                                  _scalar_max(field(f"{arch}.expert_used_count"))),
     )
+
+
+def active_bytes(tensors, n_experts: int | None, n_used: int | None) -> int:
+    """The tensor bytes a token reads: all but the experts it does not take (the stacked
+    `*_exps` tensors count n_used / n_experts of theirs); 0 for a model without experts."""
+    if not n_experts or not n_used:
+        return 0
+    experts = sum(t.nbytes for t in tensors if "_exps." in t.name)
+    return sum(t.nbytes for t in tensors) - experts + experts * min(n_used, n_experts) // n_experts
 
 
 def _sliding_window(arch: str, field, num_layers: int) -> tuple[int, int]:

@@ -4,7 +4,8 @@ jittered): float32 logits against llama.cpp's and against a float64 forward (tes
 the experts on Ember's kernels, in the file's Q8_0 and Q4_0, against llama.cpp under the
 fidelity bar; chunked prefill and paged decode against one prefill; a sequence's logits bit for
 bit the same alone and in a batch whose other rows take other experts; and `auto` choosing
-Ember's engine for a quantized file. The native decoder stack is not built for it.
+Ember's engine for a quantized file, its logged reason naming the runner and the bytes a token
+reads of the whole file the fit counts. The native decoder stack is not built for it.
 """
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from arch_ggufs import vocab_size, write_arch_gguf
-from engine.backends import load_engine
+from engine.backends import load_engine, model_footprint
 from engine.config import EngineConfig
 from engine.kernels import kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.families import FAMILIES
+from engine.model_files.fit import MachineInfo, choose_backend
+from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
+from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
 from model_oracles import (BLOCK, agreement, assert_agrees, decode_meta, kv_pool, llama_cpp_logits, llama_cpp_model,
                            our_logits, prefill_meta, reference_logits, summarize)
@@ -170,3 +174,26 @@ def test_auto_runs_qwen3moe_on_embers_engine(files):
         assert all(len(o.output_token_ids) == 30 and o.finish_reason == "length" for o in outs)
     finally:
         engine.close()
+
+
+def test_the_fit_counts_the_whole_file_and_the_reason_names_the_runner_and_the_active_bytes(files):
+    """The router stays F32 in a quantized file (as llama.cpp's quantizer leaves it) and Ember
+    holds it in float32, so it does not keep the file off the kernels; the estimate is the whole
+    file (it is all held), and the reason says how much of it one token reads: everything but
+    the experts it does not take (2 of 4 here)."""
+    machine = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=2, ember_kernels=True)
+    path = files(QT.Q8_0)
+    with GGUFFile(path) as f:
+        assert f.tensors["blk.0.ffn_gate_inp.weight"].type_name == "F32"
+        total = sum(t.nbytes for t in f.tensors.values())
+        experts = sum(t.nbytes for t in f.tensors.values() if "_exps." in t.name)
+    fp = model_footprint(path)
+    assert fp.ember_engine and fp.kernels_cover and fp.active_bytes == total - experts // 2
+    d = choose_backend(machine, fp)
+    assert d.backend == "torch" and "torch on Ember's kernels" in d.reason, d.reason
+    assert f"a mixture of experts: {fp.active_bytes / GiB:.2f} GiB of its {fp.weights_bytes / GiB:.2f} GiB" in d.reason
+    per_token = kv_bytes_per_token(fp.num_layers, fp.num_kv_heads, fp.head_dim, 4)  # float32 KV on torch
+    assert d.est_bytes == fp.weights_bytes + per_token * d.context_length + RUNTIME_OVERHEAD_BYTES
+    # float32 experts: llama.cpp runs the file, and the reason says why not Ember's engine
+    d = choose_backend(machine, model_footprint(files()))
+    assert d.backend == "llama.cpp" and "not on Ember's kernels" in d.reason and "a mixture of experts" in d.reason
