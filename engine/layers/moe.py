@@ -51,21 +51,17 @@ class MoE(torch.nn.Module):
         """x [T, d] -> float32 [T, d]."""
         T, k = x.shape[0], self.top_k
         weights, chosen = self.route(x)
-        flat = chosen.flatten()  # slot t * k + j: token t's j-th expert
-        order = flat.argsort(stable=True)  # the slots grouped by expert
-        counts = torch.bincount(flat, minlength=len(self.gate_up)).tolist()  # rows per expert
-        slots_out = x.new_empty(T * k, x.shape[1], dtype=torch.float32)
-        w = weights.flatten()
-        start = 0
+        order = chosen.flatten().argsort(stable=True)  # slots (t * k + j: token t's j-th expert) by expert
+        counts = torch.bincount(chosen.flatten(), minlength=len(self.gate_up)).tolist()  # rows per expert
+        rows = x.index_select(0, order // k)  # each expert's rows, one after the other
+        outs, start = [], 0
         for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            slots = order[start:start + n]
-            start += n
-            y = self.down[e](self.act(self.gate_up[e](x.index_select(0, slots // k))))
-            slots_out.index_copy_(0, slots, y.float() * w[slots, None])
-        per_token = slots_out.view(T, k, -1)
+            if n:
+                outs.append(self.down[e](self.act(self.gate_up[e](rows[start:start + n]))))
+                start += n
+        y = torch.cat(outs).float() * weights.flatten().index_select(0, order)[:, None]
+        per_token = torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1)
         out = per_token[:, 0]
-        for j in range(1, k):
+        for j in range(1, k):  # in rank order, as llama.cpp adds them
             out = out + per_token[:, j]
         return out
