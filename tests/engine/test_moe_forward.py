@@ -4,7 +4,8 @@ jittered): float32 logits against llama.cpp's and against a float64 forward (tes
 the experts on Ember's kernels, in the file's Q8_0 and Q4_0, against llama.cpp under the
 fidelity bar; chunked prefill and paged decode against one prefill; a sequence's logits bit for
 bit the same alone and in a batch whose other rows take other experts; and `auto` choosing
-Ember's engine for a quantized file, its logged reason naming the runner and the bytes a token
+Ember's engine for a quantized file (and for one in the layout llama.cpp's own quantizer makes:
+Q4_K_M experts, an F32 router), its logged reason naming the runner and the bytes a token
 reads of the whole file the fit counts. The native decoder stack is not built for it.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from arch_ggufs import vocab_size, write_arch_gguf
+from arch_ggufs import K_QUANT_READY, vocab_size, write_arch_gguf
 from engine.backends import load_engine, model_footprint
 from engine.config import EngineConfig
 from engine.kernels import kernels
@@ -26,8 +27,9 @@ from engine.model_files.fit import MachineInfo, choose_backend
 from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
-from model_oracles import (BLOCK, agreement, assert_agrees, decode_meta, kv_pool, llama_cpp_logits, llama_cpp_model,
-                           our_logits, prefill_meta, reference_logits, summarize)
+from model_oracles import (BLOCK, MEAN_KL_MAX, agreement, assert_agrees, decode_meta, kv_pool,
+                           llama_cpp_logits, llama_cpp_model, near_ties_ok, our_logits, prefill_meta,
+                           reference_logits, summarize)
 
 T = 70
 needs_kernels = pytest.mark.skipif(kernels() is None, reason="Ember's CPU kernels are not built")
@@ -94,6 +96,45 @@ def test_experts_on_embers_kernels_agree_with_llama_cpp_on_the_same_file(files, 
     theirs = torch.from_numpy(llama_cpp_logits(llama_cpp_model(path, 128), tokens))
     assert_agrees(summarize([agreement(ours[:-1], theirs[:-1], torch.tensor(tokens[1:]))]))
     assert _max_rel(ours, reference_logits(path, tokens)) < 0.2
+
+
+def _llama_cpp_quantize(src, dst, ftype: int = 15) -> None:  # 15: LLAMA_FTYPE_MOSTLY_Q4_K_M
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = ftype, 1
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+
+
+@needs_kernels
+def test_a_q4_k_m_file_from_llama_cpps_quantizer_runs_on_embers_kernels(tmp_path):
+    """Real files' layout: llama.cpp's quantizer leaves the router F32 and makes the experts Q4_K
+    and Q6_K (down, on some layers). Ember takes every expert on its kernels, `auto` chooses its
+    engine, and it is as close to the float64 forward of the file as the fidelity bar asks (top-1
+    98.3%, mean KL 0.0011, measured). Against llama.cpp itself the bar's KL and near-tie rules
+    hold, but not its top-1: these random weights' next-token distributions are nearly flat, and
+    llama.cpp's 256-value activation blocks (Q8_K) move it off the exact forward more than Ember's
+    32-value ones (llama.cpp to the float64 forward: top-1 92.4%, KL 0.0022, every departure a
+    near-tie; Ember to llama.cpp: 90.8%, KL 0.0027, the largest gap 0.02)."""
+    src, path = tmp_path / "f32.gguf", tmp_path / "q4_k_m.gguf"
+    write_arch_gguf(src, "qwen3moe", seed=2, layers=3, norm_jitter=0.2, dims=K_QUANT_READY)
+    _llama_cpp_quantize(src, path)
+    with GGUFFile(path) as f:
+        types = {t.name.split(".", 2)[2]: t.type_name for t in f.tensors.values() if t.name.startswith("blk.")}
+    assert types["ffn_gate_inp.weight"] == "F32" and types["ffn_gate_exps.weight"] == "Q4_K"
+    machine = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=2, ember_kernels=True)
+    assert choose_backend(machine, model_footprint(path)).backend == "torch"
+    model = load_model(path, quantized=True)
+    assert all(isinstance(lin, QuantLinear) for layer in model.layers for lin in (*layer.mlp.gate_up, *layer.mlp.down))
+    tokens = _tokens(4, 120)
+    ours, targets = our_logits(model, tokens)[:-1], torch.tensor(tokens[1:])
+    assert_agrees(summarize([agreement(ours, reference_logits(path, tokens)[:-1], targets)]))
+    f = summarize([agreement(ours, torch.from_numpy(llama_cpp_logits(llama_cpp_model(path, 128), tokens))[:-1],
+                             targets)])
+    assert f["kl"] <= MEAN_KL_MAX, f
+    assert near_ties_ok(f["disagreements"], f["over_near_tie"], f["max_gap"]), f
 
 
 @torch.inference_mode()
