@@ -233,6 +233,7 @@ def test_the_fit_counts_the_whole_file_and_the_reason_names_the_runner_and_the_a
     d = choose_backend(machine, fp)
     assert d.backend == "torch" and "torch on Ember's kernels" in d.reason, d.reason
     assert f"a mixture of experts: {fp.active_bytes / GiB:.2f} GiB of its {fp.weights_bytes / GiB:.2f} GiB" in d.reason
+    assert "llama.cpp (as requested)" in choose_backend(machine, fp, backend="llama.cpp").reason
     per_token = kv_bytes_per_token(fp.num_layers, fp.num_kv_heads, fp.head_dim, 4)  # float32 KV on torch
     assert d.est_bytes == fp.weights_bytes + per_token * d.context_length + RUNTIME_OVERHEAD_BYTES
     # float32 experts: llama.cpp runs the file, and the reason says why not Ember's engine
