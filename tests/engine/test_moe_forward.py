@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from arch_ggufs import K_QUANT_READY, vocab_size, write_arch_gguf
 from engine.backends import load_engine, model_footprint
 from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.kernels import kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
@@ -27,6 +28,7 @@ from engine.model_files.fit import MachineInfo, choose_backend
 from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
+from engine_helpers import run_staggered
 from model_oracles import (BLOCK, MEAN_KL_MAX, agreement, assert_agrees, decode_meta, kv_pool,
                            llama_cpp_logits, llama_cpp_model, near_ties_ok, our_logits, prefill_meta,
                            reference_logits, summarize)
@@ -203,6 +205,20 @@ def test_a_sequence_is_the_same_bits_alone_and_among_others_routed_differently(f
         assert torch.equal(together[i], alone), f"sequence {i} differs by {(together[i] - alone).abs().max()}"
     chosen = model.layers[0].mlp.route(seen[-1])[1]  # the last decode step's experts, one row a sequence
     assert len({tuple(sorted(row)) for row in chosen.tolist()}) > 1  # they took different experts
+
+
+@needs_kernels
+def test_the_engine_gives_each_of_twelve_staggered_chats_what_it_gives_it_alone(files):
+    """Through the scheduler: arrivals staggered, prefill chunks beside other chats' decodes in one
+    step, so each step's experts see another mix of rows; every chat's greedy tokens are the ones
+    it gets alone."""
+    engine = LLMEngine(EngineConfig(model_path=str(files(QT.Q4_0)), dtype="float32", num_threads=1, block_size=4,
+                                    max_prefill_chunk=16, max_num_batched_tokens=64))
+    prompts = [_tokens(30 + i, 3 + 5 * i) for i in range(12)]
+    max_tokens = [4 + (7 * i) % 17 for i in range(12)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    alone = [engine.generate([p], q)[0].output_token_ids for p, q in zip(prompts, params)]
+    assert run_staggered(engine, prompts, max_tokens, 2) == alone
 
 
 @needs_kernels
