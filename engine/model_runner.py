@@ -7,6 +7,7 @@ first, form one [T] batch. For sequence i with n new tokens starting at position
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence as Seq
@@ -129,14 +130,14 @@ class ModelRunner(Runner):
                                 {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}.values())
         self.num_threads = torch.get_num_threads() if self.device.type == "cpu" else None
         self.sampler = StepSampler()
-        self.kv_identity = self._kv_identity()
         log.info("KV pool: %d blocks of %d tokens (%.1f MiB %s), max_model_len %d", self.num_blocks, B,
                  self.num_blocks * block_bytes / 2**20,
                  "reserved, committed as written" if self.kv_pool.lazy else "allocated", self.max_model_len)
 
-    def _kv_identity(self) -> str | None:
-        """What the KV's bytes depend on (engine/kv_disk/identity.py); None for a model built in
-        memory (no file to name)."""
+    @functools.cached_property
+    def kv_identity(self) -> str | None:
+        """What the KV's bytes depend on (engine/kv_disk/identity.py), read when the disk tier
+        first asks; None for a model built in memory (no file to name)."""
         from engine.kernel_library import ABI
         from engine.kernels import default_path
         from engine.kv_disk.identity import model_identity

@@ -21,22 +21,14 @@ import time
 from pathlib import Path
 
 from engine.kv_disk.block_file import SUFFIX, BadBlockFile, file_name, read_block_file, write_block_file
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; the tier stays off there
-    fcntl = None
+from engine.kv_disk.folders import clear
+from engine.kv_disk.lock import LABEL_NAME, lock_folder
 
 log = logging.getLogger(__name__)
 
 FREE_SHARE = 0.25  # of the free space (the tier's own files counted as free)
 LOW_WATER = 0.9  # eviction goes down to this share of the budget, so it does not run after every write
 MAX_PENDING_BYTES = 256 * 2**20  # copies waiting for the writer; past it a new block is not kept
-LOCK_NAME, LABEL_NAME = "lock", "model.txt"
-
-
-class FolderBusy(RuntimeError):
-    """Another engine holds this model's folder (or this system has no file locks)."""
 
 
 def effective_budget(root: Path, budget_bytes: int, used: int) -> int:
@@ -64,18 +56,6 @@ def scan(root: Path) -> list[tuple[int, str, int, Path]]:
     return out
 
 
-def _lock(path: Path) -> int:
-    if fcntl is None:
-        raise FolderBusy("this system has no file locks")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise FolderBusy(f"{path.parent} is in use by another engine") from None
-    return fd
-
-
 class KVDiskStore:
     """One model's blocks under root; `put` from the engine thread, `get` on a prefix miss."""
 
@@ -84,7 +64,7 @@ class KVDiskStore:
         self.folder = self.root / salt.hex()
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.folder.mkdir(mode=0o700, exist_ok=True)
-        self._lock_fd = _lock(self.folder / LOCK_NAME)
+        self._lock_fd = lock_folder(self.folder)
         fd = os.open(self.folder / LABEL_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(label)  # which model: `ember cache info` and removing a model read it
@@ -183,6 +163,10 @@ class KVDiskStore:
             pass
 
     def _write_loop(self) -> None:
+        try:
+            clear(self.root, only_orphans=True)  # the blocks of models removed since
+        except OSError as e:
+            log.warning("KV disk tier: could not sweep the blocks of removed models: %s", e)
         self._evict_if_over()
         while (item := self._queue.get()) is not None:
             block_hash, payload, nbytes = item

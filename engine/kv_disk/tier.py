@@ -13,7 +13,8 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.kv_disk.identity import salt
-from engine.kv_disk.store import FolderBusy, KVDiskStore
+from engine.kv_disk.lock import FolderBusy
+from engine.kv_disk.store import KVDiskStore
 from engine.runner import Runner
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.kv_disk.block_file import HEADER, file_name
-from engine.kv_disk.store import FolderBusy, KVDiskStore
+from engine.kv_disk.lock import FolderBusy
+from engine.kv_disk.store import KVDiskStore
 from engine.kv_disk.tier import open_disk_tier
 from engine.runner import Runner
 
@@ -85,3 +86,15 @@ def test_a_failed_write_is_logged_and_survived(tmp_path, caplog):
     assert store.num_written == 0 and not store.contains(1)
     assert "not written" in caplog.text
     assert not (tmp_path / file_name(1)).exists()
+
+
+def test_a_removed_models_blocks_go_when_an_engine_opens_the_tier(tmp_path):
+    model = tmp_path / "gone.gguf"
+    model.write_bytes(b"GGUF")
+    gone = KVDiskStore(tmp_path / "cache", b"gone-model-salt!", 2**30, label=str(model))
+    gone.put(1, _block(1))
+    gone.close()
+    model.unlink()  # the model was removed
+    other = KVDiskStore(tmp_path / "cache", SALT, 2**30, label=str(tmp_path))
+    other.close()  # its writer swept first
+    assert not gone.folder.exists() and other.folder.exists()
