@@ -4,7 +4,8 @@ started again, with the prefix cache's disk tier (engine/kv_disk/) and without i
 Per chat length and run: an engine computes the chat (its blocks go to a fresh disk folder) and
 stops; a new engine then answers the chat plus one more user turn twice, once without the tier
 (everything computed again) and once reading the tier. The figures are medians; the replies'
-greedy tokens must be the same. Ember's engine only (the llama.cpp runner has no disk tier yet).
+greedy tokens must be the same. `--backend torch` (the default): Ember's engine and its block
+files; `--backend llama.cpp`: the llama.cpp runner's saved slot states (engine/backends/slot_disk.py).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def first_token(args, prompt: list[int], disk: str | None) -> tuple[float, list[
     engine, _ = load_engine(EngineConfig(model_path=args.model or str(default_model_path()), dtype=args.dtype,
                                          weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                                          num_threads=args.threads, max_model_len=args.context,
-                                         kv_disk_dir=disk), "torch", args.device)
+                                         kv_disk_dir=disk), args.backend, args.device)
     try:
         started, first = time.perf_counter(), None
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=args.reply, ignore_eos=True), "turn")
@@ -67,7 +68,7 @@ def one_length(args, n: int) -> tuple[float, float, bool, int]:
 
 
 def run(args) -> int:
-    print(f"model {args.model or 'bundled'}, {args.threads} threads, median of {args.runs} runs")
+    print(f"model {args.model or 'bundled'} on {args.backend}, {args.threads} threads, median of {args.runs} runs")
     print(f"{'chat tokens':>12}{'TTFT without (s)':>18}{'with disk tier (s)':>20}{'speed-up':>10}"
           f"{'from disk':>11}  replies")
     for n in args.tokens:
