@@ -98,3 +98,37 @@ def test_a_removed_models_blocks_go_when_an_engine_opens_the_tier(tmp_path):
     other = KVDiskStore(tmp_path / "cache", SALT, 2**30, label=str(tmp_path))
     other.close()  # its writer swept first
     assert not gone.folder.exists() and other.folder.exists()
+
+
+WRITER = """
+import sys
+from engine.kv_disk.store import KVDiskStore
+store = KVDiskStore(sys.argv[1], b"0123456789abcdef", 2**30)
+print("writing", flush=True)
+for h in range(1, 10**6):
+    while not store.put(h, bytes([h % 251]) * 200_000):
+        pass
+"""
+
+
+def test_a_kill_during_writes_leaves_only_whole_files(tmp_path):
+    """kill -9 while the writer writes: what a new store finds is whole or absent, never half."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.stdout.readline() == "writing\n"
+    while len(list(tmp_path.glob("*/*.kv"))) < 3 and proc.poll() is None:  # some written, more on the way
+        pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = KVDiskStore(tmp_path, SALT, budget_bytes=2**30)
+    assert not list(store.folder.glob("*.tmp"))  # a write cut short was swept
+    assert store.num_blocks >= 3
+    for h in [int(p.stem, 16) for p in store.folder.glob("*.kv")]:
+        assert store.get(h) == bytearray([h % 251]) * 200_000
+    assert store.num_refused == 0
+    store.close()
