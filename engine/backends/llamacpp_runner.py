@@ -33,6 +33,7 @@ from engine.backends.llamacpp_context import FA_TILE_ROWS
 from engine.backends.llamacpp_setup import (LlamaCppError, context_params, decode_error, kv_block_bytes, llama,
                                             load_model, open_context)
 from engine.backends.slot_cache import SlotCache
+from engine.backends.slot_disk import open_slot_disk
 from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, num_kv_blocks
 from engine.sampling.step_sampler import StepSampler
@@ -86,6 +87,8 @@ class LlamaCppRunner(Runner):
         self.sampler = StepSampler()
         self.idle_cells_max = idle_cache_tokens(config, self.max_model_len)  # idle slots' cells kept
         self._slots = SlotCache(self.n_seq_max, min_match=B)
+        # idle slots' cells also go to disk and come back after a restart (slot_disk.py)
+        self._disk = open_slot_disk(config, ll, flash_attn, n_gpu_layers, B) if self.caches_prompts else None
         self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id (live slots)
         self._live: dict[int, object] = {}  # live llama seq_id -> its engine Sequence
         self._kv_len: dict[int, int] = {}  # live llama seq_id -> number of positions in llama's KV
@@ -128,6 +131,8 @@ class LlamaCppRunner(Runner):
         self._live.pop(slot, None)
         n = self._kv_len.pop(slot, 0)
         n = n if self.caches_prompts else 0
+        if n and self._disk is not None:
+            self._disk.save(self._ll, self._ctx, slot, seq, n)
         if not n:
             self._clear(slot)
         self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
@@ -143,11 +148,14 @@ class LlamaCppRunner(Runner):
         if not self.caches_prompts or seq.scores_prompt:
             return 0
         m = self._match(seq)
-        return m.num_tokens if m else 0
+        on_disk = self._disk.match(seq, seq.num_tokens - 1)[0] if self._disk is not None else 0
+        return max(m.num_tokens if m else 0, on_disk)
 
     def claim_prompt(self, seq, num_tokens: int) -> int:
         """Give seq a slot whose cells hold its first tokens; returns how many (<= num_tokens)."""
         m = self._match(seq)
+        if self._disk is not None and self._disk.match(seq, num_tokens)[0] > (m.num_tokens if m else 0):
+            return self._disk.claim(self, seq, num_tokens)
         if m is None:
             return 0
         n = min(num_tokens, m.num_tokens)
@@ -275,19 +283,13 @@ class LlamaCppRunner(Runner):
 
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
-        ll = self._ll
-        if getattr(self, "_scoring", None) is not None:
-            self._scoring.close()
-            self._scoring = None
-        if getattr(self, "_batch", None) is not None:
-            self._batch.free()
-            self._batch = None
-        if getattr(self, "_context", None) is not None:
-            self._context.close()
-            self._context = None
+        """Free the disk tier's writer, the scoring context, batch, context and model (idempotent)."""
+        for name, free in (("_disk", "close"), ("_scoring", "close"), ("_batch", "free"), ("_context", "close")):
+            if (part := getattr(self, name, None)) is not None:
+                getattr(part, free)()
+                setattr(self, name, None)
         if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
+            self._ll.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
