@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.kv_disk.tier import open_disk_tier
 from engine.kv_sizing import idle_cache_tokens
 from engine.loaders.chat_template import ChatTemplate
 from engine.loaders.tokenizer import Tokenizer, load_tokenizer
@@ -47,10 +48,13 @@ class LLMEngine:
         caching = config.enable_prefix_caching
         # Blocks that turn clean go back to a runner that can return their memory (give_back).
         idle_blocks = idle_cache_tokens(config, runner.max_model_len) // config.block_size
+        # Full blocks also go to disk and come back from it after a restart (engine/kv_disk/).
+        self.disk_tier = open_disk_tier(config, runner) if runner.paged_kv else None
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
                                           enable_prefix_caching=caching and runner.paged_kv,
                                           max_cached_free=idle_blocks, on_clean=runner.give_back,
-                                          window=runner.sliding_window, on_window_out=runner.give_back_window)
+                                          window=runner.sliding_window, on_window_out=runner.give_back_window,
+                                          disk=self.disk_tier)
         self.prompt_cache = runner.prompt_cache if caching else None
         self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
         # Drafts for the next step's decodes (engine/speculative/); None: plain decoding.
@@ -161,7 +165,10 @@ class LLMEngine:
             num_threads=self.runner.num_threads)
 
     def close(self) -> None:
-        """Release the runner (and a draft model): models and KV memory are freed now (idempotent)."""
+        """Release the runner (and a draft model): models and KV memory are freed now (idempotent);
+        the disk tier writes what it has queued."""
         self.runner.close()
+        if self.disk_tier is not None:
+            self.disk_tier.close()
         if self.speculator is not None:
             self.speculator.close()

@@ -84,6 +84,10 @@ class Runner(Protocol):
     # A profiling hook the benches set (app/bench/step_profile.py): while set, a runner that times
     # its phases (the torch runner: "forward", "head") reports each one's seconds every step.
     phase_timer: PhaseTimer | None = None
+    # What makes its KV blocks reusable by another process (model file, KV type, kernels, RoPE:
+    # engine/kv_disk/identity.py), as one string; None: its KV never goes to the disk tier, and
+    # read_blocks and write_block are never called.
+    kv_identity: str | None = None
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -107,6 +111,15 @@ class Runner(Protocol):
     def give_back_window(self, block_ids: list[int], is_out: Callable[[int], bool]) -> None:
         """The block manager's on_window_out: the sliding-window layers' memory of blocks out of
         their window may go back to the system; by default it stays."""
+
+    def read_blocks(self, block_ids: list[int]) -> list:
+        """Copies of these blocks' K and V in every layer, one bytes-like object per block, that
+        the disk tier's writer owns from now on (only with a kv_identity)."""
+        return []
+
+    def write_block(self, block_id: int, payload) -> None:
+        """Put a block read_blocks copied (in an earlier process, maybe) back into block_id;
+        ValueError, nothing written, for a payload of the wrong size (only with a kv_identity)."""
 
     def release(self, seq: Sequence) -> None:
         """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);

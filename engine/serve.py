@@ -37,7 +37,8 @@ log = logging.getLogger("engine.server")
 CONFIG_FLAGS = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
                 "num_kv_blocks": "--num-kv-blocks", "kv_memory_fraction": "--kv-memory-fraction",
                 "kv_idle_cache_tokens": "--kv-idle-cache-tokens", "num_threads": "--threads",
-                "num_speculative_tokens": "--num-speculative-tokens", "exact_greedy": "--exact-greedy"}
+                "num_speculative_tokens": "--num-speculative-tokens", "exact_greedy": "--exact-greedy",
+                "kv_disk_dir": "--kv-disk-dir", "kv_disk_budget_gib": "--kv-disk-budget-gib"}
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 

@@ -81,6 +81,11 @@ class Vision:
         self.marker = mtmd_cpp.mtmd_default_marker().decode()
         self.encodes = 0  # images encoded so far (the prefix cache spares a chat's later turns)
 
+    @classmethod
+    def open(cls, ll, model, config, threads: int, use_gpu: bool, vocab_size: int) -> Vision | None:
+        """The projector of `config.mmproj` beside `model`; None without one (the model cannot see)."""
+        return cls(ll, model, config.mmproj, threads, use_gpu, vocab_size) if config.mmproj else None
+
     def tokenize(self, text: str, images: list[Image]) -> tuple[list[int], list[ImageSpan]]:
         """Token ids and image spans for `text`, which holds `self.marker` once per image."""
         m = self._mtmd
@@ -123,9 +128,10 @@ class Vision:
             ids.extend(placeholder_ids(digest, n_tok, self.vocab_size))
         return ids, spans
 
-    def prefill(self, runner, seq, slot: int, k: int, m: int) -> torch.Tensor:
-        """Compute positions up to num_computed + k of `seq` (holding images) in llama seq `slot`;
-        the logits of the last m of them."""
+    def prefill(self, runner, seq, k: int, m: int) -> torch.Tensor:
+        """Compute positions up to num_computed + k of `seq` (holding images) in its llama.cpp
+        slot; the logits of the last m of them."""
+        slot = runner._slot(seq)
         if runner._kv_len[slot] > seq.num_computed_tokens:  # rejected drafts, a recompute
             runner._rollback(slot, seq.num_computed_tokens)
         pos, end = runner._kv_len[slot], seq.num_computed_tokens + k  # pos < computed: a deferred image

@@ -135,6 +135,17 @@ def test_a_chat_with_documents_gets_the_passages_and_says_which(indexed, server)
         client.chat.completions.create(**ask, extra_body={"documents": {"vector_store_ids": ["vs_nope"]}})
 
 
+def test_a_chat_that_names_no_model_is_not_sent_to_the_embedder(indexed):
+    """After a search the embedding model is the one used last; a chat naming no model still goes
+    to the newest model that makes text."""
+    client, store, _, _ = indexed
+    client.vector_stores.search(store.id, query="lighthouse")
+    hi = {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    chat_id = client.chat.completions.create(model="model.gguf", **hi).model
+    client.vector_stores.search(store.id, query="lighthouse")
+    assert client.chat.completions.create(model="", **hi).model == chat_id
+
+
 def test_only_the_passages_that_fit_the_context_are_given(indexed):
     client, store, _, _ = indexed
     ask = {"model": "model.gguf", "max_tokens": 4, "temperature": 0,
