@@ -12,6 +12,8 @@ import io
 from dataclasses import dataclass, field
 
 MAX_IMAGE_PIXELS = 50_000_000  # a decompression bomb is refused before its pixels are allocated
+MAX_IMAGE_BYTES = 10 * 2**20  # an image file larger than this is refused (the request body itself is at most 16 MiB)
+MEDIA_MARKER = "<__media__>"  # where an image stands in a rendered prompt (libmtmd's default marker)
 
 
 class ImageError(ValueError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.backends.llamacpp_setup import LlamaCppError
-from engine.images import Image
+from engine.images import MEDIA_MARKER, Image
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +71,7 @@ class Vision:
         mtmd_cpp.mtmd_helper_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu, params.n_threads, params.print_timings, params.warmup = use_gpu, threads, False, False
+        self._marker = params.media_marker = MEDIA_MARKER.encode()  # kept alive while mtmd reads it
         self._ctx = mtmd_cpp.mtmd_init_from_file(mmproj.encode(), model, params)
         if not self._ctx:
             raise LlamaCppError(f"llama.cpp's mtmd could not load the projector {mmproj} for this model "
@@ -78,7 +79,7 @@ class Vision:
         if not mtmd_cpp.mtmd_support_vision(self._ctx):
             self.close()
             raise LlamaCppError(f"{mmproj} is a projector without a vision encoder (audio only?)")
-        self.marker = mtmd_cpp.mtmd_default_marker().decode()
+        self.marker = MEDIA_MARKER  # where the rendered prompt holds each image (ChatMessage.text)
         self.encodes = 0  # images encoded so far (the prefix cache spares a chat's later turns)
 
     @classmethod

@@ -1,0 +1,88 @@
+"""OpenAI `image_url` parts on /v1/chat/completions over real HTTP with the official client, on
+tests/vlm_factory.py's tiny random vision model served with --mmproj (`python -m engine serve`,
+the llama.cpp backend): an image is accepted and counted in the prompt's tokens, the same PNG
+twice gives the same log-probabilities, another image other ones; every bad input is a 400 in
+OpenAI's shape naming the part (an http URL, a URI that is not base64 data, bytes that are no
+image), and a model served without a projector refuses an image the same way. Random weights:
+plumbing, not answer quality."""
+from __future__ import annotations
+
+import base64
+import io
+
+import openai
+import pytest
+from PIL import Image as PILImage
+
+from server_util import openai_client, start_engine, tiny_model
+from vlm_factory import random_pixels, write_tiny_vlm
+
+GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                  "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+                  "{% endif %}")
+
+
+def data_uri(seed: int, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    PILImage.fromarray(random_pixels(seed)).save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def ask(client, *parts: dict, **kw):
+    content = [{"type": "text", "text": "What is in this picture?"}, *parts]
+    model = client.models.list().data[0].id
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                          max_tokens=2, temperature=0, logprobs=True, top_logprobs=5, **kw)
+
+
+def image(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vision")
+    vlm = write_tiny_vlm(tmp, chat_template=GEMMA_TEMPLATE)
+    proc = start_engine(vlm.model, tmp, "--mmproj", str(vlm.mmproj), backend="llama.cpp")
+    yield proc, vlm
+    proc.stop()
+
+
+def _lps(r) -> list:
+    return [[(t.token, t.logprob) for t in c.top_logprobs] for c in r.choices[0].logprobs.content]
+
+
+def test_an_image_is_seen_and_its_pixels_decide_the_logits(vision_server):
+    proc, vlm = vision_server
+    client = openai_client(proc)
+    plain = client.chat.completions.create(model="lm", max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}]}])
+    a = ask(client, image(data_uri(1)))
+    assert a.usage.prompt_tokens >= plain.usage.prompt_tokens + vlm.image_tokens
+    assert _lps(ask(client, image(data_uri(1)))) == _lps(a)  # the same bits
+    assert _lps(ask(client, image(data_uri(2)))) != _lps(a)
+
+
+@pytest.mark.parametrize("url, says", [
+    ("https://example.com/cat.png", "is not fetched"),
+    ("data:image/png,not-base64", "not a base64 data: URI"),
+    ("data:image/png;base64,@@@@", "base64 does not decode"),
+    ("data:image/png;base64," + base64.b64encode(b"no picture here").decode(), "not an image"),
+])
+def test_a_bad_image_part_is_a_400_naming_it(vision_server, url, says):
+    client = openai_client(vision_server[0])
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, image(data_uri(1)), image(url))
+    err = e.value.body
+    assert err["param"] == "messages[0].content[2]" and says in err["message"]
+
+
+def test_a_model_without_a_projector_refuses_an_image(tmp_path, tiny_model_factory):
+    proc = start_engine(tiny_model(tiny_model_factory), tmp_path, backend="llama.cpp")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(openai_client(proc), image(data_uri(1)))
+        assert e.value.body["param"] == "messages[0].content[1]"
+        assert "cannot see images" in e.value.body["message"]
+    finally:
+        proc.stop()
