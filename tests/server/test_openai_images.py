@@ -86,3 +86,32 @@ def test_a_model_without_a_projector_refuses_an_image(tmp_path, tiny_model_facto
         assert "cannot see images" in e.value.body["message"]
     finally:
         proc.stop()
+
+
+def _png(seed: int) -> bytes:
+    buf = io.BytesIO()
+    PILImage.fromarray(random_pixels(seed)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_ollamas_images_reach_the_same_path(vision_server):
+    """Ollama's `images` (the official client base64s them) are the message's image parts: the same
+    picture gives the same reply as through OpenAI's shape, and a broken one is Ollama's 400."""
+    import ollama
+
+    proc, vlm = vision_server
+    client = ollama.Client(host=proc.base_url, headers={"Authorization": f"Bearer {proc.api_key}"}, timeout=120)
+    opts = {"num_predict": 3, "temperature": 0}
+    a = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(1)]}], options=opts)
+    b = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(2)]}], options=opts)
+    again = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(1)]}], options=opts)
+    assert a.message.content == again.message.content
+    assert a.prompt_eval_count >= vlm.image_tokens and a.prompt_eval_count == b.prompt_eval_count
+    g = client.generate("lm", prompt="What?", images=[_png(1)], options=opts)
+    assert g.prompt_eval_count >= vlm.image_tokens
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [b"no picture"]}])
+    assert e.value.status_code == 400 and "not an image" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate("lm", prompt="What?", raw=True, images=[_png(1)])
+    assert e.value.status_code == 400 and "raw" in e.value.error
