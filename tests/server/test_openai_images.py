@@ -115,3 +115,27 @@ def test_ollamas_images_reach_the_same_path(vision_server):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate("lm", prompt="What?", raw=True, images=[_png(1)])
     assert e.value.status_code == 400 and "raw" in e.value.error
+
+
+def test_anthropics_image_blocks_reach_the_same_path(vision_server):
+    """Anthropic's base64 `image` blocks are image parts where they stand; a url source is refused
+    as OpenAI's http URL is, a broken image is Anthropic's 400."""
+    import anthropic
+
+    proc, vlm = vision_server
+    client = anthropic.Anthropic(base_url=proc.base_url, api_key=proc.api_key, max_retries=0, timeout=120)
+
+    def ask_claude(source: dict):
+        block = {"type": "image", "source": source}
+        return client.messages.create(model="lm", max_tokens=2, messages=[
+            {"role": "user", "content": [block, {"type": "text", "text": "What?"}]}])
+
+    png = base64.b64encode(_png(1)).decode()
+    r = ask_claude({"type": "base64", "media_type": "image/png", "data": png})
+    assert r.usage.input_tokens >= vlm.image_tokens
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ask_claude({"type": "url", "url": "https://example.com/cat.png"})
+    assert "is not fetched" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ask_claude({"type": "base64", "media_type": "image/png", "data": base64.b64encode(b"nope").decode()})
+    assert e.value.body["error"]["type"] == "invalid_request_error" and "not an image" in e.value.body["error"]["message"]
