@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
 from arch_ggufs import write_arch_gguf
 
@@ -85,12 +85,14 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
 
 
 def write_tiny_vlm(folder: Path, *, image: int = 64, patch: int = 8, merge: int = 2, seed: int = 0,
-                   chat_template: str | None = None) -> TinyVlm:
-    """Write lm.gguf and mmproj.gguf into `folder`; return their paths and the image token count."""
+                   chat_template: str | None = None, qtype: GGMLQuantizationType | None = None) -> TinyVlm:
+    """Write lm.gguf and mmproj.gguf into `folder`; return their paths and the image token count.
+    `qtype`: the LM's matrices in that block type (Q8_0: each row's sums independent of the batch,
+    so replies are the same whatever else runs), else f32."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "lm.gguf"
-    write_arch_gguf(model, "gemma3", chat_template=chat_template, seed=seed)
+    write_arch_gguf(model, "gemma3", chat_template=chat_template, seed=seed, qtype=qtype)
     mmproj = write_mmproj(folder / "mmproj.gguf", image=image, patch=patch, merge=merge, seed=seed + 1)
     return TinyVlm(model, mmproj, image, (image // patch // merge) ** 2)
 

@@ -7,6 +7,7 @@ the slot's cells (no second encode). Random weights: this proves the plumbing, n
 from __future__ import annotations
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from engine.backends import load_engine
 from engine.config import EngineConfig
@@ -35,20 +36,28 @@ def _engine(vlm, **kw):
 
 
 def _run(engine, text: str, images: list[Image], max_tokens: int = 1):
-    """The first reply token's logprobs (top TOP) and the final output."""
+    """The final output, its logprobs (top TOP) those of every reply token; the prompt's ids and spans."""
     ids, spans = engine.runner.vision.tokenize(text, images)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=TOP, ignore_eos=True)
-    rid = engine.add_request(ids, params, images=spans)
-    final = None
+    rids = [engine.add_request(ids, params, images=spans)]
+    return _finish(engine, rids)[0], ids, spans
+
+
+def _finish(engine, rids: list[str]) -> list:
+    """Step until done; each request's final output with the logprobs of all its steps."""
+    final, lps = {}, {rid: [] for rid in rids}
     while engine.has_unfinished():
         for o in engine.step():
-            if o.request_id == rid and o.finished:
-                final = o
-    return final, ids, spans
+            lps[o.request_id] += o.logprobs or []
+            if o.finished:
+                final[o.request_id] = o
+    for rid in rids:
+        final[rid].logprobs = lps[rid]
+    return [final[rid] for rid in rids]
 
 
-def _top(out) -> list[tuple[int, float]]:
-    return out.logprobs[0].top
+def _top(out) -> list[list[tuple[int, float]]]:
+    return [lp.top for lp in out.logprobs]
 
 
 def test_an_image_is_its_tokens_and_moves_the_logits_exactly(vlm):
@@ -77,7 +86,7 @@ def test_chunks_that_end_inside_an_image_give_the_same_bits(vlm):
         want, _, spans = _run(whole, text, [_image(3)], max_tokens=3)
         got, _, _ = _run(chunked, text, [_image(3)], max_tokens=3)
         assert spans[0].start % 8 != 0  # a chunk boundary falls inside the image
-        assert [lp.top for lp in got.logprobs] == [lp.top for lp in want.logprobs]
+        assert _top(got) == _top(want) and len(_top(got)) == 3
         assert got.output_token_ids == want.output_token_ids
     finally:
         whole.close()
@@ -94,5 +103,27 @@ def test_the_next_turn_about_a_picture_does_not_encode_it_again(vlm):
         second, _, _ = _run(engine, f"Look {marker} and say" + follow, [_image(4)])
         assert engine.runner.vision.encodes == 1  # the slot's cells held the image
         assert second.num_cached_tokens >= spans[0].end
+    finally:
+        engine.close()
+
+
+def test_image_chats_batch_with_text_chats_and_change_no_one_s_answer(tmp_path):
+    """Continuous batching: two image chats and a text chat at once give each the logprobs it gets
+    alone, bit for bit (the image prefills run apart, their decodes in the shared steps; a Q8_0 LM,
+    whose row sums do not depend on the batch, and exact greedy, as for text: issue 19)."""
+    engine = _engine(write_tiny_vlm(tmp_path, qtype=GGMLQuantizationType.Q8_0), enable_prefix_caching=False)
+    try:
+        marker = engine.runner.vision.marker
+        prompts = [(f"Look: {marker} and tell", [_image(5)]), ("Just some words to go on", []),
+                   (f"Here {marker} is it?", [_image(6)])]
+        alone = [_run(engine, text, imgs, max_tokens=4)[0] for text, imgs in prompts]
+        params = SamplingParams(temperature=0, max_tokens=4, logprobs=TOP, ignore_eos=True)
+        rids = []
+        for text, imgs in prompts:
+            ids, spans = engine.runner.vision.tokenize(text, imgs)
+            rids.append(engine.add_request(ids, params, images=spans))
+        for got, want in zip(_finish(engine, rids), alone):
+            assert got.output_token_ids == want.output_token_ids
+            assert _top(got) == _top(want) and len(_top(got)) == 4
     finally:
         engine.close()
