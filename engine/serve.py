@@ -65,7 +65,7 @@ def add_config_args(p: argparse.ArgumentParser, defaults: dict | None = None) ->
 def config_kwargs(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that the flags in `args` set (dtype is one of the backend flags)."""
     return {"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
-            "speculative": args.speculative, "chat_template": args.chat_template, "mmproj": args.mmproj,
+            "speculative": args.speculative, "chat_template": args.chat_template,
             **{name: getattr(args, _dest(flag)) for name, flag in CONFIG_FLAGS.items()}}
 
 
@@ -162,6 +162,15 @@ def residency_config(args) -> "ResidencyConfig":
         raise SystemExit(f"error: {e}") from None
 
 
+def default_spec(args):
+    """The model `--model` or `--model-id` names, with `--mmproj` as its projector (that model's
+    alone: other models the server loads keep their own, from the store)."""
+    from engine.server.model_store import DEFAULT_MODEL_ID, ModelStore, spec_from_path
+
+    spec = spec_from_path(args.model) if args.model else ModelStore(args.models_dir).get(args.model_id or DEFAULT_MODEL_ID)
+    return dataclasses.replace(spec, mmproj=str(Path(args.mmproj).expanduser().resolve())) if args.mmproj else spec
+
+
 def build_engine_thread(args):
     """The engine thread the flags describe: its factory, the file check, the residency rules."""
     from engine.service.engine_thread import EngineThread
@@ -226,11 +235,10 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
     import uvicorn
 
     from engine.server.app import create_app
-    from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
+    from engine.server.model_store import ModelNotFound
 
     try:
-        store = ModelStore(args.models_dir)
-        spec = spec_from_path(args.model) if args.model else store.get(args.model_id or DEFAULT_MODEL_ID)
+        spec = default_spec(args)
     except (ValueError, ModelNotFound, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

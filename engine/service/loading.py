@@ -15,6 +15,7 @@ from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupp
 from engine.model_files.footprint import default_context
 from engine.model_files.memory import DEFAULT_BLOCK_SIZE
 from engine.model_files.meta import read_meta
+from engine.model_files.projector import check_projector
 from engine.service.residency import ResidencyConfig
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
@@ -76,3 +77,5 @@ def check_model_file(spec: ModelSpec) -> None:
     runs, raises ModelFileError before a load unloads the model that serves now."""
     if why := unsupported_architecture(footprint_of(read_meta(Path(spec.path)), 0)):
         raise UnsupportedArchitecture(why)  # in the words a failed load gives it (the model is named)
+    if spec.mmproj:
+        check_projector(spec.mmproj)

@@ -1,11 +1,13 @@
 """A vision model's projector file (its mmproj GGUF, general.architecture "clip"): recognised and
 refused as a chat model in words on every path (the fit check, the CLI's import with exit 2, the
-store, a load), and `--mmproj PATH` taken by the commands that run a model into the EngineConfig
-the llama.cpp runner gets (auto picks llama.cpp for it; torch, or a file that is no projector, is
-refused in words). The files are tests/vlm_factory.py's tiny random vision model."""
+store, a load), and `--mmproj PATH` taken by the commands that run a model (the served model's
+spec, an installed model's manifest, or the EngineConfig) for the llama.cpp runner (auto picks
+llama.cpp for it; torch, or a file that is no projector, is refused in words). The files are
+tests/vlm_factory.py's tiny random vision model."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,12 +15,16 @@ import sys
 import pytest
 
 from app.store import ModelStore
+from engine.model_files.errors import ModelFileError
+from engine.model_files.manifest import ModelManifest, write_manifest
+from engine.model_files.meta import read_meta
+from engine.server.model_store import ModelStore as ServedModels
 from engine.backends import BackendError, decide, model_footprint
 from engine.config import EngineConfig
 from engine.model_files.fit import MachineInfo, UnsupportedArchitecture, choose_backend
 from engine.model_files.footprint import GiB
 from engine.model_files.projector import PROJECTOR_REFUSAL, check_projector
-from engine.serve import add_serve_args, config_kwargs
+from engine.serve import add_serve_args, config_kwargs, default_spec
 from engine.service.loading import check_model_file
 from engine.service.served_model import ModelSpec
 from vlm_factory import write_tiny_vlm
@@ -54,14 +60,22 @@ def test_the_cli_import_of_a_projector_exits_2_with_one_line(vlm, tmp_path):
     assert not list((tmp_path / "home").rglob("manifest.json"))
 
 
-def test_mmproj_flag_reaches_the_engine_config(vlm):
+def test_mmproj_flag_pairs_the_served_model_with_its_projector(vlm, tmp_path):
     p = argparse.ArgumentParser()
     add_serve_args(p)
     args = p.parse_args(["--model", str(vlm.model), "--mmproj", str(vlm.mmproj)])
-    kw = config_kwargs(args)
-    assert kw["mmproj"] == str(vlm.mmproj)
-    assert EngineConfig(model_path=str(vlm.model), **kw).mmproj == str(vlm.mmproj)
-    assert config_kwargs(p.parse_args(["--model", str(vlm.model)]))["mmproj"] is None
+    spec = default_spec(args)
+    assert (spec.path, spec.mmproj) == (str(vlm.model.resolve()), str(vlm.mmproj.resolve()))
+    assert "mmproj" not in config_kwargs(args)  # the served model's, not every model's the server loads
+    assert default_spec(p.parse_args(["--model", str(vlm.model)])).mmproj is None
+    check_model_file(spec)
+    with pytest.raises(ModelFileError, match="not a projector"):
+        check_model_file(dataclasses.replace(spec, mmproj=str(vlm.model)))
+    # an installed vision model: its manifest names the projector, the store's spec carries it
+    manifest = ModelManifest.from_meta("vlm", vlm.model, read_meta(vlm.model), sha256="", size_bytes=1,
+                                       source="import")
+    write_manifest(tmp_path / "models", dataclasses.replace(manifest, mmproj=str(vlm.mmproj)))
+    assert ServedModels(tmp_path / "models").get("vlm").mmproj == str(vlm.mmproj)
 
 
 def test_mmproj_chooses_llama_cpp_and_is_checked(vlm):

@@ -22,7 +22,7 @@ CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 
 def test_serve_defaults_are_engine_config_defaults():
-    want = {name: CONFIG_DEFAULTS[name] for name in ("dtype", "weights", "kv_cache_dtype", "speculative", "chat_template", "mmproj", *CONFIG_FLAGS)}
+    want = {name: CONFIG_DEFAULTS[name] for name in ("dtype", "weights", "kv_cache_dtype", "speculative", "chat_template", *CONFIG_FLAGS)}
     engine = engine_parser().parse_args(["serve"])  # python -m engine serve: the GUI's engine
     assert config_kwargs(engine) == want
     ember = ember_parser().parse_args(["serve"])
