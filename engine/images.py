@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from dataclasses import dataclass, field
 
 MAX_IMAGE_PIXELS = 50_000_000  # a decompression bomb is refused before its pixels are allocated
@@ -37,7 +38,12 @@ def decode_image(data: bytes) -> Image:
 
     PILImage.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
     try:
-        with PILImage.open(io.BytesIO(data)) as im:
+        with warnings.catch_warnings():  # Pillow warns of a large image; it is refused below, in words
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+            im = PILImage.open(io.BytesIO(data))  # reads the header only
+        with im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise ImageError(f"the image is {im.width}x{im.height} pixels; the limit is {MAX_IMAGE_PIXELS:,}")
             im.load()
             if im.mode in ("RGBA", "LA", "P"):
                 im = im.convert("RGBA")
@@ -45,5 +51,7 @@ def decode_image(data: bytes) -> Image:
                 im = PILImage.alpha_composite(back, im)
             rgb = im.convert("RGB")
             return Image(rgb.width, rgb.height, rgb.tobytes())
+    except ImageError:
+        raise
     except (PILImage.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
         raise ImageError(f"not an image Ember can read ({e})") from None
