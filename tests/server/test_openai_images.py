@@ -139,3 +139,21 @@ def test_anthropics_image_blocks_reach_the_same_path(vision_server):
     with pytest.raises(anthropic.BadRequestError) as e:
         ask_claude({"type": "base64", "media_type": "image/png", "data": base64.b64encode(b"nope").decode()})
     assert e.value.body["error"]["type"] == "invalid_request_error" and "not an image" in e.value.body["error"]["message"]
+
+
+def test_the_next_turn_about_a_picture_starts_from_its_cached_cells(vision_server):
+    """A chat's second turn sends the picture again: its cells are the prompt cache's (the image's
+    placeholder ids are its pixels' hash), so the turn is not computed, nor encoded, again."""
+    proc, vlm = vision_server
+    client = openai_client(proc)
+    turn = [{"role": "user", "content": [image(data_uri(9)), {"type": "text", "text": "What is it?"}]}]
+    first = client.chat.completions.create(model="lm", messages=turn, max_tokens=3, temperature=0)
+    turn += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And its colour?"}]
+    second = client.chat.completions.create(model="lm", messages=turn, max_tokens=3, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= vlm.image_tokens
+    other = [{"role": "user", "content": [image(data_uri(10)), {"type": "text", "text": "What is it?"}]}]
+    third = client.chat.completions.create(model="lm", messages=other, max_tokens=3, temperature=0)
+    hit = second.usage.prompt_tokens_details.cached_tokens
+    # other pixels: only the text before the image matches, never part of the image
+    assert (third.usage.prompt_tokens_details.cached_tokens or 0) + vlm.image_tokens <= hit
