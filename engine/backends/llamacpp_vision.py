@@ -94,6 +94,8 @@ class Vision:
             raise ValueError(f"the prompt has {text.count(self.marker)} image markers for {len(images)} images")
         bitmaps = [m.mtmd_bitmap_init(im.width, im.height, (ctypes.c_uint8 * len(im.rgb)).from_buffer_copy(im.rgb))
                    for im in images]
+        for b, im in zip(bitmaps, images):  # each chunk of an image (a slice, for tiling models) names it
+            m.mtmd_bitmap_set_id(b, im.digest.encode())
         inp = m.mtmd_input_text()
         raw = text.encode()
         inp.text, inp.text_len, inp.add_special, inp.parse_special = raw, len(raw), False, True
@@ -102,14 +104,15 @@ class Vision:
             arr = (m.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
             if (ret := m.mtmd_tokenize(self._ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))) != 0:
                 raise ValueError(f"llama.cpp's mtmd could not tokenize the images (error {ret})")
-            return self._read(chunks, iter(images))
+            return self._read(chunks)
         finally:
             m.mtmd_input_chunks_free(chunks)
             for b in bitmaps:
                 m.mtmd_bitmap_free(b)
 
-    def _read(self, chunks, images) -> tuple[list[int], list[ImageSpan]]:
+    def _read(self, chunks) -> tuple[list[int], list[ImageSpan]]:
         m, ids, spans = self._mtmd, [], []
+        seen: dict[str, int] = {}  # chunks of each image so far: slices of one image differ
         for i in range(m.mtmd_input_chunks_size(chunks)):
             chunk = m.mtmd_input_chunks_get(chunks, i)
             if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_TEXT:
@@ -121,7 +124,9 @@ class Vision:
             if int(m.mtmd_input_chunk_get_n_pos(chunk)) != n_tok:
                 raise ValueError("this projector places images at fewer positions than tokens (M-RoPE): "
                                  "not supported yet")
-            digest = next(images).digest
+            digest = (m.mtmd_input_chunk_get_id(chunk) or b"").decode()
+            seen[digest] = seen.get(digest, -1) + 1
+            digest = f"{digest}/{seen[digest]}" if seen[digest] else digest
             own = m.mtmd_input_chunk_copy(chunk)
             span = ImageSpan(len(ids), n_tok, digest, own)
             weakref.finalize(span, m.mtmd_input_chunk_free, own)
