@@ -157,3 +157,32 @@ def test_the_next_turn_about_a_picture_starts_from_its_cached_cells(vision_serve
     hit = second.usage.prompt_tokens_details.cached_tokens
     # other pixels: only the text before the image matches, never part of the image
     assert (third.usage.prompt_tokens_details.cached_tokens or 0) + vlm.image_tokens <= hit
+
+
+def test_an_image_and_documents_in_one_turn_keep_both(tmp_path):
+    """A turn with a picture that also asks the documents: the passages go before the text and the
+    image stays where it was (the prompt grows by the passages, the image still counts)."""
+    from docs_kit import minilm_store
+
+    vlm = write_tiny_vlm(tmp_path, chat_template=GEMMA_TEMPLATE)
+    minilm_store(tmp_path / "models")
+    proc = start_engine(vlm.model, tmp_path, "--mmproj", str(vlm.mmproj), "--models-dir", str(tmp_path / "models"),
+                        "--docs-dir", str(tmp_path / "docs"), backend="llama.cpp")
+    try:
+        client = openai_client(proc)
+        (tmp_path / "note.md").write_text("# Note\n\nThe red kite nests in the old oak by the mill.")
+        f = client.files.create(file=open(tmp_path / "note.md", "rb"), purpose="assistants")
+        store = client.vector_stores.create(name="birds")
+        client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=f.id, poll_interval_ms=100)
+        turn = {"model": vlm.model.name, "max_tokens": 2, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Where does the red kite nest?"}, image(data_uri(1))]}]}
+        words = {**turn, "messages": [{"role": "user", "content": "Where does the red kite nest?"}]}
+        docs = {"documents": {"vector_store_ids": [store.id]}}
+        n = {name: client.chat.completions.create(**t, extra_body=e).usage.prompt_tokens
+             for name, t, e in (("image", turn, {}), ("words", words, {}), ("words+docs", words, docs))}
+        both = client.chat.completions.create(**turn, extra_body=docs)
+        assert both.model_extra["sources"][0]["file_id"] == f.id
+        image_tokens = n["image"] - n["words"]
+        assert image_tokens >= 16 and both.usage.prompt_tokens == n["words+docs"] + image_tokens
+    finally:
+        proc.stop()
