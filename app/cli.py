@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "app.cli_quantize",  # quantize
     "app.cli_mcp",  # mcp list
     "app.cli_docs",  # docs add|list|rm|search
+    "app.cli_cache",  # cache info|clear
     "app.bench",  # bench decode|kv|throughput|server|turns|footprint
 )
 

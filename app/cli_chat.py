@@ -51,7 +51,7 @@ def build_engine(args):
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                           num_threads=args.threads or load.threads, speculative=args.speculative,
                           max_model_len=args.ctx or load.context_length,
-                          chat_template=args.chat_template or installed_template(args.model))
+                          chat_template=args.chat_template or installed_template(args.model), mmproj=args.mmproj)
     try:
         engine = load_engine(config, args.backend, args.device if args.device != "auto" else load.device or "auto")[0]
         if not engine.runner.generates:

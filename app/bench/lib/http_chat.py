@@ -5,10 +5,11 @@ import json
 import time
 
 
-async def stream_chat(http, i: int, max_tokens: int) -> dict:
+async def stream_chat(http, i: int, max_tokens: int, model: str | None = None) -> dict:
     """Chat `i` (its own prompt and seed) of exactly `max_tokens` tokens (ignore_eos), streamed:
-    its time to the first content chunk, tokens, and decode tok/s after that chunk."""
-    body = {"messages": [{"role": "user", "content": f"Write a long story about a fox (#{i})."}],
+    its time to the first content chunk, tokens, and decode tok/s after that chunk. `model`: the
+    one to ask (None: the server's newest)."""
+    body = {"model": model, "messages": [{"role": "user", "content": f"Write a long story about a fox (#{i})."}],
             "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.server.chat import ChatChoice, ChatRun, start_chat
 from engine.server.openai import bodies as R
+from engine.server.openai.file_search import add_sources, source_items
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.sse import SSE_HEADERS, job_events
 
@@ -20,10 +21,15 @@ def build_chat_router() -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        sources = None
+        if body.documents is not None:  # an Ember extension: answer from these vector stores
+            docs = body.documents
+            body, hits, _ = await add_sources(request, body, docs.vector_store_ids, docs.max_num_results)
+            sources = source_items(hits)
         run = await start_chat(request, body, "chatcmpl")
         created, tt = R.now(), R.TokenText(run.engine.tokenizer)
         if body.stream:
-            return StreamingResponse(_ChatStream(run, created, tt, body).events(),
+            return StreamingResponse(_ChatStream(run, created, tt, body, sources).events(),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         await run.collect()
         out = [{"index": c.index, "message": c.message(), "finish_reason": c.reason,
@@ -31,7 +37,7 @@ def build_chat_router() -> APIRouter:
                for c in run.choices]
         return JSONResponse({"id": run.rid, "object": "chat.completion", "created": created, "model": run.model,
                              "choices": out, "usage": _usage(run.choices, len(run.prompt_ids)),
-                             "system_fingerprint": None})
+                             "system_fingerprint": None, **({"sources": sources} if sources is not None else {})})
 
     return router
 
@@ -47,11 +53,13 @@ def _usage(choices: list[ChatChoice], prompt_tokens: int) -> dict:
 @dataclass(slots=True)
 class _ChatStream:
     """One chat reply as chat.completion.chunk events: each choice's deltas, then the usage chunk
-    when the request asked for it."""
+    when the request asked for it. The first chunk carries the `sources` a `documents` request was
+    given (None: no documents)."""
     run: ChatRun
     created: int
     tt: R.TokenText
     body: ChatCompletionRequest
+    sources: list[dict] | None = None
 
     def events(self):
         return job_events(self.run.job, self.emit, self.done)
@@ -63,6 +71,8 @@ class _ChatStream:
         for delta, reason, items in c.stream_deltas(item[1], self.tt, self.body.logprobs):
             chunk = R.chat_chunk(run.rid, run.model, self.created, delta, reason, items, with_usage)
             chunk["choices"][0]["index"] = c.index
+            if self.sources is not None:
+                chunk["sources"], self.sources = self.sources, None
             yield chunk
 
     def done(self):

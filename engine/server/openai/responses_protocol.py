@@ -5,7 +5,7 @@ through one path (templates, grammars, tool parsing) in engine/server/chat.py.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -58,6 +58,16 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class FileSearchTool(BaseModel):
+    """The hosted file_search tool on the engine's own vector stores (openai/file_search.py)."""
+    model_config = _config
+    type: Literal["file_search"]
+    vector_store_ids: list[Annotated[str, Field(max_length=64)]] = Field(..., min_length=1, max_length=16)
+    max_num_results: int = Field(5, ge=1, le=50)
+    filters: dict | None = None
+    ranking_options: dict | None = None  # accepted; the ranking is Ember's hybrid one
+
+
 class NamedFunctionChoice(BaseModel):
     model_config = _config
     type: Literal["function"]
@@ -83,7 +93,9 @@ class ResponsesRequest(BaseModel):
     model: str | None = model_field
     input: str | list[FunctionCallItem | FunctionCallOutputItem | MessageItem] = Field(..., min_length=1)
     instructions: str | None = None
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tools: list[Annotated[FunctionTool | FileSearchTool, Field(discriminator="type")]] | None = Field(
+        None, max_length=128)
+    include: list[str] | None = Field(None, max_length=16)  # "file_search_call.results" is the one read
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
@@ -96,6 +108,14 @@ class ResponsesRequest(BaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = Field(None, max_length=256)
+
+    @property
+    def functions(self) -> list[FunctionTool]:
+        return [t for t in self.tools or () if isinstance(t, FunctionTool)]
+
+    @property
+    def file_search(self) -> FileSearchTool | None:
+        return next((t for t in self.tools or () if isinstance(t, FileSearchTool)), None)
 
     def to_chat(self) -> ChatCompletionRequest:
         """The same request as a chat completion; its validation errors are this request's 400s."""
@@ -123,7 +143,7 @@ class ResponsesRequest(BaseModel):
         chat = {
             "model": self.model, "messages": messages, "temperature": self.temperature, "top_p": self.top_p,
             "seed": self.seed, "max_tokens": self.max_output_tokens, "parallel_tool_calls": self.parallel_tool_calls,
-            "tools": [{"type": "function", "function": t.model_dump(exclude={"type"})} for t in self.tools or ()] or None,
+            "tools": [{"type": "function", "function": t.model_dump(exclude={"type"})} for t in self.functions] or None,
             "tool_choice": ({"type": "function", "function": {"name": choice.name}}
                             if isinstance(choice, NamedFunctionChoice) else choice),
             "response_format": None if fmt is None else (

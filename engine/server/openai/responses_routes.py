@@ -15,6 +15,7 @@ from engine.server.openai import bodies as R
 from engine.server.chat import ChatRun, start_chat
 from engine.server.openai.responses_output import (ResponseBody, call_item, message_item, new_item_id, output_items,
                                             reasoning_item, text_part)
+from engine.server.openai.file_search import add_sources, file_citations, file_search_call
 from engine.server.openai.responses_protocol import ResponsesRequest
 from engine.server.sse import SSE_HEADERS, job_events
 
@@ -24,14 +25,25 @@ def build_responses_router() -> APIRouter:
 
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
-        run = await start_chat(request, body.to_chat(), "resp")
+        chat, search, hits = body.to_chat(), None, []
+        if (tool := body.file_search) is not None:  # searched before the reply: see file_search.py
+            chat, hits, query = await add_sources(request, chat, tool.vector_store_ids, tool.max_num_results,
+                                                  tool.filters)
+            search = file_search_call(new_item_id("fs"), query, hits,
+                                      "file_search_call.results" in (body.include or ()))
+        run = await start_chat(request, chat, "resp")
         resp = ResponseBody(body, run)
         if body.stream:
-            events = _ResponseEvents(run, resp)
+            events = _ResponseEvents(run, resp, search, hits)
             return StreamingResponse(job_events(run.job, events.emit, lambda: (), end=None),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         await run.collect()
-        return JSONResponse(resp.make(run.choices[0], output_items(run.choices[0])))
+        output = [search] if search else []
+        for item in output_items(run.choices[0]):
+            if item["type"] == "message" and hits:
+                item["content"][0]["annotations"] = file_citations(item["content"][0]["text"], hits)
+            output.append(item)
+        return JSONResponse(resp.make(run.choices[0], output))
 
     return router
 
@@ -39,10 +51,11 @@ def build_responses_router() -> APIRouter:
 class _ResponseEvents:
     """The Responses stream of one choice: a reasoning item and a message item, each opened on
     its first text and closed when the next begins or at the end; each tool call an item of its
-    own with its arguments in one delta."""
+    own with its arguments in one delta. A file_search_call item, done before the reply, comes first."""
 
-    def __init__(self, run: ChatRun, resp: ResponseBody) -> None:
+    def __init__(self, run: ChatRun, resp: ResponseBody, search: dict | None = None, hits=()) -> None:
         self.resp, self.choice = resp, run.choices[0]
+        self.search, self.hits = search, list(hits)
         self.tt = R.TokenText(run.engine.tokenizer)
         self.seq = iter(range(1 << 62))
         self.output: list[dict] = []  # the finished items
@@ -58,6 +71,7 @@ class _ResponseEvents:
         if not choice.started:
             yield self.ev("response.created", response=self.resp.make(None, []))
             yield self.ev("response.in_progress", response=self.resp.make(None, []))
+            yield from self.searched()
         choice.add(out)
         for delta, reason, _ in choice.stream_deltas(out, self.tt, False):
             status = "incomplete" if reason == "length" else "completed"
@@ -73,6 +87,17 @@ class _ResponseEvents:
             if reason is not None:
                 yield from self.close_message(status)
                 yield from self.finish()
+
+    def searched(self):
+        if self.search is None:
+            return
+        index, item = len(self.output), self.search
+        yield self.ev("response.output_item.added", output_index=index,
+                      item={**item, "status": "in_progress", "results": None})
+        for step in ("in_progress", "searching", "completed"):
+            yield self.ev(f"response.file_search_call.{step}", output_index=index, item_id=item["id"])
+        yield self.ev("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
 
     def reasoning_delta(self, text: str):
         if self.rs is None:
@@ -112,8 +137,9 @@ class _ResponseEvents:
         index, text = len(self.output), self.text
         ids = {"item_id": self.msg, "output_index": index, "content_index": 0}
         yield self.ev("response.output_text.done", **ids, text=text, logprobs=[])
-        yield self.ev("response.content_part.done", **ids, part=text_part(text))
-        item = message_item(self.msg, text, status)
+        part = {**text_part(text), "annotations": file_citations(text, self.hits)}
+        yield self.ev("response.content_part.done", **ids, part=part)
+        item = {**message_item(self.msg, text, status), "content": [part]}
         yield self.ev("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
         self.msg = None

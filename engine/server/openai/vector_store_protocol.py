@@ -78,7 +78,9 @@ def store_object(s: StoreRow, files: list[StoreFile], usage_bytes: int) -> dict:
             "metadata": s.metadata}
 
 
-def store_file_object(sf: StoreFile, usage_bytes: int) -> dict:
+def store_file_object(sf: StoreFile, usage_bytes: int, progress: tuple[int, int] | None = None) -> dict:
+    """`progress` (chunks embedded, chunks in all) while it indexes: an Ember extension the window
+    shows as a progress bar with the time left."""
     error = None
     if sf.status == "failed":
         error = {"code": "unsupported_file" if "not supported" in (sf.error or "") else "server_error",
@@ -87,7 +89,8 @@ def store_file_object(sf: StoreFile, usage_bytes: int) -> dict:
             "vector_store_id": sf.store_id, "status": sf.status, "last_error": error, "usage_bytes": usage_bytes,
             "chunking_strategy": {"type": "static", "static": {"max_chunk_size_tokens": 250,
                                                                 "chunk_overlap_tokens": 0}},
-            "attributes": sf.attributes}
+            "attributes": sf.attributes,
+            **({"progress": {"chunks_done": progress[0], "chunks_total": progress[1]}} if progress else {})}
 
 
 def batch_object(batch_id: str, store_id: str, created_at: int, files: list[StoreFile]) -> dict:

@@ -155,7 +155,9 @@ def _file_body(docs, store_id: str, file_id: str) -> dict:
     if sf is None:
         raise APIError(404, f"No file found with id '{file_id}' in vector store '{store_id}'", code="file_not_found")
     f = docs.store.file(file_id)
-    return store_file_object(sf, f.bytes if f is not None and sf.status == "completed" else 0)
+    p = docs.progress.get((store_id, file_id)) if sf.status == "in_progress" else None
+    return store_file_object(sf, f.bytes if f is not None and sf.status == "completed" else 0,
+                             (p.chunks_done, p.chunks_total) if p is not None else None)
 
 
 def _batch_body(docs, batch_id: str, batches: dict) -> dict:
@@ -171,6 +173,8 @@ async def search_stores(request: Request, store_ids: list[str], query: str, top_
     docs, state = request.app.state.documents, request.app.state
     if not query.strip():
         raise APIError(400, "query is empty", code="invalid_value", param="query")
+    for sid in store_ids:
+        _store_or_404(docs, sid)
     vectors, embedder = await docs.embed(state, [query])
     stale = [s for sid in store_ids if (s := docs.store.store(sid)) and s.embed_model not in (None, embedder)]
     for s in stale:  # indexed by another embedding model: embedded again with this one
