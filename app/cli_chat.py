@@ -80,13 +80,14 @@ def sampling_params(args):
 DIM, PLAIN = "\033[2m", "\033[0m"
 
 
-def stream(engine, prompt, params, out=sys.stdout, thinking=None) -> str:
+def stream(engine, prompt, params, out=None, thinking=None) -> str:
     """Print the reply as it is generated; returns the whole text (with a reasoning parser
     `thinking`, the answer alone: the thoughts print dimmed, or after "Thinking: " off a terminal).
 
     Ctrl-C stops the reply, not the program: between two engine steps (never inside one, which would
     leave the engine half-updated) the request is aborted, its KV freed, and the text so far returned.
     """
+    out = out or sys.stdout  # looked up now: a default bound at import would keep a replaced stream
     shown = {"thought": False, "answer": ""}
     tty = getattr(out, "isatty", lambda: False)()
 

@@ -102,7 +102,7 @@ def _speed(store, rag_set, embed, model, threads: int) -> dict:
 
 
 def run(args) -> int:
-    from app.bench.rag_sets import kit_set, pydoc_set
+    from app.bench.rag_sets import asked_set, kit_set, pydoc_set
     from app.docs_local import LocalEmbedder, embedding_model
     from app.settings import Settings
     from engine.docs.store import DocStore
@@ -122,7 +122,8 @@ def run(args) -> int:
             store_id = results["indexing"].pop("store_id")
         else:
             store_id = index_set(store, s, embed, model.id)[0]
-        results["retrieval"][s.name] = {"questions": len(s.questions), **quality(store, store_id, s.questions, embed)}
+        for q in [s, asked_set(s)] if s.name == "pydoc" else [s]:  # the written questions: the same index
+            results["retrieval"][q.name] = {"questions": len(q.questions), **quality(store, store_id, q.questions, embed)}
     embed.close()
     store.close()
     _print(results, "kit" in args.sets and kit is None)

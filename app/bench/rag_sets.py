@@ -8,6 +8,9 @@ name the one file that answers them.
   reduced to its key words (stop words dropped, at most KEY_WORDS words, in their order). So a query
   reads like "convenient way insert debugging assertions program": the words of one passage, not a
   paraphrase; both BM25 and the embedder see the same words.
+- `pydoc-asked`: the same topics asked as a person asks, written by one: 30 questions in their own
+  words ("How do I leave a loop before it has gone through every item?" for `break`), where the
+  embedder's sense of meaning has to find what BM25's words alone may not.
 - `kit`: tests/docs_kit.py in a source checkout: five questions a person wrote, with facts no model
   knows, in PDF, DOCX, PPTX, Markdown and code files beside distractors on nearby topics.
 """
@@ -82,6 +85,46 @@ def pydoc_set(folder: Path, limit: int | None = None) -> RagSet:
                 questions.append(Question(key_words(s), f"{name}.txt"))
                 break
     return RagSet("pydoc", folder, questions)
+
+
+ASKED = [  # (question, the topic that answers it)
+    ("How can I add a debugging check that stops the program when a condition does not hold?", "assert"),
+    ("How do I leave a loop before it has gone through every item?", "break"),
+    ("How do I skip the rest of this pass through a loop and go on with the next one?", "continue"),
+    ("How do I remove a variable's name binding or delete an item from a container?", "del"),
+    ("How can a function rebind a variable that lives at module level?", "global"),
+    ("How can an inner function rebind a variable of the function around it?", "nonlocal"),
+    ("How do I write a small anonymous function inside an expression?", "lambda"),
+    ("Which statement does nothing at all, for places where syntax needs one?", "pass"),
+    ("How do I signal an error from my own code?", "raise"),
+    ("How does a function hand a value back to whoever called it?", "return"),
+    ("How do I catch an error and always run clean-up code afterwards?", "try"),
+    ("How do I repeat code for as long as a condition stays true?", "while"),
+    ("How does a generator function give back values one at a time?", "yield"),
+    ("How do I take every second element between two positions of a sequence?", "slicings"),
+    ("Which values count as false when tested in a condition?", "truth"),
+    ("How does a chain such as a < b < c get evaluated?", "comparisons"),
+    ("How do I write a number with an exponent, like ten to the power six?", "floating"),
+    ("How do I write a complex number literal with an imaginary part?", "imaginary"),
+    ("How do I step through my program line by line to find a bug?", "debugger"),
+    ("How do I remove spaces from both ends of a text?", "string-methods"),
+    ("How do I look up a dictionary key and get a fallback value when it is missing?", "typesmapping"),
+    ("How do I add an item at the end of a list?", "typesseq-mutable"),
+    ("How do I define a coroutine function?", "async"),
+    ("How do I pause a coroutine until another awaitable has finished?", "await"),
+    ("What does the double star operator compute?", "power"),
+    ("How do I move the bits of an integer to the left?", "shifting"),
+    ("How do I pad a number with zeros or fix its decimal places when formatting text?", "formatstrings"),
+    ("What happens to a name when it is bound, and how is it found again in nested scopes?", "naming"),
+    ("Which special methods make an object usable in a with statement?", "context-managers"),
+    ("What does the main program use to bring in code from another file?", "import"),
+]
+
+
+def asked_set(pydoc: RagSet) -> RagSet:
+    """The written questions whose topic is in the pydoc set's folder (all, or the quick run's)."""
+    return RagSet("pydoc-asked", pydoc.folder, [Question(q, f"{t}.txt") for q, t in ASKED
+                                                 if (pydoc.folder / f"{t}.txt").is_file()])
 
 
 def kit_set(folder: Path) -> RagSet | None:

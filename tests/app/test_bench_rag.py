@@ -27,7 +27,8 @@ def test_bench_rag_runs_on_a_tiny_set_and_writes_its_figures(tmp_path, monkeypat
     assert r["model"] == model and x["set"] == "pydoc" and x["files"] == 3 and x["chunks"] >= 3
     assert x["pipeline_chunks_per_s"] > 0 and x["bare_chunks_per_s"] > 0 and x["max_1_minus_cos"] < 1e-4
     assert 0 < x["pipeline_embed_s"] <= x["pipeline_s"]
-    assert set(r["retrieval"]) == {"pydoc", "kit"} and r["retrieval"]["kit"]["questions"] == len(QUESTIONS)
+    assert set(r["retrieval"]) == {"pydoc", "pydoc-asked", "kit"}
+    assert r["retrieval"]["kit"]["questions"] == len(QUESTIONS)
     for figures in r["retrieval"].values():
         for mode in ("hybrid", "vector", "bm25"):
             assert 0 <= figures[mode]["mrr"] <= 1 and 0 <= figures[mode]["recall@5"] <= 1
@@ -43,3 +44,12 @@ def test_pydoc_questions_are_a_sentence_of_their_own_topic_in_key_words(tmp_path
         words = q.text.split()
         assert 4 <= len(words) <= 8 and all(w not in {"the", "and", "of", "is"} for w in words)
         assert any(key_words(x) == q.text for x in prose_sentences(topics[name]))
+
+
+def test_the_written_questions_name_topics_python_ships(tmp_path):
+    from pydoc_data.topics import topics
+
+    from app.bench.rag_sets import ASKED, asked_set
+
+    assert len(ASKED) == 30 and all(t in topics for _, t in ASKED)
+    assert len(asked_set(pydoc_set(tmp_path)).questions) == 30
