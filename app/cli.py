@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "app.cli_models",  # models list|search|pull|rm|import|verify
     "app.cli_quantize",  # quantize
     "app.cli_mcp",  # mcp list
+    "app.cli_docs",  # docs add|list|rm|search
+    "app.cli_cache",  # cache info|clear
     "app.bench",  # bench decode|kv|throughput|server|turns|footprint
 )
 

@@ -1,7 +1,8 @@
 """`ember chat` (streaming terminal chat with history) and `ember generate PROMPT`.
 
-These run the engine in-process: no server, no GUI. With `--mcp FILE` (tools) they run it in an engine
-process instead, driven by the agent loop (app/cli_tools.py).
+These run the engine in-process: no server, no GUI; `chat --docs COLLECTION` answers from documents
+(app/cli_chat_docs.py). With `--mcp FILE` (tools) they run it in an engine process instead, driven by
+the agent loop (app/cli_tools.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import sys
 import threading
 
+from app.cli_chat_docs import add_docs_args, open_docs_chat
 from app.cli_model import installed_load_settings, installed_template, resolve_model
 
 
@@ -49,7 +51,7 @@ def build_engine(args):
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                           num_threads=args.threads or load.threads, speculative=args.speculative,
                           max_model_len=args.ctx or load.context_length,
-                          chat_template=args.chat_template or installed_template(args.model))
+                          chat_template=args.chat_template or installed_template(args.model), mmproj=args.mmproj)
     try:
         engine = load_engine(config, args.backend, args.device if args.device != "auto" else load.device or "auto")[0]
         if not engine.runner.generates:
@@ -78,13 +80,14 @@ def sampling_params(args):
 DIM, PLAIN = "\033[2m", "\033[0m"
 
 
-def stream(engine, prompt, params, out=sys.stdout, thinking=None) -> str:
+def stream(engine, prompt, params, out=None, thinking=None) -> str:
     """Print the reply as it is generated; returns the whole text (with a reasoning parser
     `thinking`, the answer alone: the thoughts print dimmed, or after "Thinking: " off a terminal).
 
     Ctrl-C stops the reply, not the program: between two engine steps (never inside one, which would
     leave the engine half-updated) the request is aborted, its KV freed, and the text so far returned.
     """
+    out = out or sys.stdout  # looked up now: a default bound at import would keep a replaced stream
     shown = {"thought": False, "answer": ""}
     tty = getattr(out, "isatty", lambda: False)()
 
@@ -152,6 +155,8 @@ def run_generate(args) -> int:
 
 
 def run_chat(args) -> int:
+    if args.mcp and args.docs:
+        raise SystemExit("error: --docs and --mcp do not go together yet")
     if args.mcp:
         from app.cli_tools import tool_chat
 
@@ -161,17 +166,25 @@ def run_chat(args) -> int:
         except KeyboardInterrupt:  # while the engine or the servers start
             print("\nstopped", file=sys.stderr)
             return 130
+    docs = open_docs_chat(args) if args.docs else None  # the collection first: its errors cost no model load
     engine = build_engine(args)
     params = sampling_params(args)
     params.stop += engine.chat_template.turn_stops
 
     def reply(history: list[dict]) -> str:
-        prompt = engine.chat_template.render(history, add_generation_prompt=True, **think_switch(args))
+        turn, hits = docs.turn(history) if docs else (history, [])
+        prompt = engine.chat_template.render(turn, add_generation_prompt=True, **think_switch(args))
         text = stream(engine, prompt, params, thinking=reasoning_parser(engine, prompt))
         print()
+        if docs:
+            docs.print_sources(text, hits)
         return text
 
-    return chat_loop(args, reply)
+    try:
+        return chat_loop(args, reply)
+    finally:
+        if docs:
+            docs.close()
 
 
 def chat_loop(args, reply) -> int:
@@ -233,6 +246,7 @@ def register(sub) -> None:
     p.add_argument("--system", default=None, help="system prompt")
     _add_think_flags(p)
     add_tool_args(p)
+    add_docs_args(p)
     p.set_defaults(func=run_chat)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text as it streams")

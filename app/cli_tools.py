@@ -51,7 +51,7 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
                     "device": args.device if args.device != "auto" else load.device or "auto",
                     "dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
                     "speculative": args.speculative,
-                    "chat_template": args.chat_template or installed_template(args.model),
+                    "chat_template": args.chat_template or installed_template(args.model), "mmproj": args.mmproj,
                     "max_model_len": args.ctx or load.context_length, "threads": args.threads or load.threads,
                     "max_loaded_models": 1, "keep_alive": "-1"})
 

@@ -42,6 +42,8 @@ def engine_args(settings: Settings) -> dict[str, Any]:
             "memory_budget": settings.memory_budget_gb, "max_loaded_models": settings.max_loaded_models,
             "keep_alive": settings.keep_alive, "docs_dir": str(settings.docs_dir),
             "embedding_model": settings.embedding_model,
+            "kv_disk_dir": str(settings.kv_cache_dir) if settings.kv_disk_gib > 0 else None,
+            "kv_disk_budget_gib": settings.kv_disk_gib,
             "speculative": engine_speculative(settings.speculative, settings.models_dir)}
 
 

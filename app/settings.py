@@ -94,6 +94,9 @@ class Settings(BaseModel):
     device: Literal["auto", "cpu", "cuda", "mps"] = Field("auto", description="Compute device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Torch engine's dtype")
     kv_memory_fraction: float = Field(0.25, gt=0.0, le=0.95, description="Share of free memory given to the KV cache")
+    kv_disk_gib: float = Field(4.0, ge=0.0, le=65536.0,
+                               description="Disk that keeps the chats' context across restarts, in GiB "
+                                           "(<data_dir>/kv-cache; 0: off; never more than a quarter of the free space)")
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads for inference (default: automatic)")
     memory_budget_gb: float = Field(0.0, ge=0.0, le=65536.0,
                                     description="Memory the loaded models may use together, in GiB "
@@ -153,6 +156,11 @@ class Settings(BaseModel):
     @property
     def logs_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def kv_cache_dir(self) -> Path:
+        """The prefix cache's disk tier (engine/kv_disk/): `ember cache` reads it."""
+        return self.data_dir / "kv-cache"
 
     @property
     def history_path(self) -> Path:

@@ -13,12 +13,17 @@ them; never all of its tokens, so at least one is computed and yields the next t
 With a sliding window (window > 0), the leading blocks a sequence's window layers will never
 read again are reported to `on_window_out` (the runner gives back those layers' pages; see
 engine/kv_window.py) and no prefix hit relies on their window-layer K/V.
+
+With a disk tier (engine/kv_disk/), every block that gets a hash is offered to it, and a prefix
+the RAM cache misses is looked up there: `match_prefix(seq, from_disk=True)` reads the blocks
+it holds back into free blocks, which join the cache as if they had been computed.
 """
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.block_pool import NO_HASH, BlockPool
 from engine.kv_window import blocks_out_of_window, usable_hits
@@ -36,13 +41,23 @@ def hash_block_tokens(parent_hash: int, token_ids: list[int] | tuple[int, ...]) 
     return int.from_bytes(h.digest(), "little")
 
 
+class DiskCache(Protocol):
+    """What the block manager asks of a disk tier (engine/kv_disk/tier.py's DiskTier)."""
+
+    def offer(self, blocks: list[tuple[int, int]]) -> None: ...  # (block id, hash) just hashed
+    def contains(self, block_hash: int) -> bool: ...
+    def fetch(self, block_hash: int, block_id: int) -> bool: ...  # into block_id; False: not served
+
+
 class BlockManager(BlockPool):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  max_cached_free: int | None = None,
                  on_clean: Callable[[list[int], Callable[[int], bool]], None] | None = None,
                  window: int = 0,
-                 on_window_out: Callable[[list[int], Callable[[int], bool]], None] | None = None) -> None:
+                 on_window_out: Callable[[list[int], Callable[[int], bool]], None] | None = None,
+                 disk: DiskCache | None = None) -> None:
         super().__init__(num_blocks, block_size, max_cached_free, on_clean)
+        self.disk = disk if enable_prefix_caching else None
         self.enable_prefix_caching = enable_prefix_caching
         self.window, self.on_window_out = window, on_window_out
         self.num_query_tokens = 0  # prompt tokens looked up in the prefix cache
@@ -61,10 +76,11 @@ class BlockManager(BlockPool):
             hashes.append(hash_block_tokens(parent, seq.token_ids[i * B:(i + 1) * B]))
         return hashes
 
-    def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks for seq's leading full blocks; never all of its tokens. No side effects.
-        A sequence that scores its prompt (prompt_logprobs) needs logits at every position, so
-        it computes them all (it still offers its blocks to others)."""
+    def match_prefix(self, seq: Sequence, from_disk: bool = False) -> list[int]:
+        """Cached blocks for seq's leading full blocks; never all of its tokens. No side effects,
+        but with from_disk the blocks after the RAM hits that the disk tier holds are read back
+        first. A sequence that scores its prompt (prompt_logprobs) needs logits at every
+        position, so it computes them all (it still offers its blocks to others)."""
         if not self.enable_prefix_caching or seq.scores_prompt:
             return []
         B = self.block_size
@@ -75,9 +91,36 @@ class BlockManager(BlockPool):
             if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[i * B:(i + 1) * B]):
                 break
             hits.append(block_id)
+        if from_disk and self.disk is not None and len(hits) < max_blocks:
+            hits += self._read_from_disk(seq, hits, max_blocks)
         if self.window:
             del hits[usable_hits([self.blocks[b].windowed_out for b in hits], self.window, B):]
         return hits
+
+    def _read_from_disk(self, seq: Sequence, hits: list[int], max_blocks: int) -> list[int]:
+        """Bring seq's blocks after `hits` back from the disk tier into free blocks, which join
+        the cache (free, hashed); the hits are held meanwhile so that no block taken evicts them."""
+        B, hashes, loaded, cleaned = self.block_size, seq.block_hashes, [], []
+        for b in hits:
+            self._touch(b)
+        room = self.num_free_blocks if self.max_cached_free is None else min(self.num_free_blocks,
+                                                                                self.max_cached_free - len(hits))
+        for i in range(len(hits), min(max_blocks, len(hits) + max(room, 0))):
+            h = hashes[i]
+            if h in self.hash_to_block_id or not self.disk.contains(h):
+                break
+            block_id = self._take_free_block()
+            if not self.disk.fetch(h, block_id):
+                self._release(block_id, cleaned)
+                break
+            block = self.blocks[block_id]
+            block.hash, block.token_ids = h, tuple(seq.token_ids[i * B:(i + 1) * B])
+            self.hash_to_block_id[h] = block_id
+            loaded.append(block_id)
+        for b in reversed(hits + loaded):  # the prefix's first block is the last to be evicted
+            self._release(b, cleaned)
+        self._report_clean(cleaned)
+        return loaded
 
     def hash_blocks(self, seq: Sequence) -> None:
         """Register seq's blocks whose tokens are now all computed. A block whose prefix is
@@ -88,13 +131,16 @@ class BlockManager(BlockPool):
         num_full = min(seq.num_computed_tokens, seq.num_tokens) // B
         if num_full <= seq.num_hashed_blocks:
             return
-        hashes = self._block_hashes(seq, num_full)
+        hashes, new = self._block_hashes(seq, num_full), []
         for i in range(seq.num_hashed_blocks, num_full):
             h, block = hashes[i], self.blocks[seq.block_table[i]]
             if block.hash == NO_HASH and h not in self.hash_to_block_id:
                 block.hash, block.token_ids = h, tuple(seq.token_ids[i * B:(i + 1) * B])
                 self.hash_to_block_id[h] = block.block_id
+                new.append((block.block_id, h))
         seq.num_hashed_blocks = num_full
+        if new and self.disk is not None:
+            self.disk.offer(new)
 
     # ---- allocation ----------------------------------------------------------------------
     def num_needed_blocks(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> int:

@@ -13,6 +13,7 @@ from engine.model_files.memory import DEFAULT_BLOCK_SIZE, DEFAULT_KV_FRACTION, K
 WEIGHTS = ("auto", "quantized", "dense")  # EngineConfig.weights
 # EngineConfig.kv_cache_dtype; q8_0 is llama.cpp's 8-bit cache type (engine/kernels/csrc/kv_quant.cpp)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "q8_0")
+DEFAULT_KV_DISK_GIB = 4.0  # EngineConfig.kv_disk_budget_gib and the setting's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,12 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "fixed KV pool size in blocks (tests, benchmarks); overrides the memory share and the byte cap"})
     enable_prefix_caching: bool = True
+    kv_disk_dir: str | None = field(default=None, metadata={
+        "help": "a folder where full KV blocks are kept across restarts (the prefix cache's disk tier; "
+                "default: none, RAM only)"})
+    kv_disk_budget_gib: float = field(default=DEFAULT_KV_DISK_GIB, metadata={
+        "help": "the disk tier's budget in GiB, all models together (never more than a quarter of the free "
+                "space); the least recently used blocks go first"})
     exact_greedy: bool = field(default=True, metadata={
         "help": "greedy replies independent of the other chats on the llama.cpp runner too (a CPU with flash "
                 "attention: steps with a greedy chat decode in parts of 2-63 rows; their prefill is slower)"})
@@ -51,6 +58,7 @@ class EngineConfig:
         "help": "drafts per step (default: chosen each step by measured goodput, up to 8; 0 keeps the "
                 "drafter's shadow statistics only)"})
     chat_template: str | None = None  # a Jinja template file used in place of the model's own (--chat-template)
+    mmproj: str | None = None  # a vision model's projector GGUF (--mmproj): chats may carry images (llama.cpp)
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads of the kernels (default: torch's own; all cores for llama.cpp)"})
     seed: int = 0
@@ -73,5 +81,7 @@ class EngineConfig:
             raise ValueError("max_prefill_chunk must be positive")
         if self.kv_idle_cache_tokens is not None and self.kv_idle_cache_tokens < 0:
             raise ValueError("kv_idle_cache_tokens must be >= 0")
+        if self.kv_disk_budget_gib < 0:
+            raise ValueError("kv_disk_budget_gib must be >= 0")
         if not 0.0 < self.kv_memory_fraction <= 1.0:
             raise ValueError("kv_memory_fraction must be in (0, 1]")

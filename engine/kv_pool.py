@@ -39,7 +39,7 @@ class KVPool:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.num_blocks = num_blocks
+        self.num_blocks, self.dtype, self.shape = num_blocks, dtype, shape
         self.block_bytes = block_size * num_kv_heads * head_dim * dtype.itemsize  # one block, one tensor
         self._map: mmap.mmap | None = None
         if device.type != "cpu":
@@ -83,6 +83,24 @@ class KVPool:
         for start, length in self.pages_to_give_back(block_ids, is_clean):
             for base in bases:
                 self._map.madvise(mmap.MADV_DONTNEED, base + start, length)
+
+    def read_blocks(self, block_ids: list[int]) -> list:
+        """Copies of blocks for the disk tier: per block, K then V of every layer, as one row of
+        bytes (a numpy view of a CPU tensor that nothing else writes); one gather per tensor."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.caches[0][0].device)
+        rows = torch.stack([t.index_select(0, idx) for kv in self.caches for t in kv], 1)
+        rows = rows.view(torch.uint8).reshape(len(block_ids), -1).cpu()
+        return [row.numpy() for row in rows]
+
+    def write_block(self, block_id: int, payload) -> None:
+        """A row read_blocks made back into block_id in every layer; ValueError for a wrong size."""
+        expected = 2 * len(self.caches) * self.block_bytes
+        if memoryview(payload).nbytes != expected:
+            raise ValueError(f"a KV block of {memoryview(payload).nbytes} bytes where this pool's are {expected}")
+        src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(2 * len(self.caches), *self.shape[1:])
+        for i, (k, v) in enumerate(self.caches):
+            k[block_id].copy_(src[2 * i])
+            v[block_id].copy_(src[2 * i + 1])
 
     def resident_bytes(self) -> int:
         """Bytes of the pool in memory now (mincore(2) over its pages; the kernel may merge the

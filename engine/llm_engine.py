@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.kv_disk.tier import open_disk_tier
 from engine.kv_sizing import idle_cache_tokens
 from engine.loaders.chat_template import ChatTemplate
 from engine.loaders.tokenizer import Tokenizer, load_tokenizer
@@ -47,10 +48,13 @@ class LLMEngine:
         caching = config.enable_prefix_caching
         # Blocks that turn clean go back to a runner that can return their memory (give_back).
         idle_blocks = idle_cache_tokens(config, runner.max_model_len) // config.block_size
+        # Full blocks also go to disk and come back from it after a restart (engine/kv_disk/).
+        self.disk_tier = open_disk_tier(config, runner) if runner.paged_kv else None
         self.block_manager = BlockManager(runner.kv_capacity_blocks(), config.block_size,
                                           enable_prefix_caching=caching and runner.paged_kv,
                                           max_cached_free=idle_blocks, on_clean=runner.give_back,
-                                          window=runner.sliding_window, on_window_out=runner.give_back_window)
+                                          window=runner.sliding_window, on_window_out=runner.give_back_window,
+                                          disk=self.disk_tier)
         self.prompt_cache = runner.prompt_cache if caching else None
         self.scheduler = Scheduler(config, self.block_manager, self.prompt_cache, runner.max_scoring_seqs)
         # Drafts for the next step's decodes (engine/speculative/); None: plain decoding.
@@ -60,7 +64,8 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, images: list | None = None) -> str:
+        """`images`: the prompt's image spans, from `runner.vision.tokenize` (a vision model's runner)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -78,7 +83,10 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already running")
+        if images and self.runner.vision is None:
+            raise ValueError("this model cannot see images: it was loaded without a projector (--mmproj)")
         seq = Sequence(ids, params, request_id=request_id)
+        seq.images = list(images or [])
         if params.thinking_budget is not None:
             params.speculative = False  # one token a step: the budget replaces at most that one
         self.output_processor.add(seq)
@@ -157,7 +165,10 @@ class LLMEngine:
             num_threads=self.runner.num_threads)
 
     def close(self) -> None:
-        """Release the runner (and a draft model): models and KV memory are freed now (idempotent)."""
+        """Release the runner (and a draft model): models and KV memory are freed now (idempotent);
+        the disk tier writes what it has queued."""
         self.runner.close()
+        if self.disk_tier is not None:
+            self.disk_tier.close()
         if self.speculator is not None:
             self.speculator.close()

@@ -7,9 +7,11 @@ first, form one [T] batch. For sequence i with n new tokens starting at position
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence as Seq
+from pathlib import Path
 
 import psutil
 import torch
@@ -131,6 +133,26 @@ class ModelRunner(Runner):
         log.info("KV pool: %d blocks of %d tokens (%.1f MiB %s), max_model_len %d", self.num_blocks, B,
                  self.num_blocks * block_bytes / 2**20,
                  "reserved, committed as written" if self.kv_pool.lazy else "allocated", self.max_model_len)
+
+    @functools.cached_property
+    def kv_identity(self) -> str | None:
+        """What the KV's bytes depend on (engine/kv_disk/identity.py), read when the disk tier
+        first asks; None for a model built in memory (no file to name)."""
+        from engine.kernel_library import ABI
+        from engine.kernels import default_path
+        from engine.kv_disk.identity import model_identity
+
+        if self.config.model_path is None or not Path(self.config.model_path).exists():
+            return None
+        return "\0".join(str(f) for f in (
+            model_identity(self.config.model_path), self.dtype, self.kv_dtype, self.quantized, self.device.type,
+            ABI, default_path().name, torch.__version__, self.max_model_len, self.model.config))
+
+    def read_blocks(self, block_ids) -> list:
+        return self.kv_pool.read_blocks(block_ids)
+
+    def write_block(self, block_id, payload) -> None:
+        self.kv_pool.write_block(block_id, payload)
 
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.scheduler_output import PromptCache, SchedulerOutput
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:  # only named: the vision path loads llama.cpp
+    from engine.backends.llamacpp_vision import Vision
 
 
 @dataclass(slots=True)
@@ -69,6 +72,9 @@ class Runner(Protocol):
     # The widest window of the model's sliding-window layers (0: none); the block manager reports
     # the blocks they are done with to give_back_window (engine/kv_window.py).
     sliding_window: int = 0
+    # A vision model's image path (engine/backends/llamacpp_vision.py's Vision: tokenize a prompt
+    # with images, prefill them); None: the model cannot see, and a request with images is refused.
+    vision: Vision | None = None
     # What it holds, for the engine's status (Settings shows the loaded model's real figures):
     # its weights' bytes, the bytes reserved for its KV (kv_capacity_blocks blocks; a lazy pool
     # commits them as chats write), and the CPU threads it computes with (None: not known, or a GPU).
@@ -78,6 +84,10 @@ class Runner(Protocol):
     # A profiling hook the benches set (app/bench/step_profile.py): while set, a runner that times
     # its phases (the torch runner: "forward", "head") reports each one's seconds every step.
     phase_timer: PhaseTimer | None = None
+    # What makes its KV blocks reusable by another process (model file, KV type, kernels, RoPE:
+    # engine/kv_disk/identity.py), as one string; None: its KV never goes to the disk tier, and
+    # read_blocks and write_block are never called.
+    kv_identity: str | None = None
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -101,6 +111,15 @@ class Runner(Protocol):
     def give_back_window(self, block_ids: list[int], is_out: Callable[[int], bool]) -> None:
         """The block manager's on_window_out: the sliding-window layers' memory of blocks out of
         their window may go back to the system; by default it stays."""
+
+    def read_blocks(self, block_ids: list[int]) -> list:
+        """Copies of these blocks' K and V in every layer, one bytes-like object per block, that
+        the disk tier's writer owns from now on (only with a kv_identity)."""
+        return []
+
+    def write_block(self, block_id: int, payload) -> None:
+        """Put a block read_blocks copied (in an earlier process, maybe) back into block_id;
+        ValueError, nothing written, for a payload of the wrong size (only with a kv_identity)."""
 
     def release(self, seq: Sequence) -> None:
         """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);

@@ -187,7 +187,7 @@ class Scheduler:
             if seq in plan.preempted:
                 break  # preempted in this very step: it resumes in a later one
             # an embedding pools every prompt row: none may come from a cache
-            cached = bm.match_prefix(seq) if not seq.params.embed else []
+            cached = bm.match_prefix(seq, from_disk=True) if not seq.params.embed else []
             reused = (self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached
                       and not seq.params.embed else 0)
             n = min(seq.num_tokens - len(cached) * bm.block_size - reused, self.max_prefill_chunk, plan.budget)

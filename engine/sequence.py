@@ -56,6 +56,7 @@ class Sequence:
         self.max_tokens = self.params.max_tokens  # the scheduler may lower it to fit the pool
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []  # drafts the next step verifies after token_ids
+        self.images: list = []  # the prompt's images (llamacpp_vision.ImageSpan), by position
         self.spec_probs = None  # the drafter's distributions for them ([k, V] tensor) or None: one-hot
         self.num_spec_proposed = 0  # draft tokens verified for this request
         self.num_spec_accepted = 0  # of those, accepted

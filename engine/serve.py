@@ -37,7 +37,8 @@ log = logging.getLogger("engine.server")
 CONFIG_FLAGS = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
                 "num_kv_blocks": "--num-kv-blocks", "kv_memory_fraction": "--kv-memory-fraction",
                 "kv_idle_cache_tokens": "--kv-idle-cache-tokens", "num_threads": "--threads",
-                "num_speculative_tokens": "--num-speculative-tokens", "exact_greedy": "--exact-greedy"}
+                "num_speculative_tokens": "--num-speculative-tokens", "exact_greedy": "--exact-greedy",
+                "kv_disk_dir": "--kv-disk-dir", "kv_disk_budget_gib": "--kv-disk-budget-gib"}
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 
@@ -78,8 +79,9 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
     p.add_argument("--docs-dir", default=d.get("docs_dir"), metavar="DIR",
                    help="the documents store of the Files and Vector Stores API (default: none, those routes answer 503)")
-    p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID",
-                   help="the model that embeds documents and queries (default: the first installed embedding model)")
+    p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID_OR_PATH",
+                   help="the model that embeds documents and queries: an installed id or a GGUF file (default: "
+                        "the first installed embedding model)")
     p.add_argument("--host", default=d["host"])
     p.add_argument("--port", type=int, default=d["port"], help="0 picks a free port")
     p.add_argument("--ollama-port", type=int, default=d.get("ollama_port", 0), metavar="PORT",
@@ -160,6 +162,15 @@ def residency_config(args) -> "ResidencyConfig":
         raise SystemExit(f"error: {e}") from None
 
 
+def default_spec(args):
+    """The model `--model` or `--model-id` names, with `--mmproj` as its projector (that model's
+    alone: other models the server loads keep their own, from the store)."""
+    from engine.server.model_store import DEFAULT_MODEL_ID, ModelStore, spec_from_path
+
+    spec = spec_from_path(args.model) if args.model else ModelStore(args.models_dir).get(args.model_id or DEFAULT_MODEL_ID)
+    return dataclasses.replace(spec, mmproj=str(Path(args.mmproj).expanduser().resolve())) if args.mmproj else spec
+
+
 def build_engine_thread(args):
     """The engine thread the flags describe: its factory, the file check, the residency rules."""
     from engine.service.engine_thread import EngineThread
@@ -224,11 +235,10 @@ def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None
     import uvicorn
 
     from engine.server.app import create_app
-    from engine.server.model_store import DEFAULT_MODEL_ID, ModelNotFound, ModelStore, spec_from_path
+    from engine.server.model_store import ModelNotFound
 
     try:
-        store = ModelStore(args.models_dir)
-        spec = spec_from_path(args.model) if args.model else store.get(args.model_id or DEFAULT_MODEL_ID)
+        spec = default_spec(args)
     except (ValueError, ModelNotFound, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,9 +40,23 @@ UNKNOWN_ARCH = "ember-unknown-arch"
 
 _ARCH_ENUM = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
 
-# Shared tiny shape: 4 query heads of 16 over a 64-wide stream, 2 KV heads (GQA).
-_EMBD, _HEADS, _KV_HEADS, _HEAD_DIM, _FF = 64, 4, 2, 16, 128
-_EXPERTS, _EXPERTS_USED, _EXPERT_FF = 4, 2, 32
+@dataclass(frozen=True)
+class Dims:
+    """A written model's widths: the stream, heads, the MLP's rows, and a mixture's experts."""
+    embd: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ff: int
+    experts: int
+    experts_used: int
+    expert_ff: int
+
+
+# Shared tiny shape: 4 query heads of 16 over a 64-wide stream, 2 KV heads (GQA), 4 experts of 32.
+TINY = Dims(64, 4, 2, 16, 128, 4, 2, 32)
+# Every matrix's rows whole 256-value super-blocks, so llama.cpp's quantizer gives K-quants.
+K_QUANT_READY = Dims(256, 4, 2, 64, 512, 16, 4, 256)
 _WINDOW = 32
 
 
@@ -137,7 +151,8 @@ class _Tensors:
             data = (fill + self.norm_jitter * self.rng.standard_normal(shape)).astype(np.float32)
         else:
             data = (self.rng.standard_normal(shape) * 0.05).astype(np.float32)
-        if self.qtype is not None and len(shape) == 2:
+        # as llama.cpp's quantizer: every matrix and expert stack, but not a router (ffn_gate_inp)
+        if self.qtype is not None and len(shape) >= 2 and kind != MODEL_TENSOR.FFN_GATE_INP:
             self.w.add_tensor(name, quantize(data, self.qtype), raw_dtype=self.qtype)
         else:
             self.w.add_tensor(name, data)
@@ -146,16 +161,17 @@ class _Tensors:
 def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, seed: int = 0,
                     layers: int | None = None, norm_jitter: float = 0.0,
                     qtype: GGMLQuantizationType | None = None, rope_dim: int | None = None,
-                    longrope: bool = False, pre: str = "default") -> ArchFacts:
+                    longrope: bool = False, pre: str = "default", dims: Dims = TINY) -> ArchFacts:
     """Write a tiny random `arch` model (one of ARCHS, or UNKNOWN_ARCH) to `path`; return its facts.
 
     UNKNOWN_ARCH is a llama-shaped file under a name no runner knows (llama.cpp refuses it).
     layers overrides the architecture's layer count; norm_jitter adds noise to the norms (else
-    1); qtype stores every matrix in that block type, quantized by gguf-py; rope_dim: phi3's
+    1); qtype stores every matrix and expert stack (not a router) in that block type, quantized by gguf-py; rope_dim: phi3's
     rotary dimensions (Phi-4-mini rotates 3/4 of each head), else all; longrope: phi3's LongRoPE
     as the converter writes it for the 128k models (rope_factors_long/short, an original context
     of a quarter of the context, attn_factor sqrt(1 + ln(scale) / ln(original))); pre: the
-    tokenizer's pre-tokenizer name (Qwen's files say "qwen2").
+    tokenizer's pre-tokenizer name (Qwen's files say "qwen2"); dims: the widths (TINY, or
+    K_QUANT_READY for a file llama.cpp's quantizer turns into K-quants).
     """
     if arch not in ARCHS and arch != UNKNOWN_ARCH:
         raise ValueError(f"not an architecture this helper writes: {arch!r}")
@@ -166,14 +182,15 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     w = GGUFWriter(str(path), arch)
     t = _Tensors(w, layout, rng, norm_jitter, qtype)
     T = MODEL_TENSOR
-    E, H, KV, D, V = _EMBD, _HEADS, _KV_HEADS, _HEAD_DIM, vocab_size()
+    E, H, KV, D, V = dims.embd, dims.heads, dims.kv_heads, dims.head_dim, vocab_size()
+    FF, N, EF = dims.ff, dims.experts, dims.expert_ff
     moe = arch in ("qwen3moe", "gpt-oss")
 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(ctx)
     w.add_embedding_length(E)
     w.add_block_count(layers)
-    w.add_feed_forward_length(_FF)
+    w.add_feed_forward_length(FF)
     w.add_head_count(H)
     w.add_head_count_kv(KV)
     w.add_key_length(D)
@@ -187,9 +204,9 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
             w.add_rope_scaling_orig_ctx_len(ctx // 4)
             w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(4) / np.log(ctx // 4))))
     if moe:
-        w.add_expert_count(_EXPERTS)
-        w.add_expert_used_count(_EXPERTS_USED)
-        w.add_expert_feed_forward_length(_EXPERT_FF)
+        w.add_expert_count(N)
+        w.add_expert_used_count(dims.experts_used)
+        w.add_expert_feed_forward_length(EF)
     window, sliding = 0, ()
     if arch == "gemma3":
         window, sliding = _WINDOW, tuple(i for i in range(layers) if i % 6 < 5)
@@ -229,22 +246,22 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
         else:  # gpt-oss's post_attention_norm is its FFN norm
             t.add(T.FFN_NORM, (E,), bid=i, fill=1.0)
         if moe:
-            t.add(T.FFN_GATE_INP, (_EXPERTS, E), bid=i)
-            t.add(T.FFN_GATE_EXP, (_EXPERTS, _EXPERT_FF, E), bid=i)
-            t.add(T.FFN_UP_EXP, (_EXPERTS, _EXPERT_FF, E), bid=i)
-            t.add(T.FFN_DOWN_EXP, (_EXPERTS, E, _EXPERT_FF), bid=i)
+            t.add(T.FFN_GATE_INP, (N, E), bid=i)
+            t.add(T.FFN_GATE_EXP, (N, EF, E), bid=i)
+            t.add(T.FFN_UP_EXP, (N, EF, E), bid=i)
+            t.add(T.FFN_DOWN_EXP, (N, E, EF), bid=i)
             if arch == "gpt-oss":
-                t.add(T.FFN_GATE_INP, (_EXPERTS,), bid=i, suffix="bias")
-                t.add(T.FFN_GATE_EXP, (_EXPERTS, _EXPERT_FF), bid=i, suffix="bias")
-                t.add(T.FFN_UP_EXP, (_EXPERTS, _EXPERT_FF), bid=i, suffix="bias")
-                t.add(T.FFN_DOWN_EXP, (_EXPERTS, E), bid=i, suffix="bias")
+                t.add(T.FFN_GATE_INP, (N,), bid=i, suffix="bias")
+                t.add(T.FFN_GATE_EXP, (N, EF), bid=i, suffix="bias")
+                t.add(T.FFN_UP_EXP, (N, EF), bid=i, suffix="bias")
+                t.add(T.FFN_DOWN_EXP, (N, E), bid=i, suffix="bias")
         elif arch == "phi3":
-            t.add(T.FFN_UP, (2 * _FF, E), bid=i)
-            t.add(T.FFN_DOWN, (E, _FF), bid=i)
+            t.add(T.FFN_UP, (2 * FF, E), bid=i)
+            t.add(T.FFN_DOWN, (E, FF), bid=i)
         else:
-            t.add(T.FFN_GATE, (_FF, E), bid=i)
-            t.add(T.FFN_UP, (_FF, E), bid=i)
-            t.add(T.FFN_DOWN, (E, _FF), bid=i)
+            t.add(T.FFN_GATE, (FF, E), bid=i)
+            t.add(T.FFN_UP, (FF, E), bid=i)
+            t.add(T.FFN_DOWN, (E, FF), bid=i)
         if arch == "gemma3":
             t.add(T.FFN_POST_NORM, (E,), bid=i, fill=1.0)
     t.add(T.OUTPUT_NORM, (E,), fill=1.0)

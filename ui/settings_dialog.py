@@ -114,6 +114,9 @@ class SettingsDialog(QDialog):
                                             suffix=" GiB", value=s.memory_budget_gb)
         self.memory_budget.setSpecialValueText("automatic (75% of memory)")
         self.max_loaded_models = QSpinBox(self, minimum=1, maximum=16, value=s.max_loaded_models)
+        self.kv_disk = QDoubleSpinBox(self, minimum=0.0, maximum=65536.0, decimals=1, singleStep=1.0,
+                                      suffix=" GiB", value=s.kv_disk_gib)
+        self.kv_disk.setSpecialValueText("off")
         self.keep_alive = QLineEdit(s.keep_alive, self, placeholderText="5m")
 
     def _lay_out(self, s: Settings, engine_status: dict | None) -> None:
@@ -142,7 +145,8 @@ class SettingsDialog(QDialog):
                                                 ("Speculative decoding", self.speculative),
                                                 ("Memory for models", self.memory_budget),
                                                 ("Models at once", self.max_loaded_models),
-                                                ("Unload an unused model after", self.keep_alive)]))
+                                                ("Unload an unused model after", self.keep_alive),
+                                                ("Disk for chats' context", self.kv_disk)]))
         memory = QGroupBox("Memory", self)
         QVBoxLayout(memory).addWidget(self.memory)
         layout.addWidget(memory)
@@ -170,6 +174,8 @@ class SettingsDialog(QDialog):
         """Tooltips for the fields whose label alone does not say enough."""
         self.kv_fraction.setToolTip("Share of the memory left after the model's weights that holds the chats' "
                                     "context (the KV cache): 0.25 is a quarter. More lets longer or more chats run")
+        self.kv_disk.setToolTip("A long chat answers at once after a restart: its context (the KV cache) is "
+                                "kept on disk, in the data folder; the least recently used goes first")
         self.api_key.setToolTip("Programs that use Ember's server send this key (Authorization: Bearer …)")
         self.connection_key.setToolTip("The key the remote server asks for, if any")
         self.memory_budget.setToolTip("Memory the loaded models may use together (their weights and chats). "
@@ -194,6 +200,7 @@ class SettingsDialog(QDialog):
             "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,
             "speculative": self.speculative.value(),
             "memory_budget_gb": round(self.memory_budget.value(), 1), "max_loaded_models": self.max_loaded_models.value(),
+            "kv_disk_gib": round(self.kv_disk.value(), 1),
             "keep_alive": self.keep_alive.text().strip() or Settings.model_fields["keep_alive"].default,
             "theme": self.theme.currentText(), "close_to_tray": self.close_to_tray.isChecked(),
             "connection_url": self.connection_url.text().strip() or None,

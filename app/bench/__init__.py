@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 BENCHES = ("decode", "kv", "throughput", "server", "turns", "footprint", "grammar", "soak", "soak_gui", "spec", "quant",
-           "gemm", "window", "embed", "index_yield")
+           "gemm", "window", "embed", "index_yield", "restart", "rag")
 
 
 def register(sub) -> None:
     from app.cli import register_commands
 
     p = sub.add_parser("bench", help="benchmarks: decode, kv, throughput, server, turns, footprint, grammar, "
-                                      "soak, soak-gui, spec, quant, gemm, window, embed, index-yield")
+                                      "soak, soak-gui, spec, quant, gemm, window, embed, index-yield, restart, rag")
     bench_sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     register_commands(bench_sub, [f"app.bench.{name}" for name in BENCHES])
 

@@ -64,6 +64,17 @@ def decode_kv_bytes(runner, prompt_tokens: int, new_tokens: int) -> dict[str, in
             "llama.cpp": kv_bytes_read(config, context, 2 * config.head_dim)}
 
 
+def bytes_read(runner, path: str):
+    """(weight bytes a decoded token reads, per engine; the buffer the read rate is measured on,
+    between the engines' runs): as many bytes, or for a mixture of experts its whole file, which
+    the experts a token takes are read out of (a buffer of their size alone would sit in cache)."""
+    ember = torch_runner(runner)
+    weights_read = {"ember": model_bytes_per_token(ember.model) if ember is not None else 0,
+                    "llama.cpp": gguf_bytes_per_token(path)}
+    moe = ember is not None and ember.model.config.num_experts
+    return weights_read, stream(max(*weights_read.values(), Path(path).stat().st_size if moe else 0))
+
+
 def kernel_note(runner) -> str:
     from engine.kernels import default_path
 
@@ -99,10 +110,8 @@ def run(args) -> int:
     bench_ember(engine, prompt[:32], 8)  # warm-up: allocator, kernels, caches
     bench_llamacpp(llm, prompt[:32], 8)
     rows = {"ember": [], "llama.cpp": []}
-    ember = torch_runner(engine.runner)
-    weights_read = {"ember": model_bytes_per_token(ember.model) if ember is not None else 0,
-                    "llama.cpp": gguf_bytes_per_token(path)}
-    plain, rates = stream(max(weights_read.values())), []  # the read rate, between the engines' runs
+    weights_read, plain = bytes_read(engine.runner, path)
+    rates = []
     kv = decode_kv_bytes(engine.runner, args.prompt_tokens, args.new_tokens)
     per_token = {k: v + kv[k] if v else 0 for k, v in weights_read.items()}
     for _ in range(args.runs):
@@ -124,7 +133,7 @@ def run(args) -> int:
     e, l = med["ember"], med["llama.cpp"]
     print(f"{'ember/llama':<12}{e[0] / l[0]:>15.2f}{e[1] / l[1]:>15.2f}")
     rate = statistics.median(rates)
-    print(f"read rate {rate / 1e9:.1f} GB/s (sum() over {max(weights_read.values()) / 2**20:.0f} MiB, "
+    print(f"read rate {rate / 1e9:.1f} GB/s (sum() over {plain.numel() * 4 / 2**20:.0f} MiB, "
           f"{args.threads} threads, median of {args.runs}, between the runs): the decode roofline, over the "
           f"weights and K and V at the decode's mean context ({args.prompt_tokens + args.new_tokens // 2} tokens)")
     print("\n".join(roofline_rows({k: v[1] for k, v in med.items()}, per_token, rate, kv)))

@@ -34,14 +34,21 @@ def packed_bytes(lin) -> int:
 
 
 def matrices(model) -> dict[str, list]:
-    """The model's QuantLinears by kind, in layer order (the LM head when it is quantized)."""
+    """The model's QuantLinears by kind, in layer order (the LM head when it is quantized; a
+    mixture's experts under gate_up and down)."""
     from engine.layers.quant_linear import QuantLinear
 
     kinds: dict[str, list] = {"qkv": [], "o": [], "gate_up": [], "down": []}
     for layer in model.layers:
-        for kind, lin in zip(kinds, (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                     layer.mlp.gate_up_proj, layer.mlp.down_proj)):
-            kinds[kind].append(lin)
+        attn, mlp = layer.self_attn, layer.mlp
+        kinds["qkv"].append(attn.qkv_proj)
+        kinds["o"].append(attn.o_proj)
+        if model.config.num_experts:  # a mixture of experts: every expert's matrices
+            kinds["gate_up"] += list(mlp.gate_up)
+            kinds["down"] += list(mlp.down)
+        else:
+            kinds["gate_up"].append(mlp.gate_up_proj)
+            kinds["down"].append(mlp.down_proj)
     head = getattr(model, "lm_head", None)
     if head is not None:
         kinds["head"] = [head]

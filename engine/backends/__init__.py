@@ -29,6 +29,8 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
     """Probe the machine (unless given) and the model file, choose, and log the decision."""
     fp = model_footprint(config.model_path)
     ctx = default_context(fp.context_length, config.max_model_len)
+    if config.mmproj:
+        backend = _vision_backend(config.mmproj, backend)
     decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
                               context_length=ctx, dtype=config.dtype)
     if decision.backend == "torch" and decision.device == "cpu":
@@ -39,6 +41,20 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
             raise BackendError(str(e)) from None
     log.info("backend: %s on %s, %s — %s", decision.backend, decision.device, decision.dtype, decision.reason)
     return decision
+
+
+def _vision_backend(mmproj: str, backend: str) -> str:
+    """A projector runs through llama.cpp's libmtmd only: auto means llama.cpp, torch is refused."""
+    from engine.model_files.errors import ModelFileError
+    from engine.model_files.projector import check_projector
+
+    try:
+        check_projector(mmproj)
+    except ModelFileError as e:
+        raise BackendError(str(e)) from None
+    if backend == "torch":
+        raise BackendError("images (--mmproj) run on the llama.cpp backend only: use --backend llama.cpp or auto")
+    return "llama.cpp"
 
 
 def config_for(config: EngineConfig, decision: BackendDecision) -> EngineConfig:

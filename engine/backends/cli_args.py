@@ -1,4 +1,4 @@
-"""The `--backend`, `--device`, `--dtype`, `--weights` (and `--chat-template`) flags of every command that runs a model.
+"""The `--backend`, `--device`, `--dtype`, `--weights` (and `--chat-template`, `--mmproj`) flags of every command that runs a model.
 
 One declaration, so `ember chat`, `generate`, `serve`, `python -m engine serve` (the GUI's engine)
 and the benchmarks accept the same values and default to the same `auto`, which
@@ -30,6 +30,9 @@ def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, b
     p.add_argument("--chat-template", default=d.get("chat_template"), metavar="FILE",
                    help="a Jinja chat template file used in place of the model's own (llama.cpp's "
                         "--chat-template-file): for files whose template is missing or wrong")
+    p.add_argument("--mmproj", default=d.get("mmproj"), metavar="PATH",
+                   help="a vision model's projector GGUF (its mmproj file): chats may then carry images "
+                        "(the llama.cpp backend)")
     p.add_argument("--speculative", default=d.get("speculative", "off"), metavar="off|ngram|draft:PATH",
                    help="speculative decoding: prompt lookup (ngram) or a draft model of the same vocabulary; "
                         "drafts per step chosen from measured costs, the reply unchanged")

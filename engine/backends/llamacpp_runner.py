@@ -21,6 +21,7 @@ parts of 2-63 rows (a lone row gets a padding row).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -32,7 +33,9 @@ from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext, parts
 from engine.backends.llamacpp_context import FA_TILE_ROWS
 from engine.backends.llamacpp_setup import (LlamaCppError, context_params, decode_error, kv_block_bytes, llama,
                                             load_model, open_context)
+from engine.backends.llamacpp_vision import Vision, cut_before_image, images_ahead
 from engine.backends.slot_cache import SlotCache
+from engine.backends.slot_disk import open_slot_disk
 from engine.config import EngineConfig
 from engine.kv_sizing import idle_cache_tokens, num_kv_blocks
 from engine.sampling.step_sampler import StepSampler
@@ -79,6 +82,7 @@ class LlamaCppRunner(Runner):
         self._threads = self.num_threads = threads
         self.weight_bytes, self.kv_bytes = int(ll.llama_model_size(self._model)), self.num_blocks * block_bytes
         self._scoring: ScoringContext | None = None
+        self.vision = Vision.open(ll, self._model, config, threads, n_gpu_layers != 0, self.vocab_size)
 
         # The prompt cache needs partial seq_rm, which recurrent/hybrid memories refuse.
         recurrent = ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
@@ -86,6 +90,8 @@ class LlamaCppRunner(Runner):
         self.sampler = StepSampler()
         self.idle_cells_max = idle_cache_tokens(config, self.max_model_len)  # idle slots' cells kept
         self._slots = SlotCache(self.n_seq_max, min_match=B)
+        # idle slots' cells also go to disk and come back after a restart (slot_disk.py)
+        self._disk = open_slot_disk(config, ll, flash_attn, n_gpu_layers, B) if self.caches_prompts else None
         self._slot_of: dict[int, int] = {}  # engine seq_id -> llama seq_id (live slots)
         self._live: dict[int, object] = {}  # live llama seq_id -> its engine Sequence
         self._kv_len: dict[int, int] = {}  # live llama seq_id -> number of positions in llama's KV
@@ -128,6 +134,8 @@ class LlamaCppRunner(Runner):
         self._live.pop(slot, None)
         n = self._kv_len.pop(slot, 0)
         n = n if self.caches_prompts else 0
+        if n and self._disk is not None:
+            self._disk.save(self._ll, self._ctx, slot, seq, n)
         if not n:
             self._clear(slot)
         self._slots.park(slot, seq.token_ids[:n])  # nothing kept: the slot is simply free
@@ -143,14 +151,17 @@ class LlamaCppRunner(Runner):
         if not self.caches_prompts or seq.scores_prompt:
             return 0
         m = self._match(seq)
-        return m.num_tokens if m else 0
+        on_disk = self._disk.match(seq, seq.num_tokens - 1)[0] if self._disk and not seq.images else 0
+        return cut_before_image(seq.images, max(m.num_tokens if m else 0, on_disk))
 
     def claim_prompt(self, seq, num_tokens: int) -> int:
         """Give seq a slot whose cells hold its first tokens; returns how many (<= num_tokens)."""
         m = self._match(seq)
+        if self._disk is not None and not seq.images and self._disk.match(seq, num_tokens)[0] > (m.num_tokens if m else 0):
+            return self._disk.claim(self, seq, num_tokens)
         if m is None:
             return 0
-        n = min(num_tokens, m.num_tokens)
+        n = cut_before_image(seq.images, min(num_tokens, m.num_tokens))
         if m.take_over:  # the same chat's next turn: keep the shared part, drop the slot's tail
             self._slots.take(m.slot)
             slot = m.slot
@@ -191,8 +202,9 @@ class LlamaCppRunner(Runner):
                 return
 
     def run_model(self, out: SchedulerOutput) -> torch.Tensor:
-        """One llama_decode over every scheduled sequence; float32 logits of out.logit_rows()."""
-        scored = [s.scores_prompt for s in out.seqs]  # they run in their own context
+        """One llama_decode over the scheduled sequences but those that run alone (a scored prompt, a
+        chunk that reaches an image: llamacpp_vision.py); float32 logits of out.logit_rows()."""
+        scored = [s.scores_prompt or images_ahead(s) for s in out.seqs]
         n = sum(k for k, x in zip(out.num_new_tokens, scored) if not x)
         if n > self.n_batch:
             raise LlamaCppError(f"step of {n} tokens exceeds n_batch {self.n_batch}")
@@ -218,15 +230,16 @@ class LlamaCppRunner(Runner):
         if not any(scored):
             return logits
         pieces = list(logits.split([0 if x else m for m, x in zip(out.num_logits, scored)]))
-        for j in (j for j, x in enumerate(scored) if x):  # each scored sequence's rows at its place
-            pieces[j] = self._scoring_context().run(out.seqs[j], out.num_new_tokens[j], out.num_logits[j])
+        for j in (j for j, x in enumerate(scored) if x):  # each one's rows at its place
+            s, k, m = out.seqs[j], out.num_new_tokens[j], out.num_logits[j]
+            if images_ahead(s):
+                pieces[j] = self.vision.prefill(self, s, k, m)
+                continue
+            if self._scoring is None:  # made at the first scored prompt
+                self._scoring = ScoringContext(self._ll, self._model, self.max_model_len, self.n_batch,
+                                               self._threads, self.flash_attn, self.vocab_size)
+            pieces[j] = self._scoring.run(s, k, m)
         return torch.cat(pieces)
-
-    def _scoring_context(self) -> ScoringContext:  # made at the first scored prompt
-        if self._scoring is None:
-            self._scoring = ScoringContext(self._ll, self._model, self.max_model_len, self.n_batch,
-                                           self._threads, self.flash_attn, self.vocab_size)
-        return self._scoring
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         return self.sampler(out, self.run_model(out))
@@ -264,34 +277,24 @@ class LlamaCppRunner(Runner):
         out = []  # logits of each part's rows, read before the next decode overwrites them
         for a, b in parts(n, most):  # one part (most >= n): the batch itself
             batch = self._batch.view(a, b) if b - a < n else self._batch.batch
-            self._check(self._ll.llama_decode(self._ctx, batch), b - a)
+            if ret := self._ll.llama_decode(self._ctx, batch):
+                raise decode_error(ret, b - a, self.n_cells)
             out.append(self._batch.logits(self._ctx, [r for r in rows if a <= r < b], self.vocab_size, a))
         self._context.placed(n, padded)
         return torch.cat(out)
 
-    def _check(self, ret: int, n: int) -> None:
-        if ret:
-            raise decode_error(ret, n, self.n_cells)
-
     # ---- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
-        ll = self._ll
-        if getattr(self, "_scoring", None) is not None:
-            self._scoring.close()
-            self._scoring = None
-        if getattr(self, "_batch", None) is not None:
-            self._batch.free()
-            self._batch = None
-        if getattr(self, "_context", None) is not None:
-            self._context.close()
-            self._context = None
+        """Free the projector, the disk tier's writer, the scoring context, batch, context and model (idempotent)."""
+        for name, free in (("vision", "close"), ("_disk", "close"), ("_scoring", "close"), ("_batch", "free"),
+                           ("_context", "close")):
+            if (part := getattr(self, name, None)) is not None:
+                getattr(part, free)()
+                setattr(self, name, None)
         if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
+            self._ll.llama_model_free(self._model)
             self._model = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

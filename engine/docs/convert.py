@@ -21,6 +21,7 @@ MARKDOWN = frozenset({".md", ".markdown", ".mdx", ".rst"})
 TEXT = frozenset({".txt", ".text", ".log", ".csv", ".tsv", ""})
 OFFICE = frozenset({".docx", ".pptx", ".xlsx", ".html", ".htm", ".xhtml", ".epub"})
 SUPPORTED = CODE | MARKDOWN | TEXT | OFFICE | {".pdf"}
+WESTERN = ("cp1252", "latin_1", "iso8859_15")
 _SLIDE = re.compile(r"<!-- Slide number: (\d+) -->")
 
 
@@ -82,10 +83,14 @@ def read_text(path: Path, name: str) -> str:
         pass
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data).best()
-    if best is None:
+    matches = list(from_bytes(data))
+    if not matches:
         raise DocError(f"{name} is not UTF-8 and its encoding could not be recognised; save it as UTF-8")
-    return str(best)
+    # a short text fits several 8-bit code pages equally well (cp1257 reads French as well as cp1252
+    # by charset_normalizer's measures): among the equals, Windows' Western one, the commonest
+    best = matches[0]
+    equals = [m for m in matches if m.chaos <= best.chaos + 0.1 and m.coherence >= best.coherence - 0.01]
+    return str(next((m for m in equals if m.encoding in WESTERN), best))
 
 
 def _pdf(path: Path, name: str) -> list[Section]:

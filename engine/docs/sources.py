@@ -22,12 +22,15 @@ def label(hit: Hit) -> str:
     return f"{hit.filename}, {hit.location}" if hit.location else hit.filename
 
 
+def sources_block(hits: list[Hit]) -> str:
+    """The instruction and the numbered sources: what goes before the user's own words."""
+    blocks = "\n\n".join(f"[{i}] {label(h)}\n{h.text.strip()}" for i, h in enumerate(hits, 1))
+    return f"{INSTRUCTION}\n\n<sources>\n{blocks}\n</sources>\n\nQuestion: "
+
+
 def with_sources(question: str, hits: list[Hit]) -> str:
     """The user's turn with the sources before the question; the question alone without any."""
-    if not hits:
-        return question
-    blocks = "\n\n".join(f"[{i}] {label(h)}\n{h.text.strip()}" for i, h in enumerate(hits, 1))
-    return f"{INSTRUCTION}\n\n<sources>\n{blocks}\n</sources>\n\nQuestion: {question}"
+    return sources_block(hits) + question if hits else question
 
 
 def citations(answer: str, n_sources: int) -> list[tuple[int, int, int]]:

@@ -28,8 +28,9 @@ def stack_switches(c: ModelConfig) -> dict[str, float]:
 
 def build_stack(model, path: CpuPath | None = None):
     """A torch.classes.ember.DecoderStack over `model`'s layers, or None when a layer has a
-    dense or act-order matrix (or the kernels are missing): then the model runs its Python layers."""
-    if kernels() is None or model.device.type != "cpu":
+    dense or act-order matrix (or the kernels are missing), or its FFN is a mixture of experts
+    (decoder.cpp has no router yet): then the model runs its Python layers."""
+    if kernels() is None or model.device.type != "cpu" or model.config.family.moe is not None:
         return None
     linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
                for layer in model.layers]

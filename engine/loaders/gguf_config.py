@@ -19,7 +19,7 @@ class GGUFError(ValueError):
 # Generous bounds (the largest open models are far inside them); anything beyond is corrupt.
 MAX_DIM = {"hidden_size": 1 << 16, "intermediate_size": 1 << 20, "num_layers": 1024,
            "num_heads": 1024, "num_kv_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 22,
-           "context_length": 1 << 24}
+           "context_length": 1 << 24, "num_experts": 4096}
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -114,9 +114,11 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     long_rope, original = long_rope_factors(f, arch)
     scaling = rope_scaling(f, arch, long_rope)
     num_layers = _dim(f, f"{arch}.block_count", MAX_DIM["num_layers"])
+    experts = expert_fields(f, family)
     cfg = ModelConfig(
         family=family, vocab_size=embd[0], hidden_size=hidden,
-        intermediate_size=_dim(f, f"{arch}.feed_forward_length", MAX_DIM["intermediate_size"]),
+        intermediate_size=_dim(f, f"{arch}.feed_forward_length", MAX_DIM["intermediate_size"],
+                               experts.get("expert_intermediate_size")),
         num_layers=num_layers, num_heads=n_heads, num_kv_heads=n_kv,
         head_dim=head_dim, rms_norm_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=scaling,
@@ -126,7 +128,7 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
         rotary_dim=rope_dim if rope_dim != head_dim else 0,
         rope_attn_factor=float(f.get(f"{arch}.rope.scaling.attn_factor", 1.0) or 1.0),
         rope_long_factors=long_rope, rope_original_context=original if long_rope else 0,
-        **family_fields(f, family, hidden, n_heads, num_layers))
+        **experts, **family_fields(f, family, hidden, n_heads, num_layers))
     if not 0 < cfg.vocab_size <= MAX_DIM["vocab_size"]:
         raise GGUFError(f"{name}: absurd vocab_size = {cfg.vocab_size} (expected 1..{MAX_DIM['vocab_size']})")
     if head_dim % 2:
@@ -135,6 +137,18 @@ def config_from_file(f: GGUFFile) -> ModelConfig:
     if vocab_meta is not None and int(vocab_meta) != cfg.vocab_size:
         raise GGUFError(f"{name}: token_embd has {cfg.vocab_size} rows but {arch}.vocab_size is {vocab_meta}")
     return cfg
+
+
+def expert_fields(f: GGUFFile, family: Family) -> dict:
+    """A mixture of experts' counts and widths from the header ({} for a dense family); the
+    MLP's own feed_forward_length is then optional (every layer is experts)."""
+    if family.moe is None:
+        return {}
+    arch = family.name
+    n = _dim(f, f"{arch}.expert_count", MAX_DIM["num_experts"])
+    used = _dim(f, f"{arch}.expert_used_count", n)
+    return dict(num_experts=n, num_experts_used=used,
+                expert_intermediate_size=_dim(f, f"{arch}.expert_feed_forward_length", MAX_DIM["intermediate_size"]))
 
 
 def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_layers: int) -> dict:

@@ -25,7 +25,8 @@ from engine.loaders.assemble import assemble
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.gguf_config import GGUFError, config_from_file, open_gguf
 from engine.loaders.gguf_blocks import REPACKABLE, from_gguf_blocks
-from engine.loaders.weight_names import FUSED, FUSED_IN_FILE, GLOBALS, NORMS
+from engine.loaders.weight_names import EXPERTS, FUSED, FUSED_IN_FILE, GLOBALS, NORMS, ROUTER
+from engine.model_files.footprint import kernel_matrix
 from engine.model_files.gguf_file import GGUFFile, TensorInfo
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
@@ -52,11 +53,14 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             shapes |= {p + "attn_q.weight": (q, d), p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d)}
         shapes |= {p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,)}
-        if fused:
+        if cfg.num_experts:
+            shapes |= expert_tensors(cfg, p)
+        elif fused:
             shapes[p + "ffn_up.weight"] = (2 * f, d)
         else:
             shapes |= {p + "ffn_gate.weight": (f, d), p + "ffn_up.weight": (f, d)}
-        shapes[p + "ffn_down.weight"] = (d, f)
+        if not cfg.num_experts:
+            shapes[p + "ffn_down.weight"] = (d, f)
         if cfg.attention_bias:
             shapes |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
         if cfg.family.qk_norm:
@@ -64,6 +68,13 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.family.post_norms:
             shapes |= {p + "post_attention_norm.weight": (d,), p + "post_ffw_norm.weight": (d,)}
     return shapes
+
+
+def expert_tensors(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A mixture of experts' router [n_expert, d] and stacked experts [n_expert, rows, in]."""
+    n, d, f = cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size
+    return {p + f"{ROUTER}.weight": (n, d), p + "ffn_gate_exps.weight": (n, f, d), p + "ffn_up_exps.weight": (n, f, d),
+            p + "ffn_down_exps.weight": (n, d, f)}
 
 
 def check_tensors(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
@@ -110,7 +121,7 @@ def rotary_rows(cfg: ModelConfig, leaf: str) -> torch.Tensor:
 
 def kernels_cover(f: GGUFFile) -> bool:
     """Every matrix of the file has a repack, so the whole model can stay quantized."""
-    return all(QT(t.qtype) in REPACKABLE for t in f.tensors.values() if len(t.shape) == 2)
+    return all(QT(t.qtype) in REPACKABLE for t in f.tensors.values() if kernel_matrix(t.name, len(t.shape)))
 
 
 def _fuse(parts: list) -> torch.Tensor | QuantWeight:
@@ -139,6 +150,23 @@ class GGUFWeights:
             self.held_dense.add(f"{t.type_name} tensors (Ember's kernels have no repack for them)")
         return dequantize(self.f.raw(t), QT(t.qtype), t.shape, self.device)
 
+    def expert(self, p: str, leaf: str, quant: bool):
+        """Expert e's `experts.{e}.<fused>.weight`: its slice of each stacked tensor, in the file's
+        type (quantized: straight from the slice's blocks), rows fused as weight_names.EXPERTS says."""
+        _, e, name = leaf.split(".", 2)
+        parts = []
+        for stem in EXPERTS[name.removesuffix(".weight")]:
+            t = self.tensors[f"{p}{stem}.weight"]
+            per = t.nbytes // t.shape[0]
+            raw, shape = self.f.raw(t)[int(e) * per:(int(e) + 1) * per], t.shape[1:]
+            if quant and QT(t.qtype) in REPACKABLE:
+                parts.append(from_gguf_blocks(byte_tensor(raw), QT(t.qtype), shape))
+            else:
+                if quant:
+                    self.held_dense.add(f"{t.type_name} experts (Ember's kernels have no repack for them)")
+                parts.append(dequantize(raw, QT(t.qtype), shape, self.device))
+        return parts[0] if len(parts) == 1 else _fuse(parts)
+
     def qk(self, kind: str, n: int, part: str, quant: bool):
         """A query or key projection in rotate-half row order."""
         w = self.get(f"{kind}.{part}", quant)
@@ -155,7 +183,11 @@ class GGUFWeights:
         p = f"blk.{layer}."
         quant = self.quantized and leaf in QUANTIZABLE
         name, _, part = leaf.rpartition(".")
-        if name in FUSED:  # rows [q | k | v], [gate | up], or one matrix
+        if leaf.startswith("experts."):
+            w = self.expert(p, leaf, self.quantized)
+        elif leaf == "router.weight":  # float32 whatever the file's type (footprint.kernel_matrix)
+            return get(p + f"{ROUTER}.weight", False).to(self.device)
+        elif name in FUSED:  # rows [q | k | v], [gate | up], or one matrix
             if part == "bias" and not cfg.attention_bias:
                 return None
             stems = FUSED[name][0]

@@ -30,6 +30,11 @@ NORMS: dict[str, tuple[str, str | None]] = {
     "attn_output_norm": ("post_attention_norm", None),
     "mlp_output_norm": ("post_ffw_norm", None),
 }
+# A mixture of experts' layer (engine/layers/moe.py): our `router.weight` is the file's router,
+# and our `experts.{e}.<fused>.weight` expert e's slice of the file's stacked tensors
+# ([n_expert, rows, in]), rows fused in this order as the dense MLP's are.
+ROUTER = "ffn_gate_inp"
+EXPERTS: dict[str, tuple[str, ...]] = {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"), "down_proj": ("ffn_down_exps",)}
 # our global weights -> GGUF tensors
 GLOBALS = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}

@@ -1,8 +1,9 @@
-"""The dense decoder families Ember's own engine runs, as data: one description per family, and
+"""The decoder families Ember's own engine runs, as data: one description per family, and
 the only table keyed by family (ModelConfig holds its family's description; nothing else keeps
 a list of families or copies a switch).
 
-Every family is the Llama block (pre-norm, GQA attention, gated MLP) plus a few switches. A new
+Every family is the Llama block (pre-norm, GQA attention, gated MLP) plus a few switches; a
+mixture-of-experts family's MLP is its experts, routed as its `Routing` says. A new
 family is one entry here (and its tensor names, if new, in engine/loaders/weight_names.py). A new
 switch touches:
 - this file: the field, its meaning below, and the entries that set it;
@@ -44,6 +45,19 @@ What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp)
 - fused_projections: the file holds q|k|v as one attn_qkv matrix and gate|up as one ffn_up of
   2 * n_ff rows (Phi-3/Phi-4), which are our fused weights as they stand.
 
+- moe: the family's FFN is a mixture of experts, routed as its Routing says (below); the counts
+  and widths are the file's ({arch}.expert_count, expert_used_count, expert_feed_forward_length,
+  read by engine/loaders/gguf_config.py), the layer is engine/layers/moe.py, and the native stack
+  is not built for it (the Python layers run it).
+
+How a mixture of experts routes (llama.cpp's build_moe_ffn, as the family's graph calls it):
+- gating: the scores the router's logits give every expert; "softmax" over all of them.
+- norm_top_k: the top k scores divided by their sum before they weigh the experts' outputs
+  (qwen3moe: llama.cpp's graph always does, whatever norm_topk_prob the checkpoint had;
+  OLMoE and Qwen2-MoE: not).
+- shared_expert: a dense expert every token also takes (Qwen2-MoE's ffn_*_shexp); none of
+  today's entries has one, and the layer refuses it until one does.
+
 How the family's Hugging Face checkpoints say it (engine/loaders/hf_checkpoint.py reads them,
 engine/quant/hf_config.py and writer.py write them):
 - hf_model_types: config.json model_types that are this family; the first is the one
@@ -67,6 +81,14 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class Routing:
+    """How a mixture-of-experts family picks and weighs its experts (meanings above)."""
+    gating: str = "softmax"
+    norm_top_k: bool = True
+    shared_expert: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Family:
     name: str
     rope_interleaved: bool
@@ -80,6 +102,7 @@ class Family:
     fused_projections: bool = False
     ignores_sliding_window: bool = False
     swa_period: int = 0
+    moe: Routing | None = None
     hf_model_types: tuple[str, ...] = ()
     hf_class: str = ""
     hf_attention_bias: bool | None = None
@@ -94,6 +117,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen2", rope_interleaved=False, hf_model_types=("qwen2",), hf_class="Qwen2ForCausalLM",
            hf_attention_bias=True),
     Family("qwen3", rope_interleaved=False, qk_norm=True, hf_model_types=("qwen3",), hf_class="Qwen3ForCausalLM"),
+    # Qwen3-30B-A3B, Qwen3-Coder-30B-A3B: every layer's FFN is 128 experts, 8 taken per token
+    Family("qwen3moe", rope_interleaved=False, qk_norm=True, moe=Routing(norm_top_k=True)),
     Family("smollm3", rope_interleaved=True, no_rope_period=4, hf_model_types=("smollm3",),
            hf_class="SmolLM3ForCausalLM"),
     Family("gemma3", rope_interleaved=False, qk_norm=True, post_norms=True, activation="gelu_tanh",
@@ -122,8 +147,7 @@ def hf_model_types() -> list[str]:
 
 # GGUF architectures llama.cpp runs that Ember's engine leaves to it, and why (logged by `auto`).
 NOT_YET: dict[str, str] = {
-    "qwen3moe": "mixture-of-experts layers are not in Ember's engine yet",
-    "gpt-oss": "mixture-of-experts layers and attention sinks are not in Ember's engine yet",
+    "gpt-oss": "attention sinks and MXFP4 experts are not in Ember's engine yet",
     "qwen35": "hybrid linear-attention layers are not in Ember's engine yet",
     "gemma4": "Gemma 4's layers are not in Ember's engine yet",
 }

@@ -26,6 +26,7 @@ from engine.model_files.architectures import EMBER_ARCHITECTURES
 from engine.model_files.errors import ModelFileError
 from engine.model_files.footprint import (RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION, GiB, ModelFootprint,
                                           estimate_bytes, fits, footprint_of, kv_bytes, max_context_that_fits)
+from engine.model_files.projector import PROJECTOR_REFUSAL, is_projector
 
 # A context shorter than this is not worth suggesting: suggest a smaller model instead.
 MIN_USEFUL_CONTEXT = 512
@@ -73,6 +74,8 @@ def unsupported_architecture(fp: ModelFootprint) -> str | None:
     """One line naming the architecture and what Ember runs, when no runner runs it; else None."""
     if fp.ember_engine or fp.llama_cpp_runs:
         return None
+    if is_projector(fp.architecture):
+        return PROJECTOR_REFUSAL
     return (f"unsupported architecture {fp.architecture!r}: Ember runs {', '.join(sorted(EMBER_ARCHITECTURES))} "
             "on its own engine and the architectures its llama.cpp knows (qwen3, gemma3, phi3, gpt-oss, ...)")
 
@@ -137,6 +140,13 @@ def _ours(fp: ModelFootprint, device: str, m: MachineInfo) -> bool:
     return device == "cpu" and fp.kernels_cover and m.ember_kernels
 
 
+# Ember's engine runs a mixture of experts exactly (tests/engine/test_moe_forward.py) but on its Python
+# layers: one stream decoded at 0.47x llama.cpp's speed (`ember bench decode`, issue 68), so `auto`
+# leaves it to llama.cpp until the native decoder stack takes experts; --backend torch runs it.
+MOE_ON_LLAMA_CPP = ("a mixture of experts decodes faster on llama.cpp until Ember's native stack takes experts; "
+                    "--backend torch runs it on Ember's engine")
+
+
 def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo) -> str | None:
     """The backend to use for this format on this device, or None when none can."""
     llama_ok = fp.llama_cpp_runs and m.llama_cpp_available and (device == "cpu" or m.llama_cpp_gpu_offload)
@@ -150,7 +160,32 @@ def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo
         return "llama.cpp" if llama_ok else None
     if llama_ok and not _ours(fp, device, m) and (device == "cpu" or (device == "mps" and m.llama_cpp_gpu_offload)):
         return "llama.cpp"
+    if llama_ok and fp.active_bytes and device == "cpu":  # MOE_ON_LLAMA_CPP
+        return "llama.cpp"
     return "torch"
+
+
+def _runner_why(fp: ModelFootprint, backend: str, device: str, m: MachineInfo, requested: str) -> str:
+    """Why this runner runs the model: Ember's kernels, or what keeps Ember's engine off it."""
+    if backend == "torch":
+        return " on Ember's kernels, every matrix kept quantized" if _ours(fp, device, m) else ""
+    if not fp.ember_engine:
+        return f" (Ember's own engine: {fp.ember_engine_why_not or 'not the ' + fp.architecture + ' architecture yet'})"
+    if requested == "llama.cpp":
+        return " (as requested)"
+    if fp.active_bytes and device == "cpu" and _ours(fp, device, m):
+        return f" ({MOE_ON_LLAMA_CPP})"
+    if device == "cpu" and fp.format == "gguf":  # a family Ember runs, in a file its kernels do not hold
+        return " (Ember's kernels are not built here)" if not m.ember_kernels else (
+            " (a matrix type of this file is not on Ember's kernels)" if not fp.kernels_cover else "")
+    return ""
+
+
+def _experts(fp: ModelFootprint) -> str:
+    """A mixture of experts: the file is held whole, and a token reads only its experts' share."""
+    if not fp.active_bytes:
+        return ""
+    return f"; a mixture of experts: {_gib(fp.active_bytes)} of its {_gib(fp.weights_bytes)} read per token"
 
 
 def _device_ok(m: MachineInfo, device: str) -> bool:
@@ -200,11 +235,8 @@ def choose_backend(m: MachineInfo, fp: ModelFootprint, *, backend: str = "auto",
         dt, dt_why = choose_dtype(m, be, dev, dtype)
         need = estimate_bytes(fp, be, ctx, dt)
         if fits(fp, be, ctx, dt, avail):
-            ours = " on Ember's kernels, every matrix kept quantized" if be == "torch" and _ours(fp, dev, m) else ""
-            if be == "llama.cpp" and not fp.ember_engine:
-                ours = f" (Ember's own engine: {fp.ember_engine_why_not or 'not the ' + fp.architecture + ' architecture yet'})"
-            why = (f"{fp.format.upper()} on {dev}: {be}{ours} "
-                   f"({_gib(need)} needed of {_gib(avail)} free, context {ctx}); {dt}: {dt_why}")
+            why = (f"{fp.format.upper()} on {dev}: {be}{_runner_why(fp, be, dev, m, backend)} "
+                   f"({_gib(need)} needed of {_gib(avail)} free, context {ctx}){_experts(fp)}; {dt}: {dt_why}")
             if skipped:
                 why += "; skipped " + "; ".join(skipped)
             return BackendDecision(be, dev, why, need, ctx, avail, dt)

@@ -36,6 +36,14 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, itemsi
 # here torch-free for the GUI's estimates; tests/app/test_fit_agreement.py checks they agree)
 KERNEL_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
 
+
+def kernel_matrix(name: str, ndim: int) -> bool:
+    """A GGUF tensor Ember's kernels would hold quantized: a matrix, or a stack of experts'
+    matrices, but not a mixture's router (ffn_gate_inp), held in float32 whatever its type (its
+    top-k is a choice that int8 activations would move; llama.cpp's quantizer leaves it F32)."""
+    return ndim >= 2 and not name.endswith("ffn_gate_inp.weight")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFootprint:
     """The model's memory shape: weight bytes and KV bytes per token of context."""
@@ -57,6 +65,9 @@ class ModelFootprint:
     # every GPTQ/AWQ checkpoint accepted (their reader refuses other model types)
     ember_engine: bool = True
     ember_engine_why_not: str = ""  # the loader's refusal, logged when auto picks llama.cpp for it
+    # A mixture of experts: the weight bytes one token reads (the file is held whole; weights_bytes
+    # is what must fit, this what a decode step streams); 0: every weight, a dense model.
+    active_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> int:
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype_bytes,
@@ -85,6 +96,7 @@ def footprint_of(meta, weights_bytes: int) -> ModelFootprint:
                           architecture=arch, ember_engine=fmt != "gguf" or not arch or arch in EMBER_ARCHITECTURES,
                           value_head_dim=get("value_head_dim") or 0, kernels_cover=bool(get("kernels_cover")),
                           sliding_window=get("sliding_window") or 0, sliding_layers=get("sliding_layers") or 0,
+                          active_bytes=get("active_bytes") or 0,
                           ember_engine_why_not=NOT_YET.get(arch, "") or (
                               "an embedding model: llama.cpp embeds it" if embeds_only(arch) else ""))
 

@@ -42,6 +42,7 @@ class ModelManifest:
     head_dim: int | None = None
     converted_from: str | None = None  # the checkpoint folder this GGUF was converted from on import
     converted_from_sha256: str | None = None  # of the files the conversion read (one conversion per checkpoint)
+    mmproj: str | None = None  # a vision model's projector GGUF (absolute path), loaded beside it
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -11,7 +11,7 @@ import gguf  # constants only (file types, block sizes); no torch
 
 from engine.model_files.errors import ModelFileError
 from engine.model_files.families import hf_family, hf_model_types, swa_period
-from engine.model_files.footprint import KERNEL_TYPES
+from engine.model_files.footprint import KERNEL_TYPES, kernel_matrix
 from engine.model_files.gguf_file import GGUF_MAGIC, GGUFFile, GGUFFormatError
 from engine.model_files.quant_config import parse_quantization_config
 from engine.model_files.safetensors_file import safetensors_header
@@ -34,6 +34,7 @@ class ModelMeta:
     sliding_window: int = 0  # tokens a windowed layer attends to (0: every layer attends to all)
     sliding_layers: int = 0  # how many layers are windowed
     kernels_cover: bool = False  # every matrix of a type Ember's kernels hold quantized (footprint.KERNEL_TYPES)
+    active_bytes: int = 0  # weight bytes one token reads (a mixture of experts: its used experts' share); 0: all
 
 
 def read_meta(path: Path) -> ModelMeta:
@@ -100,8 +101,19 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
         value_head_dim=_scalar_max(field(f"{arch}.attention.value_length")),
         sliding_window=window,
         sliding_layers=windowed,
-        kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if len(t.shape) == 2),
+        kernels_cover=all(t.type_name in KERNEL_TYPES for t in tensors if kernel_matrix(t.name, len(t.shape))),
+        active_bytes=active_bytes(tensors, _scalar_max(field(f"{arch}.expert_count")),
+                                  _scalar_max(field(f"{arch}.expert_used_count"))),
     )
+
+
+def active_bytes(tensors, n_experts: int | None, n_used: int | None) -> int:
+    """The tensor bytes a token reads: all but the experts it does not take (the stacked
+    `*_exps` tensors count n_used / n_experts of theirs); 0 for a model without experts."""
+    if not n_experts or not n_used:
+        return 0
+    experts = sum(t.nbytes for t in tensors if "_exps." in t.name)
+    return sum(t.nbytes for t in tensors) - experts + experts * min(n_used, n_experts) // n_experts
 
 
 def _sliding_window(arch: str, field, num_layers: int) -> tuple[int, int]:

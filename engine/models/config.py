@@ -40,6 +40,9 @@ class ModelConfig:
     rope_attn_factor: float = 1.0  # cos and sin of the turning pairs times this (LongRoPE's mscale)
     rope_long_factors: bool = False  # LongRoPE: rope_factors_short/long, chosen by the context
     rope_original_context: int = 0  # LongRoPE: the context the short factors serve
+    num_experts: int = 0  # a mixture of experts (family.moe): experts per layer; 0: a dense MLP
+    num_experts_used: int = 0  # experts each token takes
+    expert_intermediate_size: int = 0  # each expert's gate/up rows
 
     @property
     def arch(self) -> str:

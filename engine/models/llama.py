@@ -5,6 +5,7 @@ block, with each family's differences read from its ModelConfig rather than writ
     for each layer:  a = o_proj(attn(rope(qn(q)), rope(kn(k)), v, window))   on rms_norm(h)
                      h = h + post_attn_norm(a)
                      m = down(act(gate(x)) * up(x))                           on x = rms_norm(h)
+                         (a mixture of experts: its top-k experts' m, weighed; engine/layers/moe.py)
                      h = h + post_mlp_norm(m)
     hidden = rms_norm(h);  logits = hidden @ lm_head^T  (lm_head = embed when tied)
 
@@ -30,6 +31,7 @@ from engine.layers.activation import ACTIVATIONS
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.decoder_stack import build_stack, run_stack
 from engine.layers.make_linear import make_linear
+from engine.layers.moe import MoE
 from engine.layers.norm import RMSNorm, rms_norm
 from engine.layers.rotary import RotaryEmbedding, apply_rope
 from engine.models.config import ModelConfig
@@ -38,7 +40,8 @@ from engine.weights.quant_weight import QuantWeight
 
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 
-# Our parameter names; "{i}" is the layer index. Biases exist only when config.attention_bias,
+# Our parameter names; "{i}" is the layer index, "{e}" an expert's (a mixture of experts' layers
+# have a router and experts instead of gate_up_proj and down_proj). Biases exist only when config.attention_bias,
 # q/k norms only with the family's qk_norm, the output norms only with its post_norms.
 WEIGHT_NAMES = (
     "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs", "rope_factors_short", "rope_factors_long",
@@ -47,6 +50,7 @@ WEIGHT_NAMES = (
     "layers.{i}.gate_up_proj.weight", "layers.{i}.down_proj.weight",
     "layers.{i}.q_norm.weight", "layers.{i}.k_norm.weight",
     "layers.{i}.attn_output_norm.weight", "layers.{i}.mlp_output_norm.weight",
+    "layers.{i}.router.weight", "layers.{i}.experts.{e}.gate_up_proj.weight", "layers.{i}.experts.{e}.down_proj.weight",
 )
 
 Rotation = "tuple[torch.Tensor, torch.Tensor] | None"  # (C, S) tables of apply_rope; None: no RoPE
@@ -116,7 +120,8 @@ class LlamaDecoderLayer(torch.nn.Module):
         self.input_layernorm = _norm(config, take(p + "input_layernorm.weight"))
         self.self_attn = LlamaAttention(config, p, take, config.window(i))
         self.post_attention_layernorm = _norm(config, take(p + "post_attention_layernorm.weight"))
-        self.mlp = LlamaMLP(p, take, config.family.activation)
+        act = config.family.activation
+        self.mlp = MoE(config, p, take, act) if config.family.moe else LlamaMLP(p, take, act)
         self.attn_output_norm = self.mlp_output_norm = None
         if config.family.post_norms:
             self.attn_output_norm = _norm(config, take(p + "attn_output_norm.weight"))

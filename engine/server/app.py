@@ -59,6 +59,7 @@ def create_app(engine_thread: EngineHandle, settings: ServerSettings | None = No
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         engine_thread.start()
+        app.state.documents.resume(app.state)
         yield
         app.state.documents.close()
         await asyncio.to_thread(engine_thread.stop)

@@ -24,9 +24,10 @@ from engine.sampling_params import ThinkingBudget, ThinkTags
 from engine.server.errors import APIError
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest
+from engine.server.chat_images import encode_chat
 from engine.server.reasoning import THINK_CLOSE, THINK_OPEN, ReasoningFormat, ReasoningParser, reasoning_format
 from engine.server.model_use import use_model
-from engine.server.serving import Job, encode, fit_context, sampling_params
+from engine.server.serving import Job, fit_context, sampling_params
 from engine.server.structured import ReplyShape, reply_shape
 
 
@@ -135,12 +136,15 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     engine = loaded.engine
     shape = await reply_shape(engine, body)
     prompt = render_prompt(engine, body, shape)
-    ids = await encode(engine, prompt)
+    ids, images = await encode_chat(engine, body, prompt)
     max_tokens = body.requested_max_tokens
     if max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens", code="invalid_value")
+    n = len(ids)
     ids, max_tokens = fit_context(ids, max_tokens, body.truncate_prompt_tokens, engine.max_model_len,
                                   fit=body.max_tokens_fit)
+    if images and len(ids) != n:  # positions would move under the images
+        raise APIError(400, "a prompt with images cannot be truncated", param="truncate_prompt_tokens")
     vocab = engine.tokenizer.vocab_size
     params = [sampling_params(body, max_tokens, vocab, body.num_logprobs, grammar=shape.grammar, choice=i)
               for i in range(body.n)]
@@ -158,10 +162,10 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     rid = R.new_id(prefix)
     job = Job(state.engine_thread, request)
     subs = [f"{rid}-{i}" for i in range(body.n)]
-    job.submit(ids, params[0], subs[0], engine)
+    job.submit(ids, params[0], subs[0], engine, images)
     await job.first()
     for i in range(1, body.n):  # the prompt's KV now exists: these start from it
-        job.submit(ids, params[i], subs[i], engine)
+        job.submit(ids, params[i], subs[i], engine, images)
     return ChatRun(engine, loaded.spec.id, rid, ids, job, {s: i for i, s in enumerate(subs)},
                    [ChatChoice(i, shape.tools, ReasoningParser(fmt, inside) if fmt is not ReasoningFormat.NONE
                                else None, tool_names(shape)) for i in range(body.n)])

@@ -25,6 +25,7 @@ from engine.model_files.architectures import embeds_only
 from engine.model_files.meta import read_meta
 from engine.server.embeddings import l2_normalize
 from engine.server.errors import APIError
+from engine.server.model_store import spec_from_path
 from engine.server.model_use import acquire, resolve
 from engine.service.handle import KEEP_DEFAULT
 from engine.service.served_model import ModelSpec
@@ -57,6 +58,8 @@ class Documents:
     def embedder(self, state) -> ModelSpec:
         """The model that embeds documents and queries: the configured one, else the first installed
         embedding-only model; a 400 in words when there is none."""
+        if self.embedding_model and Path(self.embedding_model).expanduser().is_file():  # --embedding-model PATH
+            return spec_from_path(self.embedding_model)
         if self.embedding_model:
             return resolve(state.engine_thread, state.model_store, None, self.embedding_model)
         for spec in state.model_store.list():
@@ -92,6 +95,17 @@ class Documents:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._work, name="ember-indexer", daemon=True)
             self._worker.start()
+
+    def resume(self, state) -> None:
+        """Files left `in_progress` by an engine that stopped while indexing are indexed again (the
+        store still holds their previous chunks, if any: a file's chunks are written at once)."""
+        if self.root is None or not (self.root / DB_NAME).exists():
+            return
+        for s in self.store.stores():
+            left = [sf.file_id for sf in self.store.store_files(s.id, "in_progress")]
+            if left:
+                log.info("indexing %d file(s) of %s again: the engine stopped before they were done", len(left), s.id)
+                self.enqueue(state, s.id, left)
 
     def cancel(self, store_id: str, file_id: str | None = None) -> None:
         for (sid, fid), ev in list(self._cancel.items()):

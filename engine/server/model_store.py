@@ -65,10 +65,11 @@ class ModelStore:
 
 
 def spec_from_manifest(m: dict, model_id: str, chat_template: str | None = None) -> ModelSpec:
-    ctx = m.get("context_length")
+    ctx, mmproj = m.get("context_length"), m.get("mmproj")
     return ModelSpec(id=model_id, path=m["path"], format=str(m.get("format", "gguf")),
                      name=str(m.get("name") or model_id),
-                     context_length=ctx if isinstance(ctx, int) else None, chat_template=chat_template)
+                     context_length=ctx if isinstance(ctx, int) else None, chat_template=chat_template,
+                     mmproj=mmproj if isinstance(mmproj, str) and mmproj else None)
 
 
 def spec_from_path(path: str | Path) -> ModelSpec:

@@ -49,13 +49,17 @@ def names_of(spec: ModelSpec) -> tuple[str, ...]:
     return tuple(n for n in (spec.id, spec.name, Path(spec.path).name) if n)
 
 
-def resolve(thread: EngineHandle, store: ModelStore, default: ModelSpec | None, requested: str | None) -> ModelSpec:
+def resolve(thread: EngineHandle, store: ModelStore, default: ModelSpec | None, requested: str | None,
+            text: bool = False) -> ModelSpec:
     """The spec a request's model name means: a loaded (or loading) model by any of its names,
     else an installed one by id; `id:latest` (Ollama's tag) is the id. No name: the model used
-    most recently, else the server's default."""
+    most recently (with `text`, the most recent that makes text: documents load an embedding model
+    beside the chat model, and a chat that names none must not land on it), else the server's default."""
     name = (requested or "").strip()
     if name.lower() in DEFAULT_NAMES:
         newest = thread.model
+        if text:
+            newest = next((m.model for m in thread.models if m.model is not None and m.model.generates), None)
         if newest is not None:
             return newest.spec
         if default is not None:
@@ -84,7 +88,7 @@ async def use_model(request: Request, requested: str | None, text: bool = True,
     embedding model answers only the embedding routes)."""
     state = request.app.state
     thread: EngineHandle = state.engine_thread
-    spec = resolve(thread, state.model_store, state.settings.default_model, requested)
+    spec = resolve(thread, state.model_store, state.settings.default_model, requested, text)
     loaded = await acquire(thread, spec, keep_alive_s)
     request.scope[HOLDS].append(spec.id)
     if text and not loaded.generates:

@@ -117,14 +117,15 @@ class Job:
         self._watcher: asyncio.Task | None = None
         self._first: tuple | None = None  # first()'s output, which iteration yields first
 
-    def submit(self, ids: list[int], params: SamplingParams, rid: str, engine) -> None:
+    def submit(self, ids: list[int], params: SamplingParams, rid: str, engine, images: list = ()) -> None:
+        """`images`: the prompt's image spans (engine/server/chat_images.py), for a vision model."""
         def sink(item, rid=rid):  # engine thread
             try:
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, (rid, item))
             except RuntimeError:  # the loop is gone: nobody listens any more
                 pass
         self.unfinished.add(rid)
-        self.thread.submit_sink(ids, params, rid, engine, sink)
+        self.thread.submit_sink(ids, params, rid, engine, sink, list(images))
         self.thread.metrics.prompt_tokens.inc(len(ids))
         if self._watcher is None and self.request is not None:
             self._watcher = asyncio.create_task(self._watch())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.sampling_params import SamplingParams
@@ -24,6 +24,7 @@ class Add:
     params: SamplingParams
     engine: LLMEngine  # the one the prompt was tokenized for
     sink: Sink
+    images: list = field(default_factory=list)  # the prompt's image spans (a vision model)
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,10 +96,10 @@ class EngineThread:
     models = property(lambda self: self.status.models)
 
     def submit_sink(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                    engine: LLMEngine, sink: Sink) -> None:
+                    engine: LLMEngine, sink: Sink, images: list | None = None) -> None:
         """Queue a request for `engine` (the one its prompt was tokenized for); its outputs, or
-        an exception that ends it, go to `sink` on the engine thread."""
-        self._commands.put(Add(request_id, prompt_ids, params, engine, sink))
+        an exception that ends it, go to `sink` on the engine thread; `images`: its image spans."""
+        self._commands.put(Add(request_id, prompt_ids, params, engine, sink, images or []))
 
     def abort(self, request_id: str) -> None:
         self._commands.put(Abort(request_id))
@@ -165,13 +165,13 @@ class EngineThread:
 
     def _handle(self, cmd: Command) -> None:
         match cmd:
-            case Add(rid, ids, params, engine, sink):
+            case Add(rid, ids, params, engine, sink, images):
                 r = self._set.by_engine(engine)
                 if r is None:
                     sink(EngineUnavailable("the model was unloaded; send the request again"))
                     return
                 try:
-                    engine.add_request(ids, params, request_id=rid)
+                    engine.add_request(ids, params, request_id=rid, images=images)
                 except Exception as e:  # a bad request the handler's checks missed: its error, not ours
                     sink(e)
                     return

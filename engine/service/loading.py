@@ -15,6 +15,7 @@ from engine.model_files.fit import UnsupportedArchitecture, footprint_of, unsupp
 from engine.model_files.footprint import default_context
 from engine.model_files.memory import DEFAULT_BLOCK_SIZE
 from engine.model_files.meta import read_meta
+from engine.model_files.projector import check_projector
 from engine.service.residency import ResidencyConfig
 from engine.service.served_model import EngineFactory, LoadedModel, ModelSpec
 
@@ -33,6 +34,8 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
             kw["kv_cache_max_bytes"] = min(kv_cache_max_bytes, kw.get("kv_cache_max_bytes", kv_cache_max_bytes))
         if spec.chat_template and "chat_template" not in kw:  # --chat-template, when given, wins
             kw["chat_template"] = spec.chat_template
+        if spec.mmproj and "mmproj" not in kw:  # likewise --mmproj
+            kw["mmproj"] = spec.mmproj
         load = spec.load  # the model's own load settings win over the server's
         kw |= {k: v for k, v in (("max_model_len", load.context_length), ("num_threads", load.threads)) if v}
         config = EngineConfig(model_path=spec.path, **kw)
@@ -74,3 +77,5 @@ def check_model_file(spec: ModelSpec) -> None:
     runs, raises ModelFileError before a load unloads the model that serves now."""
     if why := unsupported_architecture(footprint_of(read_meta(Path(spec.path)), 0)):
         raise UnsupportedArchitecture(why)  # in the words a failed load gives it (the model is named)
+    if spec.mmproj:
+        check_projector(spec.mmproj)

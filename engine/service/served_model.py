@@ -23,6 +23,7 @@ class ModelSpec:
     name: str | None = None
     context_length: int | None = None
     chat_template: str | None = None  # a template file the user set for this installed model
+    mmproj: str | None = None  # a vision model's projector GGUF, loaded beside it
     load: LoadSettings = LoadSettings()  # the user's context, device and threads for this model
 
 

@@ -34,6 +34,24 @@ def test_every_quantized_matrix_is_timed_and_its_bytes_counted():
     assert read > 0 and all(t.seconds > 0 for t in timings)
 
 
+def test_a_mixture_of_experts_times_every_expert(tmp_path):
+    from gguf import GGMLQuantizationType as QT
+
+    from app.bench.gemm import matrices
+    from arch_ggufs import write_arch_gguf
+    from engine.layers.quant_linear import QuantLinear
+    from engine.loaders.gguf_loader import load_model
+
+    path = tmp_path / "moe.gguf"
+    write_arch_gguf(path, "qwen3moe", qtype=QT.Q8_0)
+    model = load_model(path, quantized=True)
+    kinds = matrices(model)
+    assert [len(kinds[k]) for k in ("qkv", "o", "gate_up", "down")] == [2, 2, 2 * 4, 2 * 4]  # 2 layers, 4 experts
+    experts = [lin for layer in model.layers for lin in (*layer.mlp.gate_up, *layer.mlp.down)]
+    assert all(isinstance(lin, QuantLinear) for lin in experts)
+    assert {id(lin) for lin in kinds["gate_up"] + kinds["down"]} == {id(lin) for lin in experts}
+
+
 def test_cli_prints_a_row_per_kind_and_the_plain_read(capsys):
     from app.cli import main
 

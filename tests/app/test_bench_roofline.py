@@ -32,6 +32,24 @@ def test_bytes_per_token_match_the_files_reads(tmp_path, tied):
     assert 0.9 * file <= ours <= 1.12 * file
 
 
+def test_a_mixture_of_experts_reads_its_used_experts_share(tmp_path):
+    """qwen3moe takes 2 of its 4 experts a token: of each stacked expert tensor a token reads
+    half, in llama.cpp's file and in Ember's loaded tiles alike; everything else whole."""
+    from arch_ggufs import write_arch_gguf
+    from engine.loaders.gguf_loader import load_model
+    from engine.model_files.gguf_file import GGUFFile
+
+    path = tmp_path / "moe.gguf"
+    write_arch_gguf(path, "qwen3moe", qtype=QT.Q8_0)
+    with GGUFFile(path) as f:
+        sizes = {t.name: t.nbytes for t in f.tensors.values()}
+    experts = sum(n for name, n in sizes.items() if "_exps." in name)
+    file = gguf_bytes_per_token(str(path))
+    assert file == sum(sizes.values()) - sizes["token_embd.weight"] - experts // 2  # a separate head
+    ours = model_bytes_per_token(load_model(path, quantized=True))
+    assert 0.9 * file <= ours <= 1.12 * file
+
+
 def test_kv_bytes_read_counts_each_layers_context_or_window():
     """Every layer reads K and V of each token it attends to: the whole context, or a sliding
     window's last tokens once the context is longer."""

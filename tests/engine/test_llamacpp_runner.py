@@ -40,6 +40,7 @@ class Seq:
     num_computed_tokens: int = 0
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     spec_token_ids: list[int] = field(default_factory=list)
+    images: list = field(default_factory=list)
 
     new_token_ids = Sequence.new_token_ids
 

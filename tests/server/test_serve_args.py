@@ -28,7 +28,9 @@ def test_serve_defaults_are_engine_config_defaults():
     ember = ember_parser().parse_args(["serve"])
     assert config_kwargs(ember) == want
     # ...and with the user's settings applied, as `ember serve` runs: fresh settings change none of them
-    assert config_kwargs(serve_args(ember, Settings.load())) == want
+    # but one: the prefix cache's disk tier is on, inside the data folder
+    settings = Settings.load()
+    assert config_kwargs(serve_args(ember, settings)) == want | {"kv_disk_dir": str(settings.kv_cache_dir)}
 
 
 def test_every_serve_knob_is_declared_by_its_engine_config_field():
@@ -67,6 +69,9 @@ def test_the_supervisor_and_ember_serve_share_one_mapping(tmp_path, keyless):
         assert getattr(served, dest) == value, dest
         if isinstance(value, bool):  # a switch: there or not
             assert (flag in cmd) == value, dest
+            continue
+        if value is None:  # unset: left to the engine's default
+            assert flag not in cmd, dest
             continue
         want = "some-model" if dest == "model_id" else str(value)
         assert cmd[cmd.index(flag) + 1] == want, dest

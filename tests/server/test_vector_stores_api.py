@@ -135,6 +135,17 @@ def test_a_chat_with_documents_gets_the_passages_and_says_which(indexed, server)
         client.chat.completions.create(**ask, extra_body={"documents": {"vector_store_ids": ["vs_nope"]}})
 
 
+def test_a_chat_that_names_no_model_is_not_sent_to_the_embedder(indexed):
+    """After a search the embedding model is the one used last; a chat naming no model still goes
+    to the newest model that makes text."""
+    client, store, _, _ = indexed
+    client.vector_stores.search(store.id, query="lighthouse")
+    hi = {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    chat_id = client.chat.completions.create(model="model.gguf", **hi).model
+    client.vector_stores.search(store.id, query="lighthouse")
+    assert client.chat.completions.create(model="", **hi).model == chat_id
+
+
 def test_only_the_passages_that_fit_the_context_are_given(indexed):
     client, store, _, _ = indexed
     ask = {"model": "model.gguf", "max_tokens": 4, "temperature": 0,
@@ -150,7 +161,7 @@ def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
     client, store, _, _ = indexed
     big = tmp_path / "long.md"
     big.write_text("\n\n".join(f"## Part {i}\n\nParagraph {i} about the harbour's tides and boats. " * 3
-                               for i in range(400)))
+                               for i in range(150)))
     up = client.files.create(file=open(big, "rb"), purpose="assistants")
     client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
     seen = []
@@ -160,3 +171,102 @@ def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
     assert f.status == "completed" and "progress" not in f.model_extra
     for p in seen:
         assert 0 < p["chunks_done"] <= p["chunks_total"]
+
+
+def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(tmp_path, tiny_model_factory):
+    """The engine is killed while a long file indexes; the next engine on the same folder finishes it."""
+    root = tmp_path
+    minilm_store(root / "models")
+    args = (tiny_model_factory(ctx=CTX), root, "--models-dir", str(root / "models"), "--docs-dir", str(root / "docs"))
+    proc = start_engine(*args, backend="auto")
+    client = openai_client(proc)
+    doc = root / "long.md"
+    doc.write_text("\n\n".join(f"## Entry {i}\n\nThe ferry left pier {i} at dawn with {i * 3} crates." for i in range(300)))
+    up = client.files.create(file=open(doc, "rb"), purpose="assistants")
+    store = client.vector_stores.create(name="resume")
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
+    while "progress" not in (f := client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)).model_extra:
+        assert f.status == "in_progress"
+    proc.proc.kill()  # as a crash: no shutdown at all
+    proc.proc.wait()
+    proc.stop()
+    proc = start_engine(*args, backend="auto")
+    try:
+        client = openai_client(proc)
+        done = client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id, poll_interval_ms=200)
+        assert done.status == "completed"
+        assert client.vector_stores.search(store.id, query="ferry pier 299 crates").data[0].file_id == up.id
+    finally:
+        proc.stop()
+
+
+def test_indexing_waits_while_a_chat_is_replying(indexed, server, tmp_path):
+    """The yield rule (engine/server/embeddings.py): background embedding does not run beside a
+    running reply. While one streams, the file's progress moves by at most the batch that was
+    already being embedded when the reply started; after the reply, the indexing finishes."""
+    client, store, _, _ = indexed
+    doc = tmp_path / "tides.md"
+    doc.write_text("\n\n".join(f"## Day {i}\n\nHigh tide at {i % 12} o'clock, low tide six hours later." * 2
+                               for i in range(500)))
+    up = client.files.create(file=open(doc, "rb"), purpose="assistants")
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
+
+    def progress():
+        f = client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)
+        assert f.status == "in_progress", "the indexing ended before the test could look"
+        return f.model_extra.get("progress", {}).get("chunks_done", 0)
+
+    while progress() == 0:
+        pass
+    stream = client.chat.completions.create(model="model.gguf", max_tokens=1500, temperature=0, stream=True,
+                                            messages=[{"role": "user", "content": "Tell a long story."}],
+                                            extra_body={"ignore_eos": True})
+    seen = []
+    for i, _ in enumerate(stream):
+        if i in (5, 200, 1000):  # the reply is running: it is being read
+            seen.append(progress())
+    assert seen[2] - seen[0] <= 16  # indexer.BATCH: the batch in flight when the reply began, at most
+    assert client.vector_stores.files.poll(file_id=up.id, vector_store_id=store.id,
+                                           poll_interval_ms=200).status == "completed"
+
+
+def test_the_embedding_model_may_be_a_file_and_a_missing_one_is_named(tmp_path, tiny_model_factory):
+    from app.store import ModelStore
+
+    minilm_store(tmp_path / "models")
+    gguf = next(m.path for m in ModelStore(tmp_path / "models").list())
+    for choice, ok in ((str(gguf), True), ("no-such-embedder", False)):
+        proc = start_engine(tiny_model_factory(ctx=CTX), tmp_path, "--docs-dir", str(tmp_path / f"docs-{ok}"),
+                            "--embedding-model", choice, backend="auto")
+        try:
+            client = openai_client(proc)
+            (tmp_path / "a.md").write_text("# A\n\nThe kettle whistles at noon.")
+            f = client.files.create(file=open(tmp_path / "a.md", "rb"), purpose="assistants")
+            s = client.vector_stores.create(name="x")
+            done = client.vector_stores.files.create_and_poll(vector_store_id=s.id, file_id=f.id, poll_interval_ms=100)
+            assert done.status == ("completed" if ok else "failed")
+            if not ok:
+                assert "no-such-embedder" in done.last_error.message
+        finally:
+            proc.stop()
+
+
+def test_a_file_over_the_upload_limit_is_refused_before_it_is_read(indexed, server):
+    """A 2 GB upload: OpenAI's 413 shape at once (the Content-Length is checked before the body is
+    read), and the store is as it was."""
+    import http.client
+    import json
+    import socket
+
+    client, _, _, _ = indexed
+    proc, _ = server
+    before = [f.id for f in client.files.list()]
+    host, port = proc.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {proc.api_key}\r\n"
+                     f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {2 << 30}\r\n\r\n".encode())
+        reply = http.client.HTTPResponse(sock)
+        reply.begin()
+        assert reply.status == 413
+        assert json.loads(reply.read())["error"]["code"] == "request_too_large"
+    assert [f.id for f in client.files.list()] == before

@@ -32,12 +32,18 @@ def read_rate(data, repeats: int = 3) -> float:
 
 def gguf_bytes_per_token(path: str) -> int:
     """Bytes of a GGUF file's tensors that llama.cpp reads per token: all of them, less the token
-    table when a separate output tensor is the head (the table gives one row a token)."""
+    table when a separate output tensor is the head (the table gives one row a token), and a
+    mixture's experts at the share one token takes (n_used of n_experts of each stack)."""
     from gguf import GGUFReader
 
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    reader = GGUFReader(path)
+    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
     table = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
-    return sum(tensors.values()) - table
+    arch = reader.fields["general.architecture"].contents()
+    n, used = (reader.fields[f"{arch}.{k}"].contents() if f"{arch}.{k}" in reader.fields else 0
+               for k in ("expert_count", "expert_used_count"))
+    experts = sum(v for k, v in tensors.items() if "_exps." in k) if n and used else 0
+    return sum(tensors.values()) - table - experts + (experts * used // n if experts else 0)
 
 
 def model_bytes_per_token(model) -> int:
@@ -55,6 +61,8 @@ def model_bytes_per_token(model) -> int:
         lookup_only += list(table.parameters())
     head = {id(p) for p in model.lm_head.parameters()}
     skip = {id(t) for t in lookup_only} - head
+    experts, share = _experts(model)  # a mixture: each expert's weights, read by k / n of the tokens
+    skip |= {id(t) for t in experts}
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in skip}
     plain, opaque = [], 0  # oneDNN's opaque tensors have no address: they are their own memory
     for t in tensors.values():
@@ -62,7 +70,17 @@ def model_bytes_per_token(model) -> int:
             opaque += t.numel() * t.element_size()
         else:
             plain.append(t)
-    return covered(map(_extent, plain)) + opaque
+    return covered(map(_extent, plain)) + opaque + int(sum(t.numel() * t.element_size() for t in experts) * share)
+
+
+def _experts(model) -> tuple[list, float]:
+    """A mixture of experts' expert tensors (engine/layers/moe.py) and the share of them one
+    token reads (experts used / experts); ([], 0) for a dense model."""
+    config = model.config
+    if not config.num_experts:
+        return [], 0.0
+    tensors = [t for layer in model.layers for lin in (*layer.mlp.gate_up, *layer.mlp.down) for t in lin.parameters()]
+    return tensors, config.num_experts_used / config.num_experts
 
 
 def covered(extents) -> int:

@@ -45,10 +45,19 @@ class ToolResultBlock(BaseModel):
 
 
 class OtherBlock(BaseModel):
-    """A block Ember does not turn into text: images and documents are refused, thinking blocks
-    (a reply's reasoning sent back) are left out of the prompt, as templates drop old thoughts."""
+    """A block Ember does not turn into text: an image goes to the model's projector (its `source`:
+    base64 data, or a URL, which is refused), documents are refused, thinking blocks (a reply's
+    reasoning sent back) are left out of the prompt, as templates drop old thoughts."""
     model_config = _config
     type: Literal["image", "document", "thinking", "redacted_thinking"]
+    source: dict | None = None
+
+    def image_url(self) -> str:
+        """The image's source as an OpenAI image_url (a data: URI, or the URL chat_images refuses)."""
+        s = self.source or {}
+        if s.get("type") == "url":
+            return str(s.get("url", ""))
+        return f"data:{s.get('media_type') or 'application/octet-stream'};base64,{s.get('data', '')}"
 
 
 Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | OtherBlock, Field(discriminator="type")]
@@ -123,6 +132,15 @@ def _text(blocks: str | list, where: str) -> str:
     return "\n\n".join(parts)
 
 
+def _joined(texts: list) -> str | list[dict]:
+    """Text blocks joined by blank lines; with images, OpenAI content parts in their order."""
+    if all(isinstance(t, str) for t in texts):
+        return "\n\n".join(texts)
+    last = len(texts) - 1
+    return [t if isinstance(t, dict) else {"type": "text", "text": t + ("\n\n" if k < last else "")}
+            for k, t in enumerate(texts)]
+
+
 def openai_messages(body: CountTokensRequest) -> list[dict]:
     """The system prompt and turns as OpenAI messages: tool_use blocks become an assistant's
     tool_calls (same ids), each tool_result a `tool` message; a user turn's text follows its results."""
@@ -131,13 +149,15 @@ def openai_messages(body: CountTokensRequest) -> list[dict]:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
-        texts, calls = [], []
+        texts, calls = [], []  # texts: strings, and an image's OpenAI part where it stands
         for j, b in enumerate(m.content):
             where = f"messages.{i}.content.{j}"
             if isinstance(b, TextBlock):
                 texts.append(b.text)
-            elif b.type in ("image", "document"):
-                raise APIError(400, f"{where}: {b.type} blocks are not supported (Ember serves text models)")
+            elif b.type == "image":
+                texts.append({"type": "image_url", "image_url": {"url": b.image_url()}})
+            elif b.type == "document":
+                raise APIError(400, f"{where}: document blocks are not supported (Ember serves text models)")
             elif isinstance(b, ToolUseBlock):
                 if m.role != "assistant":
                     raise APIError(400, f"{where}: tool_use blocks belong in assistant turns")
@@ -150,7 +170,7 @@ def openai_messages(body: CountTokensRequest) -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": b.tool_use_id,
                             "content": f"Error: {content}" if b.is_error else content})
         if texts or calls or not m.content:
-            d = {"role": m.role, "content": "\n\n".join(texts)}
+            d = {"role": m.role, "content": _joined(texts)}
             if calls:
                 d["tool_calls"] = calls
             out.append(d)

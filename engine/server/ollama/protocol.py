@@ -81,6 +81,15 @@ class Message(BaseModel):
     tool_name: str | None = Field(None, max_length=64)
 
 
+def openai_content(text: str, images: list[str] | None) -> str | list[dict]:
+    """A message's text and images (base64, as Ollama sends them) as OpenAI content parts, the
+    images first, so that images.k is content[k] in an error that names one."""
+    if not images:
+        return text
+    return [*({"type": "image_url", "image_url": {"url": "data:application/octet-stream;base64," + b}}
+              for b in images), {"type": "text", "text": text}]
+
+
 Format = Literal["", "json"] | dict | None
 
 

@@ -30,7 +30,7 @@ from engine.server.ollama.embeddings import (OllamaEmbeddingsRequest, OllamaEmbe
                                              ollama_embeddings_reply)
 from engine.server.model_use import resolve, use_model
 from engine.server.ollama.models import tag
-from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message
+from engine.server.ollama.protocol import ChatRequest, Format, GenerateRequest, Message, openai_content
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest, SamplingRequest
 from engine.server.serving import Job, encode, fit_context, sampling_params
@@ -89,9 +89,7 @@ def _openai_messages(messages: list[Message]) -> list[dict]:
     earliest open call of its tool_name (or the earliest open call)."""
     out, open_calls = [], []
     for i, m in enumerate(messages):
-        if m.images:
-            raise APIError(400, f"messages.{i}.images: this model takes no images (Ember serves text models)")
-        d = {"role": m.role, "content": m.content}
+        d = {"role": m.role, "content": openai_content(m.content, m.images)}  # images: content[k]
         if m.tool_calls:
             d["tool_calls"] = []
             for j, c in enumerate(m.tool_calls):
@@ -257,8 +255,8 @@ def build_ollama_router() -> APIRouter:
     @router.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request):
         t0 = time.monotonic()
-        if body.images:
-            raise APIError(400, "images: this model takes no images (Ember serves text models)")
+        if body.images and body.raw:
+            raise APIError(400, "images: a raw prompt has no place for images; send them without raw")
         for field in ("suffix", "template", "context"):
             if getattr(body, field):
                 raise APIError(400, f"{field} is not supported by Ember's /api/generate"
@@ -273,7 +271,7 @@ def build_ollama_router() -> APIRouter:
             run = await _start_raw(request, loaded, body.prompt, sampler, body.format)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
-                {"role": "user", "content": body.prompt}]
+                {"role": "user", "content": openai_content(body.prompt, body.images)}]
             req = validated(ChatCompletionRequest, {"model": loaded.spec.id, "messages": messages,
                                                      "response_format": _response_format(body.format), **sampler,
                                                      **body.think_fields()})

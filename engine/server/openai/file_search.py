@@ -12,9 +12,10 @@ from __future__ import annotations
 from fastapi import Request
 
 from engine.docs.retrieve import Hit
-from engine.docs.sources import citations, with_sources
+from engine.docs.sources import citations, sources_block, with_sources
 from engine.server.errors import APIError
 from engine.server.model_use import use_model
+from engine.server.openai.content_parts import TextPart
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.openai.vector_store_routes import search_stores
 from engine.server.serving import encode
@@ -37,12 +38,19 @@ async def add_sources(request: Request, body: ChatCompletionRequest, store_ids: 
     hits, _ = await search_stores(request, store_ids, question, top_k, filters)
     hits = await _fitting(request, body, question, hits)
     messages = list(body.messages)
-    messages[i] = msg.model_copy(update={"content": with_sources(question, hits)})
+    if isinstance(msg.content, list) and hits:  # text and images: the sources go before them all
+        content = [TextPart(type="text", text=sources_block(hits)), *msg.content]
+    else:
+        content = with_sources(question, hits)
+    messages[i] = msg.model_copy(update={"content": content})
     return body.model_copy(update={"messages": messages}), hits, question
 
 
 def _text(msg) -> str:
-    return msg.content if isinstance(msg.content, str) else "".join(p.text for p in msg.content or ())
+    """The words of a message, its images left out (what is searched for)."""
+    if isinstance(msg.content, list):
+        return "".join(p.text for p in msg.content if p.type == "text")
+    return msg.content or ""
 
 
 async def _fitting(request: Request, body: ChatCompletionRequest, question: str, hits: list[Hit]) -> list[Hit]:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from engine.images import MEDIA_MARKER
+from engine.server.openai.content_parts import ImagePart, TextPart
 from engine.server.tool_protocol import ResponseFormat, Tool, ToolCall, ToolChoice
 
 INT32_MAX = 2**31 - 1
@@ -119,16 +121,10 @@ class SamplingRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class TextPart(BaseModel):
-    model_config = _config
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessage(BaseModel):
     model_config = _config
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
     name: str | None = Field(None, max_length=256)
     tool_calls: list[ToolCall] | None = Field(None, max_length=128)  # an assistant's calls
     tool_call_id: str | None = Field(None, max_length=256)  # a tool result's call
@@ -143,9 +139,15 @@ class ChatMessage(BaseModel):
     @property
     def text(self) -> str:
         content = self.content
-        if isinstance(content, list):
-            content = "".join(p.text for p in content)
+        if isinstance(content, list):  # an image stands where it was sent, as mtmd's marker
+            content = "".join(p.text if p.type == "text" else MEDIA_MARKER for p in content)
         return content or ""
+
+    @property
+    def image_parts(self) -> list[tuple[int, ImagePart]]:
+        """(index in content, part) of each image, in order."""
+        content = self.content if isinstance(self.content, list) else []
+        return [(j, p) for j, p in enumerate(content) if p.type == "image_url"]
 
     def as_template_dict(self) -> dict:
         """What a chat template sees: role and plain-text content ("developer" is OpenAI's new

@@ -1,0 +1,89 @@
+"""`ember bench restart`: time to first token of one more turn after the engine stopped and
+started again, with the prefix cache's disk tier (engine/kv_disk/) and without it.
+
+Per chat length and run: an engine computes the chat (its blocks go to a fresh disk folder) and
+stops; a new engine then answers the chat plus one more user turn twice, once without the tier
+(everything computed again) and once reading the tier. The figures are medians; the replies'
+greedy tokens must be the same. `--backend torch` (the default): Ember's engine and its block
+files; `--backend llama.cpp`: the llama.cpp runner's saved slot states (engine/backends/slot_disk.py).
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+
+from app.bench import add_model_args
+
+TURN = " And one more question: what did we say first?"
+
+
+def first_token(args, prompt: list[int], disk: str | None) -> tuple[float, list[int], int]:
+    """(seconds to the first token, the greedy reply, tokens that came from a cache) on a new engine."""
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+    from engine.model_files.bundled import default_model_path
+    from engine.sampling_params import SamplingParams
+
+    engine, _ = load_engine(EngineConfig(model_path=args.model or str(default_model_path()), dtype=args.dtype,
+                                         weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
+                                         num_threads=args.threads, max_model_len=args.context,
+                                         kv_disk_dir=disk), args.backend, args.device)
+    try:
+        started, first = time.perf_counter(), None
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=args.reply, ignore_eos=True), "turn")
+        while engine.has_unfinished():
+            for out in engine.step():
+                if first is None and out.output_token_ids:
+                    first = time.perf_counter() - started
+                if out.finished:
+                    return first, out.output_token_ids, out.num_cached_tokens
+    finally:
+        engine.close()
+    raise RuntimeError("the request ended without an output")
+
+
+def one_length(args, n: int) -> tuple[float, float, bool, int]:
+    from app.bench.lib.workloads import make_prompt
+    from engine.loaders.tokenizer import load_tokenizer
+    from engine.model_files.bundled import default_model_path
+
+    encode = load_tokenizer(args.model or str(default_model_path())).encode
+    chat = make_prompt(encode, n)
+    turn = chat + encode(TURN)
+    cold, warm, same, cached = [], [], True, 0
+    for _ in range(args.runs):
+        folder = tempfile.mkdtemp(prefix="ember-bench-restart-")
+        try:
+            first_token(args, chat, folder)  # yesterday's chat, its blocks written as it ran
+            t_cold, reply_cold, _ = first_token(args, turn, None)
+            t_warm, reply_warm, cached = first_token(args, turn, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        cold.append(t_cold)
+        warm.append(t_warm)
+        same &= reply_cold == reply_warm
+    return statistics.median(cold), statistics.median(warm), same, cached
+
+
+def run(args) -> int:
+    print(f"model {args.model or 'bundled'} on {args.backend}, {args.threads} threads, median of {args.runs} runs")
+    print(f"{'chat tokens':>12}{'TTFT without (s)':>18}{'with disk tier (s)':>20}{'speed-up':>10}"
+          f"{'from disk':>11}  replies")
+    for n in args.tokens:
+        cold, warm, same, cached = one_length(args, n)
+        print(f"{n:>12}{cold:>18.3f}{warm:>20.3f}{cold / warm:>9.1f}x{cached:>11}  "
+              f"{'identical' if same else 'DIFFER'}")
+    return 0
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("restart", help="time to first token after an engine restart, with the KV disk "
+                                             "tier and without")
+    add_model_args(p, backend="torch")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1000, 4000], help="chat lengths")
+    p.add_argument("--context", type=int, default=8192, help="the engine's context")
+    p.add_argument("--reply", type=int, default=16, help="greedy tokens of the new turn's reply")
+    p.add_argument("--runs", type=int, default=3)
+    p.set_defaults(func=run)

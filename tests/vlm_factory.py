@@ -1,0 +1,102 @@
+"""A tiny random vision model: a Gemma 3 LM GGUF plus its projector ("mmproj") GGUF, for tests.
+
+No real vision model ships offline here, so tests of the image path write one: `write_tiny_vlm(dir)`
+writes `lm.gguf` (tests/arch_ggufs.py's tiny gemma3, 64 wide) and `mmproj.gguf`, a projector of
+type "gemma3" that llama.cpp's libmtmd (llama-cpp-python 0.3.36) loads, encodes and evaluates.
+Random weights: the files prove the plumbing (an image changes the logits, the same pixels give the
+same bits, the token count is mtmd's), never answer quality.
+
+The projector file follows llama.cpp's convert_hf_to_gguf.py for Gemma 3 (keys `clip.*`, tensors
+`v.*` and `mm.*` as tools/mtmd/clip-impl.h names them) and tools/mtmd/models/siglip.cpp's graph:
+a SigLIP ViT (conv patch embedding, learnt positions, pre-norm blocks with biases, GELU MLP, a
+final LayerNorm), then an average pool of `merge` x `merge` patches, an RMS norm
+(`mm.soft_emb_norm`) and a projection to the LM's width (`mm.input_projection`, stored
+[vision width, LM width] as Google's checkpoint holds it). Every image is resized to `image` px
+square, so it always yields ((image / patch) / merge)^2 tokens; mtmd wraps them in the text
+"<start_of_image>" ... "<end_of_image>" and evaluates them with non-causal attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from arch_ggufs import write_arch_gguf
+
+LM_WIDTH = 64  # arch_ggufs' embedding width: the projector's output must match it
+
+
+@dataclass(frozen=True)
+class TinyVlm:
+    """The two files and what mtmd should report for any one image."""
+    model: Path
+    mmproj: Path
+    image_size: int
+    image_tokens: int  # embeddings per image (also its positions: gemma3 is not M-RoPE)
+
+
+def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2, width: int = 32,
+                 heads: int = 2, ffn: int = 64, layers: int = 1, lm_width: int = LM_WIDTH,
+                 seed: int = 0) -> Path:
+    """Write a random gemma3-type projector GGUF; return `path`."""
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "clip")
+    w.add_name("tiny-gemma3-mmproj")
+    w.add_string("clip.projector_type", "gemma3")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    for key, value in (("image_size", image), ("patch_size", patch), ("embedding_length", width),
+                       ("feed_forward_length", ffn), ("projection_dim", lm_width), ("block_count", layers),
+                       ("attention.head_count", heads), ("projector.scale_factor", merge)):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def put(name: str, shape: tuple[int, ...], scale: float = 0.1, mean: float = 0.0) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(shape) * scale).astype(np.float32))
+
+    put("v.patch_embd.weight", (width, 3, patch, patch))  # ggml {patch, patch, 3, width}
+    put("v.patch_embd.bias", (width,))
+    put("v.position_embd.weight", ((image // patch) ** 2, width))
+    for i in range(layers):
+        p = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            put(p + name + ".weight", (width, width), 0.2)
+            put(p + name + ".bias", (width,))
+        for name in ("ln1", "ln2"):
+            put(p + name + ".weight", (width,), 0.1, 1.0)
+            put(p + name + ".bias", (width,))
+        put(p + "ffn_up.weight", (ffn, width), 0.2)
+        put(p + "ffn_up.bias", (ffn,))
+        put(p + "ffn_down.weight", (width, ffn), 0.2)
+        put(p + "ffn_down.bias", (width,))
+    put("v.post_ln.weight", (width,), 0.1, 1.0)
+    put("v.post_ln.bias", (width,))
+    put("mm.soft_emb_norm.weight", (width,), 0.1, 1.0)
+    put("mm.input_projection.weight", (width, lm_width), 0.3)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_vlm(folder: Path, *, image: int = 64, patch: int = 8, merge: int = 2, seed: int = 0,
+                   chat_template: str | None = None, qtype: GGMLQuantizationType | None = None) -> TinyVlm:
+    """Write lm.gguf and mmproj.gguf into `folder`; return their paths and the image token count.
+    `qtype`: the LM's matrices in that block type (Q8_0: each row's sums independent of the batch,
+    so replies are the same whatever else runs), else f32."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "lm.gguf"
+    write_arch_gguf(model, "gemma3", chat_template=chat_template, seed=seed, qtype=qtype)
+    mmproj = write_mmproj(folder / "mmproj.gguf", image=image, patch=patch, merge=merge, seed=seed + 1)
+    return TinyVlm(model, mmproj, image, (image // patch // merge) ** 2)
+
+
+def random_pixels(seed: int, height: int = 48, width: int = 40) -> np.ndarray:
+    """An RGB image [height, width, 3] of uint8 noise (mtmd resizes it to the model's size)."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
