@@ -127,6 +127,10 @@ class EngineClient:
                                      data={"purpose": purpose}, timeout=LOAD_TIMEOUT)
         return response.json()
 
+    def files(self) -> list[dict]:
+        """Every uploaded (or CLI-added) file: id, filename, bytes."""
+        return self._pages("/v1/files")
+
     def delete_file(self, file_id: str) -> dict:
         return self._json("DELETE", f"/v1/files/{file_id}")
 

@@ -41,6 +41,16 @@ def add_files(client: EngineClient, store_id: str, paths: list[Path]) -> Iterato
             yield str(path), getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
 
 
+def named_files(client: EngineClient, store_id: str) -> list[dict]:
+    """The store's files, each with its `filename` (a vector-store file object has none: files added
+    by the CLI or another program are named from the Files API)."""
+    files = client.vector_store_files(store_id)
+    if any(not (f.get("attributes") or {}).get("path") for f in files):
+        names = {f["id"]: f.get("filename") for f in client.files()}
+        files = [{**f, "filename": names.get(f["id"])} for f in files]
+    return files
+
+
 def remove_file(client: EngineClient, store_id: str, file_id: str) -> None:
     """Out of the collection, and the upload deleted too (a file the window added is its own)."""
     client.detach_file(store_id, file_id)

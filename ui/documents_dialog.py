@@ -13,7 +13,7 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QListWidget,
                                QListWidgetItem, QMessageBox, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
-from app.doc_sync import CHAT_KEY, add_files, delete_collection, remove_file, sync
+from app.doc_sync import CHAT_KEY, add_files, delete_collection, named_files, remove_file, sync
 from ui.documents_files import FilesTable
 from ui.workers import FunctionWorker, GeneratorWorker, WorkerSet
 
@@ -168,7 +168,7 @@ class DocumentsDialog(QDialog):
         if store_id is None:
             self.files.show_files([])
             return
-        self._call(lambda c: c.vector_store_files(store_id), lambda files: self._show_files(store_id, files))
+        self._call(lambda c: named_files(c, store_id), lambda files: self._show_files(store_id, files))
 
     def _show_files(self, store_id: str, files: list[dict]) -> None:
         if store_id != self.current_id():

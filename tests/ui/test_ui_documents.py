@@ -79,15 +79,23 @@ def test_the_documents_view_adds_a_real_file_and_shows_it_indexed_and_syncs(qtbo
     attrs = {f["attributes"]["path"] for f in dialog.files.files}
     assert attrs == {str(notes.resolve()), str(gone.resolve())}
 
+    other = tmp_path / "gardening_tips.md"  # added by another program: no path in its attributes
+    other.write_text(FILES["gardening_tips.md"])
+    api = EngineClient(app.controller.base_url, app.controller.api_key)
+    api.attach_file(dialog.current_id(), api.upload_file(other)["id"])
+    dialog.refresh_files()
+    qtbot.waitUntil(lambda: state_of(dialog.files, "gardening_tips.md").startswith("Indexed"), timeout=WAIT_MS)
+
     notes.write_text(FILES["recipes.md"] + "\n## Soup\n\nLeek soup takes 9 leeks.\n")
     gone.unlink()
     old_ids = {f["id"] for f in dialog.files.files}
     dialog.sync_collection()
     qtbot.waitUntil(lambda: dialog.message.text().startswith("Synced: 1 changed file indexed again, 1 removed"),
                     timeout=WAIT_MS)
-    qtbot.waitUntil(lambda: len(dialog.files.files) == 1 and state_of(dialog.files, "recipes.md").startswith(
+    qtbot.waitUntil(lambda: len(dialog.files.files) == 2 and state_of(dialog.files, "recipes.md").startswith(
         "Indexed"), timeout=WAIT_MS)
-    assert dialog.files.files[0]["id"] not in old_ids  # uploaded again
+    (again,) = [f for f in dialog.files.files if (f.get("attributes") or {}).get("path")]
+    assert again["id"] not in old_ids  # uploaded again; the other program's file left alone
 
     dialog.rename_collection("Kitchen")
     qtbot.waitUntil(lambda: dialog.collections.currentItem().text() == "Kitchen", timeout=WAIT_MS)
