@@ -4,10 +4,12 @@ from the engine on a worker; "Manage…" opens the Documents view."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGroupBox, QLabel, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout, QWidget
 
 from app.doc_sync import CHAT_KEY
 from ui.chat_documents import COLLECTIONS_KEY
+from ui.chat_tools_section import GREY
 from ui.workers import FunctionWorker, WorkerSet
 
 
@@ -25,6 +27,9 @@ class ChatDocumentsSection(QGroupBox):
         self._loading = False
         self.list = QListWidget(self)
         self.list.setMaximumHeight(90)
+        palette = self.list.palette()  # checkbox outlines that show on the dark theme (as ui/chat_tools_section.py)
+        palette.setColor(QPalette.Window, QColor(GREY))
+        self.list.setPalette(palette)
         self.list.setToolTip("Tick the collections this chat answers from; the chat's own files (Files…) "
                              "are always used")
         self.note = QLabel(self, wordWrap=True, textFormat=Qt.PlainText)
