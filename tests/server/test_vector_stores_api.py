@@ -50,6 +50,7 @@ def test_every_file_is_indexed_and_counted(indexed):
     assert got.usage_bytes == sum(u.bytes for u in uploaded.values())
     listed = {f.id: f.status for f in client.vector_stores.files.list(store.id)}
     assert listed == {u.id: "completed" for u in uploaded.values()}
+    assert all(f.model_extra["chunks"] >= 1 for f in client.vector_stores.files.list(store.id))  # Ember's count
 
 
 @pytest.mark.parametrize("q", QUESTIONS, ids=[q.filename for q in QUESTIONS])
@@ -71,9 +72,14 @@ def test_files_api_round_trips_and_deleting_a_file_removes_its_chunks(indexed, s
     assert client.files.retrieve(up.id).id == up.id
     assert client.files.content(up.id).read() == f.read_bytes()
     assert up.id in {x.id for x in client.files.list()}
-    vsf = client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=up.id, poll_interval_ms=200)
-    assert vsf.status == "completed"
+    vsf = client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=up.id, poll_interval_ms=200,
+                                                     attributes={"path": str(f)})
+    assert vsf.status == "completed" and vsf.attributes == {"path": str(f)}
     assert client.vector_stores.search(store.id, query="Quillon Street crossing colour").data[0].file_id == up.id
+    r = client.chat.completions.create(model="model.gguf", max_tokens=2, messages=[
+        {"role": "user", "content": "Quillon Street crossing colour?"}],
+        extra_body={"documents": {"vector_store_ids": [store.id], "max_num_results": 1}})
+    assert r.model_extra["sources"][0]["attributes"] == {"path": str(f)}  # where the window finds the file
     assert client.files.delete(up.id).deleted
     hits = client.vector_stores.search(store.id, query="Quillon Street crossing colour").data
     assert up.id not in {h.file_id for h in hits}

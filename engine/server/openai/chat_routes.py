@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.server.chat import ChatChoice, ChatRun, start_chat
 from engine.server.openai import bodies as R
-from engine.server.openai.file_search import add_sources, source_items
+from engine.server.openai.file_search import add_sources
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.sse import SSE_HEADERS, job_events
 
@@ -24,8 +24,8 @@ def build_chat_router() -> APIRouter:
         sources = None
         if body.documents is not None:  # an Ember extension: answer from these vector stores
             docs = body.documents
-            body, hits, _ = await add_sources(request, body, docs.vector_store_ids, docs.max_num_results)
-            sources = source_items(hits)
+            found = await add_sources(request, body, docs.vector_store_ids, docs.max_num_results)
+            body, sources = found.body, found.sources()
         run = await start_chat(request, body, "chatcmpl")
         created, tt = R.now(), R.TokenText(run.engine.tokenizer)
         if body.stream:

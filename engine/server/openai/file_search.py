@@ -9,6 +9,8 @@ is handed than by deciding to call a search tool itself, and it costs one embedd
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 
 from engine.docs.retrieve import Hit
@@ -29,13 +31,27 @@ def _last_user(body: ChatCompletionRequest) -> int:
     raise APIError(400, "documents need a user message to search for", code="invalid_value", param="messages")
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    body: ChatCompletionRequest  # the request with the sources in its last user turn
+    hits: list[Hit]  # the passages given, [1] first
+    query: str  # what was searched: the turn's words
+    attributes: dict[str, dict]  # each file's attributes (the window keeps the local path there)
+
+    def sources(self) -> list[dict]:
+        """The `sources` a reply carries: what [n] in its text refers to."""
+        return [{"index": n, "file_id": h.file_id, "filename": h.filename, "location": h.location, "text": h.text,
+                 "score": round(h.score, 6), "vector_store_id": h.store_id,
+                 "attributes": self.attributes.get(h.file_id, {})} for n, h in enumerate(self.hits, 1)]
+
+
 async def add_sources(request: Request, body: ChatCompletionRequest, store_ids: list[str], top_k: int,
-                      filters: dict | None = None) -> tuple[ChatCompletionRequest, list[Hit], str]:
-    """(the request with the sources in its last user turn, the passages, the query searched)."""
+                      filters: dict | None = None) -> Found:
+    """The stores' passages for the last user turn, put into it (see the module's docstring)."""
     i = _last_user(body)
     msg = body.messages[i]
     question = _text(msg)
-    hits, _ = await search_stores(request, store_ids, question, top_k, filters)
+    hits, attributes = await search_stores(request, store_ids, question, top_k, filters)
     hits = await _fitting(request, body, question, hits)
     messages = list(body.messages)
     if isinstance(msg.content, list) and hits:  # text and images: the sources go before them all
@@ -43,7 +59,7 @@ async def add_sources(request: Request, body: ChatCompletionRequest, store_ids: 
     else:
         content = with_sources(question, hits)
     messages[i] = msg.model_copy(update={"content": content})
-    return body.model_copy(update={"messages": messages}), hits, question
+    return Found(body.model_copy(update={"messages": messages}), hits, question, attributes)
 
 
 def _text(msg) -> str:
@@ -64,12 +80,6 @@ async def _fitting(request: Request, body: ChatCompletionRequest, question: str,
     while hits and used + len(await encode(engine, with_sources(question, hits))) > room:
         hits = hits[:-1]
     return hits
-
-
-def source_items(hits: list[Hit]) -> list[dict]:
-    """The `sources` a reply carries: what [n] in its text refers to."""
-    return [{"index": n, "file_id": h.file_id, "filename": h.filename, "location": h.location, "text": h.text,
-             "score": round(h.score, 6), "vector_store_id": h.store_id} for n, h in enumerate(hits, 1)]
 
 
 def file_search_call(item_id: str, query: str, hits: list[Hit], with_results: bool) -> dict:

@@ -27,9 +27,9 @@ def build_responses_router() -> APIRouter:
     async def create_response(body: ResponsesRequest, request: Request):
         chat, search, hits = body.to_chat(), None, []
         if (tool := body.file_search) is not None:  # searched before the reply: see file_search.py
-            chat, hits, query = await add_sources(request, chat, tool.vector_store_ids, tool.max_num_results,
-                                                  tool.filters)
-            search = file_search_call(new_item_id("fs"), query, hits,
+            found = await add_sources(request, chat, tool.vector_store_ids, tool.max_num_results, tool.filters)
+            chat, hits = found.body, found.hits
+            search = file_search_call(new_item_id("fs"), found.query, hits,
                                       "file_search_call.results" in (body.include or ()))
         run = await start_chat(request, chat, "resp")
         resp = ResponseBody(body, run)

@@ -90,6 +90,7 @@ def store_file_object(sf: StoreFile, usage_bytes: int, progress: tuple[int, int]
             "chunking_strategy": {"type": "static", "static": {"max_chunk_size_tokens": 250,
                                                                 "chunk_overlap_tokens": 0}},
             "attributes": sf.attributes,
+            **({"chunks": sf.chunks} if sf.status == "completed" else {}),  # Ember: passages indexed
             **({"progress": {"chunks_done": progress[0], "chunks_total": progress[1]}} if progress else {})}
 
 
