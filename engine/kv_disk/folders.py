@@ -35,10 +35,12 @@ def _folder(path: Path) -> CacheFolder:
     except OSError:
         model = ""
     try:
-        os.close(lock_folder(path))
+        os.close(lock_folder(path, create=False))
         in_use = False
     except FolderBusy:
         in_use = True
+    except OSError:  # no lock file: no engine holds it (or the folder is going away)
+        in_use = False
     return CacheFolder(path, model, len(files), sum(_size(e) for e in files), in_use)
 
 

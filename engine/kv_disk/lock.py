@@ -17,11 +17,13 @@ class FolderBusy(RuntimeError):
     """Another engine holds this model's folder (or this system has no file locks)."""
 
 
-def lock_folder(folder: Path) -> int:
-    """An open descriptor holding the folder's lock; FolderBusy when another holds it."""
+def lock_folder(folder: Path, create: bool = True) -> int:
+    """An open descriptor holding the folder's lock; FolderBusy when another holds it. Without
+    `create` a folder with no lock file raises FileNotFoundError (a probe must not put one back
+    into a folder that is being deleted)."""
     if fcntl is None:
         raise FolderBusy("this system has no file locks")
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
