@@ -78,7 +78,7 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     g.add_argument("--model", default=d.get("model"), metavar="PATH", help="a .gguf file or GPTQ/AWQ directory")
     p.add_argument("--models-dir", default=d.get("models_dir"), help="the model store (<dir>/<id>/manifest.json)")
     p.add_argument("--docs-dir", default=d.get("docs_dir"), metavar="DIR",
-                   help="the documents store of the Files and Vector Stores API (default: none, those routes answer 503)")
+                   help="the documents store of the Files and Vector Stores API (default: none, those routes answer 404)")
     p.add_argument("--embedding-model", default=d.get("embedding_model"), metavar="ID_OR_PATH",
                    help="the model that embeds documents and queries: an installed id or a GGUF file (default: "
                         "the first installed embedding model)")

@@ -48,8 +48,8 @@ class Documents:
     @property
     def store(self) -> DocStore:
         if self.root is None:
-            raise APIError(503, "this server has no documents folder (start it with --docs-dir)",
-                           code="documents_unavailable")
+            raise APIError(404, "this server keeps no documents: start it with --docs-dir (the desktop app "
+                           "and `ember serve` do)", code="documents_unavailable")
         with self._lock:
             if self._store is None:
                 self._store = DocStore(self.root / DB_NAME)

@@ -73,8 +73,8 @@ def test_fuzz_openapi_no_5xx(server):
 
             try:
                 fuzz()
-            except Unsatisfiable:  # no way to break the schema of an operation without inputs
-                assert mode == GenerationMode.NEGATIVE and op.method.upper() == "GET", op.path
+            except Unsatisfiable:  # no way to break the schema of an operation without inputs (or with a path id only)
+                assert mode == GenerationMode.NEGATIVE and op.method.upper() in ("GET", "DELETE"), op.path
     print(ran)
     for path in ("/v1/chat/completions", "/v1/completions"):
         assert ran.get(f"POST {path} positive", 0) >= 10 and ran.get(f"POST {path} negative", 0) >= 10, ran
