@@ -102,8 +102,7 @@ def _code(text: str, max_chars: int) -> list[Chunk]:
     blocks = [(a, b) for a, b in zip(starts, starts[1:] + [len(lines)]) if a < b]
     out, first, cur = [], 0, ""
     for a, b in blocks:
-        for j, piece in enumerate(_line_runs(lines, a, b, max_chars)):
-            start, body = piece
+        for start, body in _line_runs(lines, a, b, max_chars):
             if cur and len(cur) + 1 + len(body) > max_chars:
                 out.append(Chunk(cur, f"lines {first + 1}-{start}"))
                 cur = ""

@@ -44,6 +44,7 @@ class Documents:
         self._cancel: dict[tuple[str, str], threading.Event] = {}
         self.progress: dict[tuple[str, str], Progress] = {}  # the file being indexed, per store
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # the server is shutting down: a cancelled file stays to do
 
     @property
     def store(self) -> DocStore:
@@ -113,11 +114,10 @@ class Documents:
                 ev.set()
 
     def _work(self) -> None:
-        while True:
-            try:
-                state, loop, store_id, file_id, on_done = self._jobs.get(timeout=5.0)
-            except queue.Empty:
-                return  # idle: the next enqueue starts a new thread
+        """The indexing thread, for the server's life (one that left when idle could leave just as
+        a job came, and the job would wait for the next one)."""
+        while (job := self._jobs.get()) is not None:
+            state, loop, store_id, file_id, on_done = job
             try:
                 self._index_one(state, loop, store_id, file_id)
             except Exception:  # noqa: BLE001 - one file's failure must not stop the others
@@ -143,10 +143,17 @@ class Documents:
             self.store.set_status(store_id, file_id, "failed", e.message)
             return
         indexer = Indexer(self.store, embed, spec.id)
-        indexer.index(store_id, file_id, lambda p: self.progress.__setitem__((store_id, file_id), p), cancel)
+        done = indexer.index(store_id, file_id, lambda p: self.progress.__setitem__((store_id, file_id), p), cancel)
+        if done.status == "cancelled" and self._stopping.is_set():  # not the user's cancel: the server's end
+            self.store.set_status(store_id, file_id, "in_progress")
 
     def close(self) -> None:
+        """At the server's end, on its event loop: the indexing stops between batches (not joined: it
+        may be waiting on this loop); a file cut short keeps its previous chunks and stays
+        `in_progress`, so the next start indexes it again (`resume`)."""
+        self._stopping.set()
         for ev in self._cancel.values():
             ev.set()
-        if self._store is not None:
+        self._jobs.put(None)
+        if self._store is not None and not self.progress:  # a file being indexed still writes its status
             self._store.close()

@@ -179,8 +179,10 @@ def test_an_indexing_file_reports_its_progress_until_done(indexed, tmp_path):
         assert 0 < p["chunks_done"] <= p["chunks_total"]
 
 
-def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(tmp_path, tiny_model_factory):
-    """The engine is killed while a long file indexes; the next engine on the same folder finishes it."""
+@pytest.mark.parametrize("end", ["kill", "stop"])
+def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(tmp_path, tiny_model_factory, end):
+    """The engine is killed (or stopped, as the app's quit does) while a long file indexes; the next
+    engine on the same folder finishes it."""
     root = tmp_path
     minilm_store(root / "models")
     args = (tiny_model_factory(ctx=CTX), root, "--models-dir", str(root / "models"), "--docs-dir", str(root / "docs"))
@@ -193,8 +195,9 @@ def test_a_file_left_indexing_by_a_stopped_engine_is_indexed_on_the_next_start(t
     client.vector_stores.files.create(vector_store_id=store.id, file_id=up.id)
     while "progress" not in (f := client.vector_stores.files.retrieve(file_id=up.id, vector_store_id=store.id)).model_extra:
         assert f.status == "in_progress"
-    proc.proc.kill()  # as a crash: no shutdown at all
-    proc.proc.wait()
+    if end == "kill":  # as a crash: no shutdown at all
+        proc.proc.kill()
+        proc.proc.wait()
     proc.stop()
     proc = start_engine(*args, backend="auto")
     try:

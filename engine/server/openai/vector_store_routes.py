@@ -34,12 +34,8 @@ def _store_or_404(docs, store_id: str):
 
 def _store_body(docs, s) -> dict:
     files = docs.store.store_files(s.id)
-    usage = sum((docs.store.file(sf.file_id) or _Zero).bytes for sf in files if sf.status == "completed")
-    return store_object(s, files, usage)
-
-
-class _Zero:
-    bytes = 0
+    done = [docs.store.file(sf.file_id) for sf in files if sf.status == "completed"]
+    return store_object(s, files, sum(f.bytes for f in done if f is not None))
 
 
 def _attach(request: Request, store_id: str, file_ids: list[str], attributes: dict | None) -> None:
