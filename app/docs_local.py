@@ -16,8 +16,6 @@ import numpy as np
 
 from app.settings import Settings
 
-DB_NAME = "documents.sqlite3"  # as engine/server/documents.py names it
-MAX_CONTEXT = 8192  # engine/server/embeddings.py: an embeddings context is never larger
 
 
 class NoEmbedder(SystemExit):
@@ -32,7 +30,7 @@ class EmbeddingModel:
 
 
 def open_store(settings: Settings):
-    from engine.docs.store import DocStore
+    from engine.docs.store import DB_NAME, DocStore
 
     return DocStore(settings.docs_dir / DB_NAME)
 
@@ -90,6 +88,7 @@ class LocalEmbedder:
     def __init__(self, model: EmbeddingModel, threads: int | None = None) -> None:
         self.model, self.threads = model, threads or os.cpu_count() or 1
         from engine.model_files.footprint import default_context
+        from engine.server.embeddings import MAX_CONTEXT
 
         self.n_ctx = min(default_context(model.context_length or 512), MAX_CONTEXT)  # the engine's context
         self._embedder = None

@@ -104,13 +104,14 @@ def run(args) -> int:
 
 
 def _chunks(docs_dir: Path) -> int:
-    import apsw
+    """The document's chunks, as the engine's store counted them."""
+    from engine.docs.store import DB_NAME, DocStore
 
-    db = apsw.Connection(str(docs_dir / "documents.sqlite3"))
+    store = DocStore(docs_dir / DB_NAME)
     try:
-        return db.execute("SELECT MAX(chunks) FROM store_files").fetchall()[0][0] or 0
+        return max((sf.chunks for s in store.stores() for sf in store.store_files(s.id)), default=0)
     finally:
-        db.close()
+        store.close()
 
 
 def register(bench_sub) -> None:

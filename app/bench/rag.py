@@ -105,13 +105,13 @@ def run(args) -> int:
     from app.bench.rag_sets import asked_set, kit_set, pydoc_set
     from app.docs_local import LocalEmbedder, embedding_model
     from app.settings import Settings
-    from engine.docs.store import DocStore
+    from engine.docs.store import DB_NAME, DocStore
 
     model = embedding_model(Settings.load(), args.embedding_model)
     embed = LocalEmbedder(model, args.threads)
     embed(["warm up"])
     tmp = Path(tempfile.mkdtemp(prefix="ember-bench-rag-"))
-    store = DocStore(tmp / "documents.sqlite3")
+    store = DocStore(tmp / DB_NAME)
     sets = [pydoc_set(tmp / "pydoc", args.topics)] if "pydoc" in args.sets else []
     kit = kit_set(tmp / "kit") if "kit" in args.sets else None
     sets += [kit] if kit is not None else []

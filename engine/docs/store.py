@@ -24,6 +24,8 @@ import numpy as np
 
 from engine.docs.chunk import Chunk
 
+DB_NAME = "documents.sqlite3"  # in the data folder's documents/: the engine and the CLI open the same one
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files(id TEXT PRIMARY KEY, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
     sha256 TEXT NOT NULL, purpose TEXT NOT NULL, created_at INTEGER NOT NULL, path TEXT NOT NULL,

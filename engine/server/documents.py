@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.docs.indexer import Indexer, Progress
-from engine.docs.store import DocStore
+from engine.docs.store import DB_NAME, DocStore
 from engine.model_files.architectures import embeds_only
 from engine.model_files.meta import read_meta
 from engine.server.embeddings import l2_normalize
@@ -31,7 +31,6 @@ from engine.service.handle import KEEP_DEFAULT
 from engine.service.served_model import ModelSpec
 
 log = logging.getLogger(__name__)
-DB_NAME = "documents.sqlite3"
 
 
 class Documents:
@@ -44,7 +43,6 @@ class Documents:
         self._cancel: dict[tuple[str, str], threading.Event] = {}
         self.progress: dict[tuple[str, str], Progress] = {}  # the file being indexed, per store
         self._lock = threading.Lock()
-        self._stopping = threading.Event()  # the server is shutting down: a cancelled file stays to do
 
     @property
     def store(self) -> DocStore:
@@ -74,10 +72,11 @@ class Documents:
                        "sentence-transformers model) or start the server with --embedding-model",
                        code="no_embedding_model")
 
-    async def embed(self, state, texts: list[str], background: bool = False) -> tuple[np.ndarray, str]:
-        """(L2-normalised vectors [n, dim], the embedder's id). Inputs longer than the embedder's
-        context keep their first tokens (a chunk is sized to fit; a long query is cut)."""
-        spec = self.embedder(state)
+    async def embed(self, state, texts: list[str], background: bool = False,
+                    spec: ModelSpec | None = None) -> tuple[np.ndarray, str]:
+        """(L2-normalised vectors [n, dim], the embedder's id: `spec`, else `embedder`'s). Inputs longer
+        than the embedder's context keep their first tokens (a chunk is sized to fit; a long query is cut)."""
+        spec = spec or self.embedder(state)
         thread = state.engine_thread
         loaded = await acquire(thread, spec, KEEP_DEFAULT)
         try:
@@ -133,27 +132,22 @@ class Documents:
         cancel = self._cancel.get((store_id, file_id)) or threading.Event()
         if cancel.is_set() or self.store.store_file(store_id, file_id) is None:
             return  # cancelled or removed while it waited
-
-        def embed(texts: list[str]) -> np.ndarray:
-            return asyncio.run_coroutine_threadsafe(self.embed(state, texts, background=True), loop).result()[0]
-
         try:
             spec = self.embedder(state)
         except APIError as e:
             self.store.set_status(store_id, file_id, "failed", e.message)
             return
+
+        def embed(texts: list[str]) -> np.ndarray:
+            job = self.embed(state, texts, background=True, spec=spec)
+            return asyncio.run_coroutine_threadsafe(job, loop).result()[0]
         indexer = Indexer(self.store, embed, spec.id)
-        done = indexer.index(store_id, file_id, lambda p: self.progress.__setitem__((store_id, file_id), p), cancel)
-        if done.status == "cancelled" and self._stopping.is_set():  # not the user's cancel: the server's end
-            self.store.set_status(store_id, file_id, "in_progress")
+        indexer.index(store_id, file_id, lambda p: self.progress.__setitem__((store_id, file_id), p), cancel)
 
     def close(self) -> None:
-        """At the server's end, on its event loop: the indexing stops between batches (not joined: it
-        may be waiting on this loop); a file cut short keeps its previous chunks and stays
-        `in_progress`, so the next start indexes it again (`resume`)."""
-        self._stopping.set()
-        for ev in self._cancel.values():
-            ev.set()
+        """At the server's end, on its event loop. A file being indexed is not cancelled (that would
+        mark it `cancelled`, the user's word): it stays `in_progress`, its previous chunks whole, and
+        the next start indexes it again (`resume`). The thread is not joined: it may wait on this loop."""
         self._jobs.put(None)
         if self._store is not None and not self.progress:  # a file being indexed still writes its status
             self._store.close()

@@ -180,13 +180,19 @@ def test_indexing_is_incremental_and_a_removed_file_leaves_no_chunk(embed, tmp_p
     assert search(again, [s.id], "Oolvar seaweed", None, mode="bm25")[0].filename == "garden_notes.docx"
 
 
-def test_the_vectors_are_cosine_neighbours(embed, tmp_path):
-    fn, name = embed
+def _indexed_corpus(fn, name: str, tmp_path):
+    """(store, collection) with tests/docs_kit.py's corpus indexed by `fn`."""
     store = DocStore(tmp_path / "d.sqlite3")
     s = store.create_store("one")
     ix = Indexer(store, fn, name)
     for p in write_corpus(tmp_path / "c"):
         ix.index(s.id, ix.add_path(s.id, p).id)
+    return store, s
+
+
+def test_the_vectors_are_cosine_neighbours(embed, tmp_path):
+    fn, name = embed
+    store, s = _indexed_corpus(fn, name, tmp_path)
     q = fn(["Who kept the lighthouse in 1911?"])[0]
     hits = search(store, [s.id], "", q, top_k=50, mode="vector")
     texts = [h.text for h in hits]
@@ -236,11 +242,7 @@ def test_a_new_embedding_model_embeds_the_store_again(embed, tmp_path):
         return np.stack([l2_normalize(tiny.embed(tiny.tokenize(t)[:MAX_POS])) for t in texts])
 
     fn, name = embed
-    store = DocStore(tmp_path / "d.sqlite3")
-    s = store.create_store("one")
-    ix = Indexer(store, fn, name)
-    for p in write_corpus(tmp_path / "c"):
-        ix.index(s.id, ix.add_path(s.id, p).id)
+    store, s = _indexed_corpus(fn, name, tmp_path)
     assert (store.store(s.id).embed_model, store.store(s.id).dim) == (name, 384)
     n = _rows(store)[0]
     done = Indexer(store, tiny_embed, "tiny-bert").sync(s.id)
