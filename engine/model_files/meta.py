@@ -86,6 +86,9 @@ def _gguf_meta(path: Path, header: GGUFFile) -> ModelMeta:
     if head_dim is None and emb and n_heads:
         head_dim = emb // n_heads
     num_layers = _scalar_max(field(f"{arch}.block_count"))
+    if num_layers is not None and not 0 <= num_layers <= len(tensors):  # every layer has tensors of its own
+        raise ModelFileError(f"{path}: implausible {arch}.block_count {num_layers} for a file of "
+                             f"{len(tensors)} tensors")
     window, windowed = _sliding_window(arch, field, num_layers or 0)
     name = field("general.name")
     return ModelMeta(

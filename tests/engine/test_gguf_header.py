@@ -72,6 +72,12 @@ def test_corrupt_headers_raise_clear_errors(tmp_path):
             read_gguf_meta(bad)
         except ModelFileError:
             pass
+    data = bytearray(good)  # a layer count no file could hold: refused, not a 2**31-entry tuple
+    at = good.index(b"llama.block_count") + len(b"llama.block_count") + 4  # after the key, its type
+    data[at:at + 4] = (2**31 - 2).to_bytes(4, "little")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="implausible llama.block_count 2147483646"):
+        read_gguf_meta(bad)
     data = bytearray(good)
     data[8:16] = (2**60).to_bytes(8, "little")  # absurd tensor count: refused before any allocation
     bad.write_bytes(bytes(data))
