@@ -67,7 +67,7 @@ def chat_markdown(chat: Any, messages: list[Any], image_folder: str = "") -> str
             lines += [f"> _Thought{took}:_", ">"] + [f"> {line}".rstrip() for line in m.reasoning.splitlines()] + [""]
         if m.content.strip():
             lines += [m.content.rstrip(), ""]
-        lines += [f"![{_alt(ref.name)}](<{image_folder}/{ref.file_name}>)" for ref in m.images]
+        lines += [f"![{image_alt(ref.name)}](<{image_folder}/{ref.file_name}>)" for ref in m.images]
         lines += [""] if m.images else []
         for step in m.tool_steps:
             lines += [part for block in step_markdown(step) for part in (block, "")]
@@ -76,7 +76,7 @@ def chat_markdown(chat: Any, messages: list[Any], image_folder: str = "") -> str
     return "\n".join(lines)
 
 
-def _alt(name: str) -> str:
+def image_alt(name: str) -> str:
     """An image's file name as a link's alt text (brackets would end it early)."""
     return re.sub(r"[\[\]\\]", "", " ".join(name.split())) or "image"
 

@@ -125,7 +125,8 @@ class MainWindow(QMainWindow):
         return view
 
     def export_chat(self, chat_id: int, path: Path, fmt: str) -> None:
-        text = self.chat_store.export_markdown(chat_id) if fmt == "md" else self.chat_store.export_json(chat_id)
+        store = self.chat_store  # a Markdown export copies the chat's images beside the file
+        text = store.export_markdown(chat_id, Path(path)) if fmt == "md" else store.export_json(chat_id)
         try:
             Path(path).write_text(text, encoding="utf-8")
         except OSError as e:
