@@ -23,8 +23,8 @@ FILTER = "Images (*.png *.jpg *.jpeg *.webp)"
 
 
 def blind_words(name: str) -> str:
-    return (f"{name} cannot see images: it has no vision projector (mmproj). Choose a vision model for "
-            "this chat to send images.")
+    return (f"{name} cannot see images: it has no vision projector (mmproj).\n"
+            "Choose a vision model for this chat to send images.")
 
 
 def png_bytes(image: QImage) -> bytes:
@@ -70,6 +70,7 @@ class ChatImages(QObject):
         self.button.clicked.connect(self.choose_files)
         view.buttons_row.insertWidget(2, self.button)
         view.input.images_pasted.connect(self.add_mime)
+        view.actions.edit_requested.connect(self.put_back)
         for w in (view.input, view.transcript.viewport()):
             w.installEventFilter(self)  # after the documents' filter, so this one sees a drop first
         view.transcript.image_source = self.transcript_image
@@ -96,8 +97,12 @@ class ChatImages(QObject):
         words = blind_words(self.view.engine.model_names.get(self._model, self._model)) if blind else ""
         self.button.setEnabled(not blind)
         self.button.setToolTip(words or ATTACH_TIP)
-        self._blind = words if self.pending else ""
+        self._blind = words if self.pending or self._blind else ""  # said until the model can see
         self._show()
+
+    def image_uri(self):
+        """How the request sends a message's images (None: as text alone, to a model that cannot see)."""
+        return None if self.can_see() is False else self.view.chat_store.images.data_uri
 
     def ready_to_send(self) -> bool:
         """False (the reason shown) when images wait and the chat's model cannot see them."""
@@ -125,9 +130,8 @@ class ChatImages(QObject):
     def add(self, images: list[tuple[bytes, str]]) -> None:
         """Put images under the message box; one that is not an image (or a blind model) says so instead."""
         if self.can_see() is False and images:
+            self._blind = "…"  # refresh() words it
             self.refresh()
-            self._problem = self.button.toolTip()
-            self._show()
             return
         self._problem = ""
         for data, name in images:
@@ -137,6 +141,11 @@ class ChatImages(QObject):
                 self.pending.append((data, name))
         self.strip.set_images(self.pending)
         self._show()
+
+    def put_back(self, _text: str, refs: list[ImageRef]) -> None:
+        """A question taken back to edit keeps its images under the message box (those still on disk)."""
+        folder = self.view.chat_store.images
+        self.add([(data, r.name) for r in refs if (data := folder.read(r)) is not None])
 
     def remove(self, index: int) -> None:
         if 0 <= index < len(self.pending):
@@ -161,7 +170,7 @@ class ChatImages(QObject):
         return refs
 
     def _show(self) -> None:
-        text = self._blind or self._problem
+        text = (self._blind or self._problem).replace("\n", " ")
         self.line.setText(text)
         self.line.setVisible(bool(text))
 

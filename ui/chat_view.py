@@ -84,7 +84,7 @@ class ChatView(QWidget):
         self.actions = MessageActions(self.transcript, chat_store, versions, lambda: self.is_streaming, self.stop,
                                       parent=self)
         self.transcript.action_requested.connect(self.actions.run)
-        self.actions.edit_requested.connect(lambda text: put_back(self, text))
+        self.actions.edit_requested.connect(lambda text, _images: put_back(self, text))  # images: ui/chat_images.py
         self.actions.continue_requested.connect(self.continue_reply)
         self.docs = ChatDocuments(self)  # its files and collections: `documents` in its requests, sources back
         self.images = ChatImages(self)  # the pictures of the message being written, kept with it once sent
@@ -147,7 +147,7 @@ class ChatView(QWidget):
         if settings.get("speculative") is False and (not self.engine.is_remote
                                                      or "speculative" in self.engine.last_status):
             sampling["speculative"] = "off"  # this chat opted out (other servers may not know the field)
-        history = api_messages(self.transcript.messages, system, self.chat_store.images.data_uri)
+        history = api_messages(self.transcript.messages, system, self.images.image_uri())
         sampling["documents"] = self.docs.request_field()
         if continuing is None:
             self._reply = TranscriptMessage("assistant", "", "streaming")

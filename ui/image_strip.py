@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QImage, QPixmap
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QToolButton, QWidget
 
 STRIP_PX = 64  # a pending image's thumbnail, at most this wide and high
 TRANSCRIPT_PX = 160  # a sent image's, in the transcript
@@ -49,15 +49,14 @@ class ImageStrip(QWidget):
     def _tile(self, index: int, data: bytes, name: str) -> QFrame:
         tile = QFrame(self, objectName="pendingImage", frameShape=QFrame.StyledPanel)
         tile.setToolTip(name or "Pasted image")
-        layout = QVBoxLayout(tile)
+        layout = QGridLayout(tile)  # the × over the picture's corner: both in the one cell
         layout.setContentsMargins(2, 2, 2, 2)
-        layout.setSpacing(0)
         remove = QToolButton(tile, text="×", objectName="removeImage", autoRaise=True)
         remove.setToolTip(f"Remove {name or 'this image'}")
         remove.setAccessibleName(f"Remove {name or 'image'}")
         remove.setFocusPolicy(Qt.TabFocus)
+        remove.setStyleSheet("QToolButton { background: palette(base); border-radius: 9px; padding: 0 4px; }")
         remove.clicked.connect(lambda: self.removed.emit(index))
-        layout.addWidget(remove, 0, Qt.AlignRight)
         picture = QLabel(tile, objectName="pendingImagePicture", alignment=Qt.AlignCenter)
         image = thumbnail(data, STRIP_PX)
         picture.setFixedSize(STRIP_PX, STRIP_PX)
@@ -66,5 +65,7 @@ class ImageStrip(QWidget):
         else:
             picture.setText("?")
         picture.setAccessibleName(name or "Pasted image")
-        layout.addWidget(picture)
+        layout.addWidget(picture, 0, 0)
+        layout.addWidget(remove, 0, 0, Qt.AlignTop | Qt.AlignRight)
+        remove.raise_()
         return tile

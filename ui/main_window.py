@@ -199,6 +199,7 @@ class MainWindow(QMainWindow):
         if view is not None:
             self.chat_store.set_chat_model(view.chat_id, model or None)
             self._show_chat_settings(view)
+            view.images.refresh()  # the attach button follows whether the new model can see
 
     def _on_reply_started(self, chat_id: int) -> None:
         self.chat_list.set_streaming(chat_id, True)

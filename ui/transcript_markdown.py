@@ -49,7 +49,7 @@ def _written_by(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
 
 
 def _actions(m: TranscriptMessage, i: int, names: dict[str, str], last: bool) -> str:
-    links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")]
+    links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")] if m.content or m.reasoning else []
     if m.role == "user":
         links.append(_link("edit", i, "Edit & resend"))
     if m.out_of_budget and last:

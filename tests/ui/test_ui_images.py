@@ -131,6 +131,9 @@ def test_images_pasted_and_dropped_are_sent_kept_and_shown_after_a_restart(qtbot
         first = view.transcript.messages[0]
         assert [r.name for r in first.images] == ["", "noise.png"]
         assert all(drawn(view, r.sha256) for r in first.images)
+        view.actions.edit(0)  # Edit & resend: the question back in the box, its pictures under it again
+        assert view.input.toPlainText() == "What is in these pictures?"
+        assert [name for _, name in view.images.pending] == ["", "noise.png"] and view.images.strip.isVisible()
 
 
 def test_a_chat_whose_model_cannot_see_says_so_before_sending(qtbot, vision_engine):
@@ -146,6 +149,7 @@ def test_a_chat_whose_model_cannot_see_says_so_before_sending(qtbot, vision_engi
         view.input.insertFromMimeData(mime)  # a paste
         assert view.images.pending == [] and view.images.line.isVisible()
         assert "no vision projector" in view.images.line.text()
+        assert view.images.image_uri() is None  # earlier turns' images go to it as their text alone
 
         app.chat_store.set_chat_model(view.chat_id, VLM)  # a vision model: images go in; back to blind: refused
         view.images.refresh()
