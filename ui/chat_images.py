@@ -12,6 +12,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QEvent, QIODevice, QObject, Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog, QLabel, QToolButton, QWidget
 
+from app.history import HistoryError
 from app.history_images import ImageError, ImageRef, is_image_path, sniff_mime
 from app.model_kind import sees_images
 from ui.chat_documents import RED, dropped_files
@@ -79,7 +80,11 @@ class ChatImages(QObject):
 
     # ---- can the chat's model see? ----
     def model(self) -> str | None:
-        return self.view.chat_store.get_chat(self.view.chat_id).model or self.view.engine.serving_model
+        try:
+            own = self.view.chat_store.get_chat(self.view.chat_id).model
+        except HistoryError:  # the chat was just deleted; its view goes at the next turn of the loop
+            return None
+        return own or self.view.engine.serving_model
 
     def can_see(self) -> bool | None:
         """True or False for an installed model (its manifest's projector); None when unknown (a
