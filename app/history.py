@@ -152,9 +152,11 @@ class ChatStore:
                        (_dump_settings(merged), time.time(), chat_id))
 
     def delete_chat(self, chat_id: int) -> None:
-        with self._tx() as db:  # messages go with it (ON DELETE CASCADE)
+        with self._tx() as db:  # messages go with it (ON DELETE CASCADE), and the pictures no other chat holds
             if db.execute("DELETE FROM chats WHERE id=?", (chat_id,)).rowcount == 0:
                 raise HistoryError(f"no chat with id {chat_id}")
+            held = db.execute("SELECT images FROM messages WHERE images IS NOT NULL").fetchall()
+        self.images.sweep({ref.sha256 for (text,) in held for ref in images_from_json(text)})
 
     def _update_chat(self, chat_id: int, assignment: str, value: Any) -> None:
         with self._tx() as db:

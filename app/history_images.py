@@ -96,6 +96,15 @@ class ImageFolder:
         data = self.read(ref)
         return None if data is None else f"data:{ref.mime};base64," + base64.b64encode(data).decode("ascii")
 
+    def sweep(self, keep: set[str]) -> int:
+        """Delete the images whose hash is not in `keep` (no message holds them now); returns how many."""
+        gone = 0
+        for path in self.folder.glob("*.*") if self.folder.is_dir() else ():
+            if _is_sha256(path.stem) and path.stem not in keep:
+                path.unlink(missing_ok=True)
+                gone += 1
+        return gone
+
     def copy_beside(self, refs: list[ImageRef], markdown_path: Path) -> str:
         """Copy `refs` into `<stem>_images/` next to an exported Markdown file; return that folder's name
         (the relative prefix its links use). Files already gone are skipped."""

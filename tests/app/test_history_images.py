@@ -101,4 +101,11 @@ def test_the_markdown_export_links_copies_beside_it_and_json_carries_them(tmp_pa
     assert doc["messages"][0]["images"][0]["sha256"] == red.sha256
     again = store.import_json(store.export_json(chat))
     assert store.messages(again)[0].images == [red, blue]
+
+    store.add_message(again, "user", "only blue", images=[blue])
+    store.delete_chat(chat)  # the copy still holds both: nothing goes
+    assert store.images.path(red).is_file() and store.images.path(blue).is_file()
+    store.delete_message(store.messages(again)[0].id)
+    store.delete_chat(again)  # the last chat that held them: their files go with it
+    assert not store.images.path(red).exists() and not store.images.path(blue).exists()
     store.close()
