@@ -21,6 +21,7 @@ from typing import Any
 from app.agent.steps import ToolStep, steps_from_json, steps_json
 from app.doc_sources import Source, parse_sources, sources_from_json, sources_json
 from app.history_export import chat_markdown
+from app.history_images import ImageFolder, ImageRef, images_from_json, images_json
 from app.history_schema import (ROLES, SCHEMA_VERSION, STATUSES, calls_from_json, calls_json, notices_from_json,
                                 open_history)
 
@@ -59,6 +60,7 @@ class Message:
     tool_steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for it, with results
     notices: list[str] = field(default_factory=list)  # what the chat said about it (a server that failed)
     sources: list[Source] = field(default_factory=list)  # the passages of the user's documents it was given
+    images: list[ImageRef] = field(default_factory=list)  # the pictures of a user's message (app/history_images.py)
 
 
 class ChatStore:
@@ -67,6 +69,7 @@ class ChatStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db = open_history(self.path)  # autocommit: transactions are explicit (BEGIN IMMEDIATE in _tx)
+        self.images = ImageFolder(self.path.parent / "images")  # the messages' pictures, by the hash of their bytes
         self.repaired = self.repair_interrupted() if repair else 0
 
     # ---- plumbing ----
@@ -149,9 +152,11 @@ class ChatStore:
                        (_dump_settings(merged), time.time(), chat_id))
 
     def delete_chat(self, chat_id: int) -> None:
-        with self._tx() as db:  # messages go with it (ON DELETE CASCADE)
+        with self._tx() as db:  # messages go with it (ON DELETE CASCADE), and the pictures no other chat holds
             if db.execute("DELETE FROM chats WHERE id=?", (chat_id,)).rowcount == 0:
                 raise HistoryError(f"no chat with id {chat_id}")
+            held = db.execute("SELECT images FROM messages WHERE images IS NOT NULL").fetchall()
+        self.images.sweep({ref.sha256 for (text,) in held for ref in images_from_json(text)})
 
     def _update_chat(self, chat_id: int, assignment: str, value: Any) -> None:
         with self._tx() as db:
@@ -161,13 +166,14 @@ class ChatStore:
 
     # ---- messages ----
     def add_message(self, chat_id: int, role: str, content: str, status: str = "done",
-                    tok_s: float | None = None, ttft: float | None = None) -> int:
+                    tok_s: float | None = None, ttft: float | None = None, images: list[ImageRef] | None = None) -> int:
         _check(role=role, status=status)
         now = time.time()
         with self._tx() as db:
             try:
-                cur = db.execute("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft)"
-                                 " VALUES (?,?,?,?,?,?,?)", (chat_id, role, str(content), status, now, tok_s, ttft))
+                cur = db.execute("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft, images)"
+                                 " VALUES (?,?,?,?,?,?,?,?)",
+                                 (chat_id, role, str(content), status, now, tok_s, ttft, images_json(images)))
             except sqlite3.IntegrityError:
                 raise HistoryError(f"no chat with id {chat_id}") from None
             db.execute("UPDATE chats SET updated_at=? WHERE id=?", (now, chat_id))
@@ -222,9 +228,14 @@ class ChatStore:
                 "SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,))]
 
     # ---- export / import ----
-    def export_markdown(self, chat_id: int) -> str:
-        """The chat as Markdown (app/history_export.py), its tool calls with their arguments and results."""
-        return chat_markdown(self.get_chat(chat_id), self.messages(chat_id))
+    def export_markdown(self, chat_id: int, path: Path | None = None) -> str:
+        """The chat as Markdown (app/history_export.py), its tool calls with their arguments and results.
+        With `path` (where the text will be written) its images are copied into `<stem>_images/` beside
+        it and linked by relative paths; without, linked where this store keeps them."""
+        messages = self.messages(chat_id)
+        refs = [r for m in messages for r in m.images]
+        folder = self.images.copy_beside(refs, path) if path is not None and refs else self.images.folder.as_uri()
+        return chat_markdown(self.get_chat(chat_id), messages, folder)
 
     def export_json(self, chat_id: int) -> str:
         chat = self.get_chat(chat_id)
@@ -251,11 +262,12 @@ class ChatStore:
                               float(doc.get("created_at", now)), now))
             chat_id = int(cur.lastrowid)
             db.executemany("INSERT INTO messages(chat_id, role, content, status, created_at, tok_s, ttft, reasoning,"
-                           " thought_s, tool_steps, sources) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                           " thought_s, tool_steps, sources, images) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                            [(chat_id, m["role"], str(m["content"]), m.get("status", "done"),
                              float(m.get("created_at", now)), m.get("tok_s"), m.get("ttft"),
                              str(m.get("reasoning") or ""), m.get("thought_s"), s,
-                             sources_json(parse_sources(m.get("sources")))) for m, s in zip(messages, steps)])
+                             sources_json(parse_sources(m.get("sources"))), images_json(images_from_json(m.get("images"))))
+                            for m, s in zip(messages, steps)])
             return chat_id
 
 
@@ -281,4 +293,4 @@ def _message(row: sqlite3.Row) -> Message:
     return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
                    row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"],
                    calls_from_json(row["tool_calls"]), steps_from_json(row["tool_steps"]), notices_from_json(row["notices"]),
-                   sources_from_json(row["sources"]))
+                   sources_from_json(row["sources"]), images_from_json(row["images"]))

@@ -50,8 +50,9 @@ def step_markdown(step: ToolStep) -> list[str]:
             f"Result{note}:", fenced(step.result)]
 
 
-def chat_markdown(chat: Any, messages: list[Any]) -> str:
-    """`chat` a history Chat, `messages` its Messages (app/history.py)."""
+def chat_markdown(chat: Any, messages: list[Any], image_folder: str = "") -> str:
+    """`chat` a history Chat, `messages` its Messages (app/history.py); each image is linked as
+    `image_folder/<its file>` (a folder beside the export, or the store's own as a file URI)."""
     lines = [f"# {chat.title}", ""]
     meta = [f"Model: {chat.model}"] if chat.model else []
     meta.append("Created: " + time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.created_at)))
@@ -66,11 +67,18 @@ def chat_markdown(chat: Any, messages: list[Any]) -> str:
             lines += [f"> _Thought{took}:_", ">"] + [f"> {line}".rstrip() for line in m.reasoning.splitlines()] + [""]
         if m.content.strip():
             lines += [m.content.rstrip(), ""]
+        lines += [f"![{image_alt(ref.name)}](<{image_folder}/{ref.file_name}>)" for ref in m.images]
+        lines += [""] if m.images else []
         for step in m.tool_steps:
             lines += [part for block in step_markdown(step) for part in (block, "")]
         lines += [f"> {notice}" for notice in m.notices] + ([""] if m.notices else [])
         lines += sources_markdown(m.sources)
     return "\n".join(lines)
+
+
+def image_alt(name: str) -> str:
+    """An image's file name as a link's alt text (brackets would end it early)."""
+    return re.sub(r"[\[\]\\]", "", " ".join(name.split())) or "image"
 
 
 def sources_markdown(sources: list[Any]) -> list[str]:

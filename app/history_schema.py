@@ -8,9 +8,9 @@ from pathlib import Path
 
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("done", "streaming", "error", "stopped")
-SCHEMA_VERSION = 5  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and
+SCHEMA_VERSION = 6  # 2: a reply's reasoning and how long the model thought; 3: its model, finish reason and
 # tool calls; 4: the calls an agent ran for it, with their results (tool_steps), and its notices;
-# 5: the passages of the user's documents it was given (sources)
+# 5: the passages of the user's documents it was given (sources); 6: a message's images (app/history_images.py)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS chats (
@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS messages (
     tool_calls TEXT,                     -- JSON list of {"name", "arguments"}: the calls a reply made
     tool_steps TEXT,                     -- JSON list of ToolStep (app/agent/steps.py): the calls run, and results
     notices TEXT,                        -- JSON list of lines the chat said about the reply (a server that failed)
-    sources TEXT                         -- JSON list of Source (app/doc_sources.py): the passages it was given
+    sources TEXT,                        -- JSON list of Source (app/doc_sources.py): the passages it was given
+    images TEXT                          -- JSON list of ImageRef (app/history_images.py): the pictures it holds
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
@@ -47,7 +48,7 @@ CREATE INDEX IF NOT EXISTS chats_by_update ON chats(updated_at);
 # Columns added since schema 1, for files written before them: (name, declaration).
 _ADDED_COLUMNS = (("reasoning", "TEXT NOT NULL DEFAULT ''"), ("thought_s", "REAL"), ("model", "TEXT"),
                   ("finish_reason", "TEXT"), ("tool_calls", "TEXT"), ("tool_steps", "TEXT"), ("notices", "TEXT"),
-                  ("sources", "TEXT"))
+                  ("sources", "TEXT"), ("images", "TEXT"))
 
 
 def open_history(path: Path) -> sqlite3.Connection:

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from app.store import ModelStore
 from engine.model_files.chat_layout import completion_only
 
 log = logging.getLogger(__name__)
@@ -31,3 +32,13 @@ def is_completion_model(path: str | Path, custom_template: bool = False) -> bool
     except OSError:
         return False
     return not custom_template and _completion_only(str(path), mtime)
+
+
+def sees_images(models_dir: Path, model_id: str | None) -> bool | None:
+    """Whether an installed model takes images: True when its manifest names its vision projector
+    (`mmproj`) and the file is there, False when it names none; None when the store does not know the
+    model (a file served by path, a remote server's), so the server's answer decides."""
+    manifest = ModelStore(Path(models_dir)).get(model_id) if model_id else None
+    if manifest is None:
+        return None
+    return bool(manifest.mmproj) and Path(manifest.mmproj).is_file()

@@ -18,7 +18,8 @@ def add_buttons(view: QWidget) -> QHBoxLayout:
     view.regenerate_button.setToolTip("Write the last reply again (Ctrl+R)")
     view.stop_button.setToolTip("Stop the reply (Esc)")
     view.send_button.setToolTip("Send the message (Enter)")
-    row = view.buttons_row = QHBoxLayout()  # ui/chat_documents.py adds its Files… button here
+    row = view.buttons_row = QHBoxLayout()  # ui/chat_documents.py adds its Files… button here, ui/chat_images.py
+    row.setSpacing(4)  # its picture button: the row of seven still fits a narrow window (under 760 px)
     row.addWidget(view.info_label, 1)
     view.attach_button = None
     if view.agent.tools is not None:  # MCP resources into the message (ui/resource_attach.py)

@@ -21,6 +21,7 @@ from app.sampling_defaults import effective_settings, request_fields
 from ui.agent_turn import AgentTurn, Approver, close_steps
 from ui.chat_buttons import add_buttons, keep_typing_focus, put_back
 from ui.chat_documents import ChatDocuments
+from ui.chat_images import ChatImages
 from ui.engine_controller import EngineController
 from ui.error_words import reply_error_text
 from ui.message_actions import MessageActions, keep_versions
@@ -83,9 +84,10 @@ class ChatView(QWidget):
         self.actions = MessageActions(self.transcript, chat_store, versions, lambda: self.is_streaming, self.stop,
                                       parent=self)
         self.transcript.action_requested.connect(self.actions.run)
-        self.actions.edit_requested.connect(lambda text: put_back(self, text))
+        self.actions.edit_requested.connect(lambda text, _images: put_back(self, text))  # images: ui/chat_images.py
         self.actions.continue_requested.connect(self.continue_reply)
         self.docs = ChatDocuments(self)  # its files and collections: `documents` in its requests, sources back
+        self.images = ChatImages(self)  # the pictures of the message being written, kept with it once sent
         self._load()
 
     # ---- public API (tests drive these, as a user would through the buttons) ----
@@ -95,12 +97,14 @@ class ChatView(QWidget):
 
     def send(self, text: str) -> None:
         text = text.strip()
-        if not text or self.is_streaming or not self.docs.ready_to_send():
+        if not (text or self.images.pending) or self.is_streaming or not self.docs.ready_to_send() \
+                or not self.images.ready_to_send():
             return
         self.input.clear()
-        msg_id = self.chat_store.add_message(self.chat_id, "user", text)
-        self.transcript.messages.append(TranscriptMessage("user", text, msg_id=msg_id))
-        self._maybe_title_from(text)
+        images = self.images.take()
+        msg_id = self.chat_store.add_message(self.chat_id, "user", text, images=images)
+        self.transcript.messages.append(TranscriptMessage("user", text, msg_id=msg_id, images=images))
+        self._maybe_title_from(text or "Image")
         self._start_reply(new_message=True)
 
     def stop(self) -> None:
@@ -143,7 +147,7 @@ class ChatView(QWidget):
         if settings.get("speculative") is False and (not self.engine.is_remote
                                                      or "speculative" in self.engine.last_status):
             sampling["speculative"] = "off"  # this chat opted out (other servers may not know the field)
-        history = api_messages(self.transcript.messages, system)
+        history = api_messages(self.transcript.messages, system, self.images.image_uri())
         sampling["documents"] = self.docs.request_field()
         if continuing is None:
             self._reply = TranscriptMessage("assistant", "", "streaming")
@@ -282,8 +286,7 @@ class ChatView(QWidget):
         self.update_buttons()
 
     def _maybe_title_from(self, text: str) -> None:
-        chat = self.chat_store.get_chat(self.chat_id)
-        if (chat.title or DEFAULT_TITLE) == DEFAULT_TITLE:
+        if (self.chat_store.get_chat(self.chat_id).title or DEFAULT_TITLE) == DEFAULT_TITLE:
             title = " ".join(text.split())[:48] or DEFAULT_TITLE
             self.chat_store.rename_chat(self.chat_id, title)
             self.title_changed.emit(self.chat_id, title)

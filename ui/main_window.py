@@ -125,7 +125,8 @@ class MainWindow(QMainWindow):
         return view
 
     def export_chat(self, chat_id: int, path: Path, fmt: str) -> None:
-        text = self.chat_store.export_markdown(chat_id) if fmt == "md" else self.chat_store.export_json(chat_id)
+        store = self.chat_store  # a Markdown export copies the chat's images beside the file
+        text = store.export_markdown(chat_id, Path(path)) if fmt == "md" else store.export_json(chat_id)
         try:
             Path(path).write_text(text, encoding="utf-8")
         except OSError as e:
@@ -198,6 +199,7 @@ class MainWindow(QMainWindow):
         if view is not None:
             self.chat_store.set_chat_model(view.chat_id, model or None)
             self._show_chat_settings(view)
+            view.images.refresh()  # the attach button follows whether the new model can see
 
     def _on_reply_started(self, chat_id: int) -> None:
         self.chat_list.set_streaming(chat_id, True)

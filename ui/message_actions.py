@@ -26,7 +26,7 @@ def keep_versions(versions: ReplyVersions | None, m: TranscriptMessage) -> None:
 class MessageActions(QObject):
     """`run(action, index, block)` is connected to TranscriptView.action_requested."""
 
-    edit_requested = Signal(str)  # a question taken back: its text, for the message box
+    edit_requested = Signal(str, list)  # a question taken back: its text and images, for the message box
     continue_requested = Signal(int)  # a reply that thought through its budget, to go on (the chat view streams it)
     source_requested = Signal(int, int)  # a reply's `[n]` or listed source clicked: message index, source number
 
@@ -70,7 +70,7 @@ class MessageActions(QObject):
                 self.chat_store.delete_message(later.msg_id)
         del self.transcript.messages[index:]
         self.transcript.render_now()
-        self.edit_requested.emit(m.content)
+        self.edit_requested.emit(m.content, list(m.images))
 
     def delete(self, index: int, _block: int = -1) -> None:
         """Remove one message, from the chat and from what the next turn sends; the reply in flight

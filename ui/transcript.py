@@ -15,7 +15,7 @@ from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QTextCharFor
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from ui.code_highlight import code_blocks, highlight
-from ui.transcript_markdown import ACTION_SCHEME, FENCE, to_markdown
+from ui.transcript_markdown import ACTION_SCHEME, FENCE, IMAGE_SCHEME, to_markdown
 from ui.transcript_message import TranscriptMessage
 from ui.transcript_steps import RESULT_FENCE, STEP_ACTION, WHOLE_ACTION
 
@@ -41,6 +41,8 @@ def images_as_links(doc: QTextDocument) -> None:
             it += 1
             if frag.charFormat().isImageFormat():
                 image = frag.charFormat().toImageFormat()
+                if image.name().startswith(IMAGE_SCHEME + ":"):  # the chat's own picture: drawn
+                    continue
                 cursor = QTextCursor(doc)
                 cursor.setPosition(frag.position())
                 cursor.setPosition(frag.position() + frag.length(), QTextCursor.KeepAnchor)
@@ -67,6 +69,7 @@ class TranscriptView(QTextBrowser):
         self._actions = actions
         self._messages: list[TranscriptMessage] = []
         self.model_names: dict[str, str] = {}  # id -> name, for the model under each reply (the chat view's)
+        self.image_source = None  # sha256 -> the thumbnail of a message's image (ui/chat_images.py sets it)
         self._notice = ""
         self._stick_to_end = True
         self._rendering = False
@@ -233,7 +236,10 @@ class TranscriptView(QTextBrowser):
 
     def loadResource(self, kind: int, url: QUrl):  # noqa: N802 - Qt name
         """Nothing named in a message is ever fetched or read: `![x](http://…)` or a local path stays an
-        empty image, so a reply cannot make the app touch the network or the disk."""
+        empty image, so a reply cannot make the app touch the network or the disk. Only the chat's own
+        images (`ember-image:<sha256>`, kept in the history's folder) are drawn, as thumbnails."""
+        if url.scheme() == IMAGE_SCHEME and self.image_source is not None:
+            return self.image_source(url.path())
         return None
 
     def plain_text(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from app.history_export import code_span, fenced
+from app.history_export import code_span, fenced, image_alt
 from ui.markdown_text import verbatim
 from ui.transcript_message import TranscriptMessage
 from ui.transcript_sources import sources_lines, with_citation_links
@@ -19,6 +19,7 @@ from ui.transcript_steps import notice_lines, steps_lines
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 ACTION_SCHEME = "ember"
+IMAGE_SCHEME = "ember-image"  # a message's own picture, `ember-image:<sha256>` (TranscriptView draws it)
 FENCE = re.compile(r"^\s*```")
 
 
@@ -48,7 +49,7 @@ def _written_by(m: TranscriptMessage, i: int, names: dict[str, str]) -> str:
 
 
 def _actions(m: TranscriptMessage, i: int, names: dict[str, str], last: bool) -> str:
-    links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")]
+    links = [_link("copy", i, "Copy" if m.content else "Copy thoughts")] if m.content or m.reasoning else []
     if m.role == "user":
         links.append(_link("edit", i, "Edit & resend"))
     if m.out_of_budget and last:
@@ -128,6 +129,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
                 parts.append(body)
         else:
             parts.append(f"#### {title}\n\n{body}" if body.strip() or not calls else f"#### {title}")
+        parts += [" ".join(f"![{image_alt(r.name)}]({IMAGE_SCHEME}:{r.sha256})" for r in m.images)] if m.images else []
         parts += steps_lines(m, i, actions) + _tool_call_lines(m, i, actions) + notice_lines(m)
         parts += sources_lines(m, i, actions)
         if m.out_of_budget:
@@ -137,7 +139,7 @@ def to_markdown(messages: list[TranscriptMessage], actions: bool = False, names:
             parts.append("_(stopped)_")
         elif m.status == "error":
             parts.append(f"> **⚠ Error:** {verbatim(m.error or 'the reply failed')}")
-        if actions and m.status != "streaming" and (m.content or m.reasoning):
+        if actions and m.status != "streaming" and (m.content or m.reasoning or m.images):
             parts.append(_actions(m, i, names or {}, i == len(messages) - 1))
     return "\n\n".join(parts) + "\n"
 

@@ -4,12 +4,14 @@ messages from the chat store's rows, `api_messages` the next request's messages 
 that ran tools as its call and the tool results, as the model's template expects them)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.agent.loop import history_messages
 from app.agent.steps import ToolStep
 from app.doc_sources import Source
+from app.history_images import ImageRef, image_parts
 
 if TYPE_CHECKING:
     from app.history import Message
@@ -39,6 +41,7 @@ class TranscriptMessage:
     notices: list[str] = field(default_factory=list)  # lines about the reply: a server that failed, the step limit
     whole: set[int] = field(default_factory=set)  # the steps whose long result is shown in full
     sources: list[Source] = field(default_factory=list)  # the passages of the user's documents it was given
+    images: list[ImageRef] = field(default_factory=list)  # the pictures of a user's message
 
     @property
     def out_of_budget(self) -> bool:
@@ -71,7 +74,8 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
                                 "the reply was interrupted" if status == "error" else None, msg_id=m.id,
                                 reasoning=m.reasoning, thought_s=m.thought_s, finish_reason=m.finish_reason,
                                 model=m.model, tok_s=m.tok_s, ttft=m.ttft, tool_calls=m.tool_calls,
-                                steps=m.tool_steps, notices=m.notices, sources=m.sources)
+                                steps=m.tool_steps, notices=m.notices, sources=m.sources,
+                                images=m.images)
         if m.role == "assistant" and versions is not None:
             kept, shown = versions.get(m.id)
             if kept and kept[shown] == m.content:  # the one shown is the one stored
@@ -80,13 +84,18 @@ def from_history(rows: list[Message], versions: ReplyVersions | None) -> list[Tr
     return msgs
 
 
-def api_messages(messages: list[TranscriptMessage], system: str | None) -> list[dict]:
+def api_messages(messages: list[TranscriptMessage], system: str | None,
+                 image_uri: Callable[[ImageRef], str | None] | None = None) -> list[dict]:
     """What the next request sends: the system prompt, then each question and answer shown (no
-    failed reply, nothing empty); a reply that ran tools as its calls and their results."""
+    failed reply, nothing empty); a reply that ran tools as its calls and their results; a question
+    with images as its text and `image_url` parts, every turn (`image_uri`: an image's data: URI, None
+    when its file is gone)."""
     out = [{"role": "system", "content": system}] if system else []
     for m in messages:
         if m.role == "assistant" and m.steps:
             out += history_messages(m.content, m.steps)
+        elif m.role == "user" and image_uri is not None and (uris := [u for u in map(image_uri, m.images) if u]):
+            out.append({"role": "user", "content": image_parts(m.content, uris)})
         elif m.role in ("user", "assistant") and m.content and m.status != "error":
             out.append({"role": m.role, "content": m.content})
     return out
