@@ -6,7 +6,8 @@ fidelity bar; chunked prefill and paged decode against one prefill; a sequence's
 bit the same alone and in a batch whose other rows take other experts; and `auto` choosing
 Ember's engine for a quantized file (and for one in the layout llama.cpp's own quantizer makes:
 Q4_K_M experts, an F32 router), its logged reason naming the runner and the bytes a token
-reads of the whole file the fit counts. The native decoder stack is not built for it.
+reads of the whole file the fit counts. On the kernels the native decoder stack runs it
+(engine/kernels/csrc/moe.cpp), against the Python layers on every CPU path.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from arch_ggufs import K_QUANT_READY, vocab_size, write_arch_gguf
 from engine.backends import decide, load_engine, model_footprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.kernels import kernels
+from engine.kernels import available_paths, kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
 from engine.loaders.gguf_loader import load_model
@@ -59,14 +60,15 @@ def _max_rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def test_the_config_reads_the_experts_and_the_python_layers_run_them(files):
+def test_the_config_reads_the_experts_and_the_native_stack_runs_them(files):
     model = load_model(files(QT.Q8_0), quantized=True)
     c = model.config
     assert c.family == FAMILIES["qwen3moe"] and c.family.moe.norm_top_k and c.family.qk_norm
     assert (c.num_experts, c.num_experts_used, c.expert_intermediate_size) == (4, 2, 32)
-    assert model.stack is None  # decoder.cpp has no router: the Python layers run every step
+    assert (model.stack is not None) == (kernels() is not None)  # decoder.cpp routes: one op for the stack
     mlp = model.layers[0].mlp
-    assert len(mlp.gate_up) == len(mlp.down) == 4 and mlp.router.out_features == 4
+    assert len(mlp.gate_up) == len(mlp.down) == 4
+    assert (mlp.router_weight if mlp.router is None else mlp.router.weight).shape[0] == 4
     if kernels() is not None:  # each expert's slice of the stacked tensors, in the file's Q8_0
         assert all(isinstance(lin, QuantLinear) and lin.bits == 8 for lin in (*mlp.gate_up, *mlp.down))
         assert (mlp.gate_up[0].out_features, mlp.down[0].out_features) == (64, 64)
@@ -188,24 +190,54 @@ def _greedy_together(model, prompts: list[list[int]], steps: int, blocks_each: i
     return torch.stack(logits, 1)
 
 
-@pytest.mark.parametrize("qtype", [None, QT.Q4_0], ids=["f32", "Q4_0"])
-def test_a_sequence_is_the_same_bits_alone_and_among_others_routed_differently(files, qtype):
+@pytest.mark.parametrize("qtype,native", [(None, False), (QT.Q4_0, False), (QT.Q4_0, True)],
+                         ids=["f32", "Q4_0-python-layers", "Q4_0-native-stack"])
+def test_a_sequence_is_the_same_bits_alone_and_among_others_routed_differently(files, qtype, native):
     """Grouping a step's rows by expert puts each sequence's rows in one matmul with other
     sequences' rows; every linear is row-invariant and each row's k outputs are added in its own
-    rank order, so nothing a sequence computes depends on what else the step holds."""
+    rank order, so nothing a sequence computes depends on what else the step holds: on the
+    Python layers and in the native stack (engine/kernels/csrc/moe.cpp) alike."""
     if qtype is not None and kernels() is None:
         pytest.skip("Ember's CPU kernels are not built")
     model = load_model(files(qtype), quantized=qtype is not None)
+    stack = model.stack if native else None
+    assert stack is not None or not native
+    model.stack = stack
     prompts = [_tokens(10 + i, n) for i, n in enumerate((5, 23, 40, 11, 31))]
-    seen = []
-    hook = model.layers[0].mlp.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
     together = _greedy_together(model, prompts, steps=6)
+    seen = []  # the routes, from the Python layers (the stack is one op: no hook sees inside it)
+    model.stack = None
+    hook = model.layers[0].mlp.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    _greedy_together(model, prompts, steps=6)
     hook.remove()
+    model.stack = stack
     for i, p in enumerate(prompts):
         alone = _greedy_together(model, [p], steps=6)[0]
         assert torch.equal(together[i], alone), f"sequence {i} differs by {(together[i] - alone).abs().max()}"
     chosen = model.layers[0].mlp.route(seen[-1])[1]  # the last decode step's experts, one row a sequence
     assert len({tuple(sorted(row)) for row in chosen.tolist()}) > 1  # they took different experts
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("path", available_paths() if kernels() is not None else [], ids=lambda p: p.name)
+def test_the_native_stack_runs_the_experts_as_the_python_layers_do(files, qtype, path, monkeypatch):
+    """One C++ op for the whole stack, the experts included (router, top-k, the step's rows
+    grouped by expert, each expert's tiles once), against the Python layers over the same
+    quantized linears and the same routing op, on this CPU path. The layers' other glue (norms,
+    attention) sums in other orders, 1e-7 apart, as for the dense families; a wrong weight, a
+    wrong expert or a row added twice is O(1)."""
+    monkeypatch.setenv("EMBER_CPU_PATH", path.name.lower())
+    file = files(qtype)
+    model = load_model(file, quantized=True)
+    assert model.stack is not None
+    tokens = _tokens(2)
+    stacked = our_logits(model, tokens, chunk=29)
+    model.stack = None
+    layered = our_logits(model, tokens, chunk=29)
+    assert _max_rel(stacked, layered) < 5e-2
+    assert_agrees(summarize([agreement(stacked[:-1], layered[:-1], torch.tensor(tokens[1:]))]))
+    assert _max_rel(stacked, reference_logits(file, tokens)) < 0.2
 
 
 @needs_kernels
