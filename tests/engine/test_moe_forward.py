@@ -25,7 +25,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.families import FAMILIES
-from engine.model_files.fit import MOE_ON_LLAMA_CPP, MachineInfo, choose_backend
+from engine.model_files.fit import MOE_NATIVE, MOE_ON_LLAMA_CPP, MachineInfo, choose_backend
 from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
@@ -129,7 +129,7 @@ def test_a_q4_k_m_file_from_llama_cpps_quantizer_runs_on_embers_kernels(tmp_path
         types = {t.name.split(".", 2)[2]: t.type_name for t in f.tensors.values() if t.name.startswith("blk.")}
     assert types["ffn_gate_inp.weight"] == "F32" and types["ffn_gate_exps.weight"] == "Q4_K"
     machine = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=2, ember_kernels=True)
-    assert choose_backend(machine, model_footprint(path)).backend == "llama.cpp"  # auto: see MOE_ON_LLAMA_CPP
+    assert choose_backend(machine, model_footprint(path)).backend == "torch"  # auto: see MOE_ON_LLAMA_CPP
     assert choose_backend(machine, model_footprint(path), backend="torch").backend == "torch"
     model = load_model(path, quantized=True)
     assert all(isinstance(lin, QuantLinear) for layer in model.layers for lin in (*layer.mlp.gate_up, *layer.mlp.down))
@@ -255,14 +255,16 @@ def test_the_engine_gives_each_of_twelve_staggered_chats_what_it_gives_it_alone(
 
 
 @needs_kernels
-def test_auto_leaves_qwen3moe_to_llama_cpp_and_torch_runs_it_on_embers_kernels(files):
-    """`auto` runs a mixture of experts on llama.cpp, saying why (one stream decodes faster there
-    until Ember's native stack takes experts); `--backend torch` runs it on Ember's kernels."""
+def test_auto_runs_qwen3moe_on_embers_native_stack(files):
+    """`auto` runs a mixture of experts on Ember's kernels, its experts in the native stack (one
+    stream decodes faster there than on llama.cpp: MOE_ON_LLAMA_CPP), and says so."""
+    assert not MOE_ON_LLAMA_CPP
     config = EngineConfig(model_path=str(files(QT.Q8_0)), num_threads=1, max_model_len=128)
-    assert decide(config).backend == "llama.cpp" and MOE_ON_LLAMA_CPP in decide(config).reason
-    engine, decision = load_engine(config, backend="torch")
+    assert decide(config).backend == "torch" and MOE_NATIVE in decide(config).reason
+    engine, decision = load_engine(config)
     try:
         assert decision.backend == "torch" and "Ember's kernels" in decision.reason, decision.reason
+        assert engine.runner.model.stack is not None
         params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
         outs = engine.generate(["hello there, the one", "hello", "the other one and"], params)
         assert all(len(o.output_token_ids) == 30 and o.finish_reason == "length" for o in outs)
@@ -286,7 +288,7 @@ def test_the_fit_counts_the_whole_file_and_the_reason_names_the_runner_and_the_a
     d = choose_backend(machine, fp, backend="torch")
     assert d.backend == "torch" and "torch on Ember's kernels" in d.reason, d.reason
     auto = choose_backend(machine, fp)
-    assert auto.backend == "llama.cpp" and MOE_ON_LLAMA_CPP in auto.reason, auto.reason
+    assert auto.backend == "torch" and MOE_NATIVE in auto.reason, auto.reason
     assert f"a mixture of experts: {fp.active_bytes / GiB:.2f} GiB of its {fp.weights_bytes / GiB:.2f} GiB" in d.reason
     assert "llama.cpp (as requested)" in choose_backend(machine, fp, backend="llama.cpp").reason
     per_token = kv_bytes_per_token(fp.num_layers, fp.num_kv_heads, fp.head_dim, 4)  # float32 KV on torch
