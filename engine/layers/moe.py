@@ -40,7 +40,7 @@ class MoE(torch.nn.Module):
         self.ops = kernels() if router.device.type == "cpu" else None
         # float32, row-invariant: the kernels' moe_route, else oneDNN's packed linear on a CPU
         # (F.linear's GEMV and GEMM round differently, and a router score's last bit moves the weights)
-        self.router_weight = router.contiguous() if self.ops is not None else None
+        self.register_buffer("router_weight", router.contiguous() if self.ops is not None else None, persistent=False)
         self.router = None if self.ops is not None else make_linear(router)
         self.gate_up = torch.nn.ModuleList(make_linear(take(f"{prefix}experts.{e}.gate_up_proj.weight"))
                                            for e in range(config.num_experts))
