@@ -76,7 +76,14 @@ def format_profile(n: int, prof: dict) -> str:
             f"under the profiler {profiled:.1f} ms: {parts}")
 
 
-STACK_PHASES = ("norms and adds", "qkv", "rope and KV writes", "attention", "o", "gate_up and act", "down")
+STACK_PHASES = ("norms and adds", "qkv", "rope and KV writes", "attention", "o", "gate_up and act", "down",
+                "experts (router, grouping, gate_up, act, down)")
+
+
+def phase_names(moe: bool) -> tuple[str, ...]:
+    """The stack's phases a model has: a mixture of experts' FFN is one phase, a dense one two."""
+    skip = STACK_PHASES[5:7] if moe else STACK_PHASES[7:]
+    return tuple(n for n in STACK_PHASES if n not in skip)
 
 
 def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
@@ -113,7 +120,8 @@ def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float]
     stack.set_profile(False)
     if not steps:
         return None
-    ms = {name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds)}
+    names = phase_names(bool(runner.model.config.num_experts))
+    ms = {name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds) if name in names}
     outside = timed["forward"] * 1e3 / steps - sum(ms.values())
     return {"step": wall * 1e3 / steps, **ms, "forward outside the stack": max(outside, 0.0),
             "head": timed["head"] * 1e3 / steps}

@@ -4,6 +4,9 @@ quantized: the same forward as LlamaForCausalLM's layers, with every family's sw
 arithmetic (profile in the CPU-kernels issue: 14 ms of a 18 ms SmolLM2 step was Python and
 small ops).
 
+A mixture of experts' FFN (engine/layers/moe.py) is one call of the stack per layer
+(engine/kernels/csrc/moe.cpp): the layer's router, then each expert's gate_up and down.
+
 The op holds references to the model's own tensors (no copies, except float32 norm weights).
 """
 from __future__ import annotations
@@ -12,6 +15,7 @@ import torch
 
 from engine.kernels import CpuPath, default_path, kernels
 from engine.layers.attention import AttentionMetadata
+from engine.layers.moe import MoE
 from engine.layers.quant_linear import QuantLinear
 from engine.models.config import ModelConfig
 
@@ -26,14 +30,19 @@ def stack_switches(c: ModelConfig) -> dict[str, float]:
             "activation": float(ACTIVATION_IDS[f.activation]), "scale": c.scale}
 
 
+def ffn_linears(mlp) -> tuple:
+    """The FFN's matrices in the stack's order: gate_up, down; a mixture's, expert by expert."""
+    if isinstance(mlp, MoE):
+        return tuple(lin for pair in zip(mlp.gate_up, mlp.down) for lin in pair)
+    return mlp.gate_up_proj, mlp.down_proj
+
+
 def build_stack(model, path: CpuPath | None = None):
     """A torch.classes.ember.DecoderStack over `model`'s layers, or None when a layer has a
-    dense or act-order matrix (or the kernels are missing), or its FFN is a mixture of experts
-    (decoder.cpp has no router yet): then the model runs its Python layers."""
-    if kernels() is None or model.device.type != "cpu" or model.config.family.moe is not None:
+    dense or act-order matrix (or the kernels are missing): then the model runs its Python layers."""
+    if kernels() is None or model.device.type != "cpu":
         return None
-    linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-               for layer in model.layers]
+    linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, *ffn_linears(layer.mlp)) for layer in model.layers]
     if not all(isinstance(lin, QuantLinear) and lin.perm is None for group in linears for lin in group):
         return None  # a dense matrix, or an act-order one (its input is permuted in Python)
     c = model.config
@@ -42,6 +51,9 @@ def build_stack(model, path: CpuPath | None = None):
     stack.set_family(stack_switches(c))
     for i, (layer, group) in enumerate(zip(model.layers, linears)):
         stack.add_layer(c.window(i), c.rope(i))
+        if isinstance(layer.mlp, MoE):
+            stack.add_moe(layer.mlp.router_weight, layer.mlp.top_k, layer.mlp.norm_top_k,
+                          layer.mlp.down[0].in_features)
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if c.family.qk_norm:
             norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]

@@ -12,6 +12,11 @@ from make_linear: a QuantLinear over its slice of the file's stacked tensors (th
 the slice's own blocks; the kernels need no expert index) or a float one. Each row's products are
 placed in its own slot and the k slots are added in rank order, as llama.cpp adds them, so a row
 gets the same bits whatever else the batch holds (every linear here is row-invariant).
+
+With Ember's kernels the router is the kernels' `moe_route` (fixed-order float32 dots, softmax,
+top-k), the one the native decoder stack (engine/kernels/csrc/moe.cpp) runs in the same step, so
+these layers and the stack pick the same experts with the same weights; build_stack
+(engine/layers/decoder_stack.py) hands the stack `router_weight` and the experts' tiles.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from engine.kernels import kernels
 from engine.layers.activation import ACTIVATIONS
 from engine.layers.make_linear import make_linear
 
@@ -30,9 +36,12 @@ class MoE(torch.nn.Module):
         if routing.gating != "softmax" or routing.shared_expert:
             raise NotImplementedError(f"{config.arch}: routing {routing} is not in Ember's engine yet")
         self.top_k, self.norm_top_k = config.num_experts_used, routing.norm_top_k
-        # float32 on the row-invariant linear (oneDNN's packed one on a CPU; F.linear's GEMV and
-        # GEMM round differently, and a router score's last bit moves the weights)
-        self.router = make_linear(take(prefix + "router.weight").float())
+        router = take(prefix + "router.weight").float()
+        self.ops = kernels() if router.device.type == "cpu" else None
+        # float32, row-invariant: the kernels' moe_route, else oneDNN's packed linear on a CPU
+        # (F.linear's GEMV and GEMM round differently, and a router score's last bit moves the weights)
+        self.register_buffer("router_weight", router.contiguous() if self.ops is not None else None, persistent=False)
+        self.router = None if self.ops is not None else make_linear(router)
         self.gate_up = torch.nn.ModuleList(make_linear(take(f"{prefix}experts.{e}.gate_up_proj.weight"))
                                            for e in range(config.num_experts))
         self.down = torch.nn.ModuleList(make_linear(take(f"{prefix}experts.{e}.down_proj.weight"))
@@ -41,6 +50,8 @@ class MoE(torch.nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, experts [T, k]) in rank order."""
+        if self.ops is not None:
+            return self.ops.moe_route(x.float().contiguous(), self.router_weight, self.top_k, self.norm_top_k)
         probs = self.router(x.float()).float().softmax(-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         if self.norm_top_k:

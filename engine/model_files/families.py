@@ -47,8 +47,8 @@ What the switches mean, as llama.cpp 0.3.36 builds each graph (src/models/*.cpp)
 
 - moe: the family's FFN is a mixture of experts, routed as its Routing says (below); the counts
   and widths are the file's ({arch}.expert_count, expert_used_count, expert_feed_forward_length,
-  read by engine/loaders/gguf_config.py), the layer is engine/layers/moe.py, and the native stack
-  is not built for it (the Python layers run it).
+  read by engine/loaders/gguf_config.py), the layer is engine/layers/moe.py, and in the native
+  stack engine/kernels/csrc/moe.cpp (DecoderStack.add_moe takes the routing's fields).
 
 How a mixture of experts routes (llama.cpp's build_moe_ffn, as the family's graph calls it):
 - gating: the scores the router's logits give every expert; "softmax" over all of them.

@@ -140,11 +140,13 @@ def _ours(fp: ModelFootprint, device: str, m: MachineInfo) -> bool:
     return device == "cpu" and fp.kernels_cover and m.ember_kernels
 
 
-# Ember's engine runs a mixture of experts exactly (tests/engine/test_moe_forward.py) but on its Python
-# layers: one stream decoded at 0.47x llama.cpp's speed (`ember bench decode`, issue 68), so `auto`
-# leaves it to llama.cpp until the native decoder stack takes experts; --backend torch runs it.
-MOE_ON_LLAMA_CPP = ("a mixture of experts decodes faster on llama.cpp until Ember's native stack takes experts; "
-                    "--backend torch runs it on Ember's engine")
+# Where `auto` runs a mixture of experts on a CPU whose kernels hold it. On Ember's Python layers one
+# stream decoded at 0.47x llama.cpp's speed, so it went to llama.cpp; the native decoder stack runs
+# its experts (engine/kernels/csrc/moe.cpp) at 1.12x (`ember bench decode`, a random 4-layer qwen3moe
+# Q4_0 file, issue 68), so it runs on Ember's engine. True sends it to llama.cpp again, saying MOE_WHY_LLAMA_CPP.
+MOE_ON_LLAMA_CPP = False
+MOE_WHY_LLAMA_CPP = "a mixture of experts decodes faster on llama.cpp; --backend torch runs it on Ember's engine"
+MOE_NATIVE = "its experts in Ember's native stack"
 
 
 def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo) -> str | None:
@@ -160,7 +162,7 @@ def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo
         return "llama.cpp" if llama_ok else None
     if llama_ok and not _ours(fp, device, m) and (device == "cpu" or (device == "mps" and m.llama_cpp_gpu_offload)):
         return "llama.cpp"
-    if llama_ok and fp.active_bytes and device == "cpu":  # MOE_ON_LLAMA_CPP
+    if MOE_ON_LLAMA_CPP and llama_ok and fp.active_bytes and device == "cpu":
         return "llama.cpp"
     return "torch"
 
@@ -168,13 +170,15 @@ def _backend_for(fp: ModelFootprint, device: str, requested: str, m: MachineInfo
 def _runner_why(fp: ModelFootprint, backend: str, device: str, m: MachineInfo, requested: str) -> str:
     """Why this runner runs the model: Ember's kernels, or what keeps Ember's engine off it."""
     if backend == "torch":
-        return " on Ember's kernels, every matrix kept quantized" if _ours(fp, device, m) else ""
+        if not _ours(fp, device, m):
+            return ""
+        return " on Ember's kernels, every matrix kept quantized" + (f", {MOE_NATIVE}" if fp.active_bytes else "")
     if not fp.ember_engine:
         return f" (Ember's own engine: {fp.ember_engine_why_not or 'not the ' + fp.architecture + ' architecture yet'})"
     if requested == "llama.cpp":
         return " (as requested)"
-    if fp.active_bytes and device == "cpu" and _ours(fp, device, m):
-        return f" ({MOE_ON_LLAMA_CPP})"
+    if MOE_ON_LLAMA_CPP and fp.active_bytes and device == "cpu" and _ours(fp, device, m):
+        return f" ({MOE_WHY_LLAMA_CPP})"
     if device == "cpu" and fp.format == "gguf":  # a family Ember runs, in a file its kernels do not hold
         return " (Ember's kernels are not built here)" if not m.ember_kernels else (
             " (a matrix type of this file is not on Ember's kernels)" if not fp.kernels_cover else "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from app.bench.step_profile import STACK_PHASES, format_phases, stack_phases
+from app.bench.step_profile import STACK_PHASES, format_phases, phase_names, stack_phases
 from engine.kernels import kernels
 from tests.gguf_factory import write_tiny_model
 
@@ -24,8 +24,8 @@ def test_every_phase_is_timed_inside_the_step(tmp_path):
     assert stack is not None
     prompt = engine.tokenizer.encode("one two three four five six seven")
     phases = stack_phases(engine, prompt, new_tokens=6)
-    assert set(phases) == {"step", *STACK_PHASES, "forward outside the stack", "head"}
-    assert all(phases[name] > 0 for name in (*STACK_PHASES, "head")), phases
+    assert set(phases) == {"step", *phase_names(moe=False), "forward outside the stack", "head"}
+    assert all(phases[name] > 0 for name in (*phase_names(moe=False), "head")), phases
     assert phases["forward outside the stack"] >= 0
     assert sum(v for k, v in phases.items() if k != "step") < phases["step"]
     text = format_phases(phases)
@@ -46,3 +46,18 @@ def test_python_layers_have_no_stack_phases(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", qtype=QT.F32)
     engine, _ = load_engine(EngineConfig(model_path=str(path), num_threads=1), "torch", "cpu")
     assert stack_phases(engine, [1, 2, 3], new_tokens=2) is None
+
+
+def test_a_mixture_of_experts_is_timed_as_one_phase(tmp_path):
+    """qwen3moe's FFN is one call of the stack (engine/kernels/csrc/moe.cpp): its phase replaces
+    the dense gate_up and down."""
+    from arch_ggufs import write_arch_gguf
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+
+    path = tmp_path / "moe.gguf"
+    write_arch_gguf(path, "qwen3moe", seed=1, qtype=QT.Q8_0)
+    engine, _ = load_engine(EngineConfig(model_path=str(path), num_threads=1, max_model_len=128), "torch", "cpu")
+    phases = stack_phases(engine, [1, 2, 3, 4], new_tokens=4)
+    assert set(phases) == {"step", *phase_names(moe=True), "forward outside the stack", "head"}
+    assert phases[STACK_PHASES[-1]] > 0 and "gate_up and act" not in phases

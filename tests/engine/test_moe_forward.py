@@ -6,7 +6,8 @@ fidelity bar; chunked prefill and paged decode against one prefill; a sequence's
 bit the same alone and in a batch whose other rows take other experts; and `auto` choosing
 Ember's engine for a quantized file (and for one in the layout llama.cpp's own quantizer makes:
 Q4_K_M experts, an F32 router), its logged reason naming the runner and the bytes a token
-reads of the whole file the fit counts. The native decoder stack is not built for it.
+reads of the whole file the fit counts. On the kernels the native decoder stack runs it
+(engine/kernels/csrc/moe.cpp), against the Python layers on every CPU path.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from arch_ggufs import K_QUANT_READY, vocab_size, write_arch_gguf
 from engine.backends import decide, load_engine, model_footprint
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.kernels import kernels
+from engine.kernels import available_paths, kernels
 from engine.layers.attention import AttentionMetadata
 from engine.layers.quant_linear import QuantLinear
 from engine.loaders.gguf_loader import load_model
 from engine.model_files.families import FAMILIES
-from engine.model_files.fit import MOE_ON_LLAMA_CPP, MachineInfo, choose_backend
+from engine.model_files.fit import MOE_NATIVE, MOE_ON_LLAMA_CPP, MachineInfo, choose_backend
 from engine.model_files.footprint import GiB, RUNTIME_OVERHEAD_BYTES, kv_bytes_per_token
 from engine.model_files.gguf_file import GGUFFile
 from engine.sampling_params import SamplingParams
@@ -59,14 +60,15 @@ def _max_rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def test_the_config_reads_the_experts_and_the_python_layers_run_them(files):
+def test_the_config_reads_the_experts_and_the_native_stack_runs_them(files):
     model = load_model(files(QT.Q8_0), quantized=True)
     c = model.config
     assert c.family == FAMILIES["qwen3moe"] and c.family.moe.norm_top_k and c.family.qk_norm
     assert (c.num_experts, c.num_experts_used, c.expert_intermediate_size) == (4, 2, 32)
-    assert model.stack is None  # decoder.cpp has no router: the Python layers run every step
+    assert (model.stack is not None) == (kernels() is not None)  # decoder.cpp routes: one op for the stack
     mlp = model.layers[0].mlp
-    assert len(mlp.gate_up) == len(mlp.down) == 4 and mlp.router.out_features == 4
+    assert len(mlp.gate_up) == len(mlp.down) == 4
+    assert (mlp.router_weight if mlp.router is None else mlp.router.weight).shape[0] == 4
     if kernels() is not None:  # each expert's slice of the stacked tensors, in the file's Q8_0
         assert all(isinstance(lin, QuantLinear) and lin.bits == 8 for lin in (*mlp.gate_up, *mlp.down))
         assert (mlp.gate_up[0].out_features, mlp.down[0].out_features) == (64, 64)
@@ -127,7 +129,7 @@ def test_a_q4_k_m_file_from_llama_cpps_quantizer_runs_on_embers_kernels(tmp_path
         types = {t.name.split(".", 2)[2]: t.type_name for t in f.tensors.values() if t.name.startswith("blk.")}
     assert types["ffn_gate_inp.weight"] == "F32" and types["ffn_gate_exps.weight"] == "Q4_K"
     machine = MachineInfo(ram_free_bytes=8 * GiB, ram_total_bytes=16 * GiB, cpu_count=2, ember_kernels=True)
-    assert choose_backend(machine, model_footprint(path)).backend == "llama.cpp"  # auto: see MOE_ON_LLAMA_CPP
+    assert choose_backend(machine, model_footprint(path)).backend == "torch"  # auto: see MOE_ON_LLAMA_CPP
     assert choose_backend(machine, model_footprint(path), backend="torch").backend == "torch"
     model = load_model(path, quantized=True)
     assert all(isinstance(lin, QuantLinear) for layer in model.layers for lin in (*layer.mlp.gate_up, *layer.mlp.down))
@@ -188,24 +190,54 @@ def _greedy_together(model, prompts: list[list[int]], steps: int, blocks_each: i
     return torch.stack(logits, 1)
 
 
-@pytest.mark.parametrize("qtype", [None, QT.Q4_0], ids=["f32", "Q4_0"])
-def test_a_sequence_is_the_same_bits_alone_and_among_others_routed_differently(files, qtype):
+@pytest.mark.parametrize("qtype,native", [(None, False), (QT.Q4_0, False), (QT.Q4_0, True)],
+                         ids=["f32", "Q4_0-python-layers", "Q4_0-native-stack"])
+def test_a_sequence_is_the_same_bits_alone_and_among_others_routed_differently(files, qtype, native):
     """Grouping a step's rows by expert puts each sequence's rows in one matmul with other
     sequences' rows; every linear is row-invariant and each row's k outputs are added in its own
-    rank order, so nothing a sequence computes depends on what else the step holds."""
+    rank order, so nothing a sequence computes depends on what else the step holds: on the
+    Python layers and in the native stack (engine/kernels/csrc/moe.cpp) alike."""
     if qtype is not None and kernels() is None:
         pytest.skip("Ember's CPU kernels are not built")
     model = load_model(files(qtype), quantized=qtype is not None)
+    stack = model.stack if native else None
+    assert stack is not None or not native
+    model.stack = stack
     prompts = [_tokens(10 + i, n) for i, n in enumerate((5, 23, 40, 11, 31))]
-    seen = []
-    hook = model.layers[0].mlp.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
     together = _greedy_together(model, prompts, steps=6)
+    seen = []  # the routes, from the Python layers (the stack is one op: no hook sees inside it)
+    model.stack = None
+    hook = model.layers[0].mlp.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    _greedy_together(model, prompts, steps=6)
     hook.remove()
+    model.stack = stack
     for i, p in enumerate(prompts):
         alone = _greedy_together(model, [p], steps=6)[0]
         assert torch.equal(together[i], alone), f"sequence {i} differs by {(together[i] - alone).abs().max()}"
     chosen = model.layers[0].mlp.route(seen[-1])[1]  # the last decode step's experts, one row a sequence
     assert len({tuple(sorted(row)) for row in chosen.tolist()}) > 1  # they took different experts
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("path", available_paths() if kernels() is not None else [], ids=lambda p: p.name)
+def test_the_native_stack_runs_the_experts_as_the_python_layers_do(files, qtype, path, monkeypatch):
+    """One C++ op for the whole stack, the experts included (router, top-k, the step's rows
+    grouped by expert, each expert's tiles once), against the Python layers over the same
+    quantized linears and the same routing op, on this CPU path. The layers' other glue (norms,
+    attention) sums in other orders, 1e-7 apart, as for the dense families; a wrong weight, a
+    wrong expert or a row added twice is O(1)."""
+    monkeypatch.setenv("EMBER_CPU_PATH", path.name.lower())
+    file = files(qtype)
+    model = load_model(file, quantized=True)
+    assert model.stack is not None
+    tokens = _tokens(2)
+    stacked = our_logits(model, tokens, chunk=29)
+    model.stack = None
+    layered = our_logits(model, tokens, chunk=29)
+    assert _max_rel(stacked, layered) < 5e-2
+    assert_agrees(summarize([agreement(stacked[:-1], layered[:-1], torch.tensor(tokens[1:]))]))
+    assert _max_rel(stacked, reference_logits(file, tokens)) < 0.2
 
 
 @needs_kernels
@@ -223,14 +255,16 @@ def test_the_engine_gives_each_of_twelve_staggered_chats_what_it_gives_it_alone(
 
 
 @needs_kernels
-def test_auto_leaves_qwen3moe_to_llama_cpp_and_torch_runs_it_on_embers_kernels(files):
-    """`auto` runs a mixture of experts on llama.cpp, saying why (one stream decodes faster there
-    until Ember's native stack takes experts); `--backend torch` runs it on Ember's kernels."""
+def test_auto_runs_qwen3moe_on_embers_native_stack(files):
+    """`auto` runs a mixture of experts on Ember's kernels, its experts in the native stack (one
+    stream decodes faster there than on llama.cpp: MOE_ON_LLAMA_CPP), and says so."""
+    assert not MOE_ON_LLAMA_CPP
     config = EngineConfig(model_path=str(files(QT.Q8_0)), num_threads=1, max_model_len=128)
-    assert decide(config).backend == "llama.cpp" and MOE_ON_LLAMA_CPP in decide(config).reason
-    engine, decision = load_engine(config, backend="torch")
+    assert decide(config).backend == "torch" and MOE_NATIVE in decide(config).reason
+    engine, decision = load_engine(config)
     try:
         assert decision.backend == "torch" and "Ember's kernels" in decision.reason, decision.reason
+        assert engine.runner.model.stack is not None
         params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
         outs = engine.generate(["hello there, the one", "hello", "the other one and"], params)
         assert all(len(o.output_token_ids) == 30 and o.finish_reason == "length" for o in outs)
@@ -254,7 +288,7 @@ def test_the_fit_counts_the_whole_file_and_the_reason_names_the_runner_and_the_a
     d = choose_backend(machine, fp, backend="torch")
     assert d.backend == "torch" and "torch on Ember's kernels" in d.reason, d.reason
     auto = choose_backend(machine, fp)
-    assert auto.backend == "llama.cpp" and MOE_ON_LLAMA_CPP in auto.reason, auto.reason
+    assert auto.backend == "torch" and MOE_NATIVE in auto.reason, auto.reason
     assert f"a mixture of experts: {fp.active_bytes / GiB:.2f} GiB of its {fp.weights_bytes / GiB:.2f} GiB" in d.reason
     assert "llama.cpp (as requested)" in choose_backend(machine, fp, backend="llama.cpp").reason
     per_token = kv_bytes_per_token(fp.num_layers, fp.num_kv_heads, fp.head_dim, 4)  # float32 KV on torch

@@ -10,6 +10,7 @@
 //                                  a = o Wo^T;  [a = rms_norm(a) w_ao];  r = r + a
 //                                  x = rms_norm(r) w_post
 //                                  h = (act(x Wg^T) * x Wu^T) Wd^T;  [h = rms_norm(h) w_mo]
+//                                  (or h = the mixture of experts' FFN, moe.cpp)
 //     out = rms_norm(r + h) w_final
 //
 // Python dispatches some 40 small torch ops per layer; at one token per step that costs more
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "ember.h"
+#include "moe.h"
 #include "pointwise.h"
 
 namespace ember {
@@ -38,16 +40,6 @@ using pointwise::gated_act;
 using pointwise::rms_norm;
 using pointwise::rms_norm_heads_;
 using pointwise::rope_;
-
-struct Linear {
-  at::Tensor qw, d;
-  c10::optional<at::Tensor> m, bias, d_super, m_super;
-  int64_t n, bits, group;
-  // into out [T, n], with the step's scratch for the int8 activations
-  void operator()(const at::Tensor& x, int64_t path, at::Tensor& out, at::Tensor& scratch) const {
-    qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super, &out, &scratch);
-  }
-};
 
 // This step's keys (or values) into their pool slots: row t's NKV heads of HD floats at
 // src + t * ld, in the pool's type (bf16 and fp16 rounded to nearest even, as torch's .to();
@@ -101,7 +93,12 @@ struct DecoderStack : torch::CustomClassHolder {
   double eps;
   int64_t path = 0;
   Switches sw;
-  std::vector<Linear> linears;  // per layer: qkv, o, gate_up, down
+  // per layer: qkv, o, then gate_up, down (a mixture: each expert's gate_up, down); `first`:
+  // a layer's first, `moe`: its MoeFfn's index in moes (-1: a dense FFN)
+  std::vector<Linear> linears;
+  std::vector<int64_t> first, moe;
+  std::vector<MoeFfn> moes;
+  int64_t moe_width = 0;  // the widest expert
   // per layer: input, post-attention, [q, k with qk_norm], [attention out, MLP out with
   // post_norms]; then the final norm
   std::vector<at::Tensor> norms;
@@ -109,7 +106,7 @@ struct DecoderStack : torch::CustomClassHolder {
   // Seconds spent per phase (PHASES) since set_profile(true), for `ember bench decode`: with the
   // stack one op, no outside profiler sees where a step's time goes.
   bool profile = false;
-  std::vector<double> phase_s = std::vector<double>(7, 0.0);
+  std::vector<double> phase_s = std::vector<double>(8, 0.0);
 
   DecoderStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden, int64_t inter, double eps_)
       : H(num_heads), NKV(num_kv_heads), HD(head_dim), D(hidden), F(inter), eps(eps_) {
@@ -126,7 +123,16 @@ struct DecoderStack : torch::CustomClassHolder {
     norms.push_back(w.contiguous());
   }
   void set_family(c10::Dict<std::string, double> switches) { sw = Switches::from(switches); }
-  void add_layer(int64_t window, int64_t rope) { windows.push_back(window), ropes.push_back(rope); }
+  void add_layer(int64_t window, int64_t rope) {
+    windows.push_back(window), ropes.push_back(rope), first.push_back((int64_t)linears.size()), moe.push_back(-1);
+  }
+  // This layer's FFN is a mixture: its router [E, D] float32 (its experts' linears follow, add_linear's)
+  void add_moe(at::Tensor router, int64_t k, bool norm, int64_t width) {
+    TORCH_CHECK(!moe.empty() && router.scalar_type() == at::kFloat && router.dim() == 2 && router.size(1) == D,
+                "a router is float32 [experts, hidden], after its layer's add_layer");
+    moe.back() = (int64_t)moes.size(), moe_width = std::max(moe_width, width);
+    moes.push_back({router.contiguous(), k, norm, width});
+  }
   void set_path(int64_t p) { path = p; }
   void set_profile(bool on) { profile = on, phase_s.assign(phase_s.size(), 0.0); }
   std::vector<double> phases() const { return phase_s; }
@@ -139,11 +145,16 @@ struct DecoderStack : torch::CustomClassHolder {
                      std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, at::Tensor slots,
                      at::Tensor block_tables, at::Tensor seq_lens, std::vector<int64_t> query_start,
                      int64_t num_decodes) {
-    const int64_t L = (int64_t)linears.size() / 4, T = hidden.size(0), qs = H * HD, kvs = NKV * HD;
+    const int64_t L = (int64_t)windows.size(), T = hidden.size(0), qs = H * HD, kvs = NKV * HD;
     const int64_t per = 2 + 2 * sw.qk_norm + 2 * sw.post_norms;  // norms a layer holds
     TORCH_CHECK((int64_t)norms.size() == per * L + 1 && (int64_t)k_caches.size() == L && (int64_t)v_caches.size() == L
-                    && (int64_t)windows.size() == L, "the stack has ", L, " layers, ", norms.size(), " norms, ",
-                windows.size(), " layer specs and ", k_caches.size(), " caches");
+                    && linears.size() >= 4, "the stack has ", L, " layers, ", norms.size(), " norms, ",
+                linears.size(), " linears and ", k_caches.size(), " caches");
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t end = l + 1 < L ? first[l + 1] : (int64_t)linears.size();
+      TORCH_CHECK(end - first[l] == (moe[l] < 0 ? 4 : 2 + 2 * moes[moe[l]].router.size(0)), "layer ", l, " has ",
+                  end - first[l], " linears");
+    }
     TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.size(1) == D, "hidden must be float32 [T, ", D, "]");
     TORCH_CHECK(C.size() == S.size() && !C.empty(), "one S table per C table");
     std::vector<at::Tensor> Cc, Sc;
@@ -187,9 +198,9 @@ struct DecoderStack : torch::CustomClassHolder {
     auto qkv = at::empty({T, linears[0].n}, f32), attn = at::empty({T, linears[1].n}, f32);
     auto gu = at::empty({T, linears[2].n}, f32), act = at::empty({T, F}, f32), h = at::empty({T, linears[3].n}, f32);
     auto q = at::empty({T, H, HD}, f32);
-    auto scratch = at::empty({qlinear_scratch_bytes(T, std::max({D, F, qs}))}, f32.dtype(at::kByte));
+    auto scratch = at::empty({qlinear_scratch_bytes(T, std::max({D, F, qs, moe_width}))}, f32.dtype(at::kByte));
     // phases: 0 norms and residual adds, 1 qkv, 2 RoPE and the KV writes, 3 attention, 4 o,
-    // 5 gate_up and the activation, 6 down
+    // 5 gate_up and the activation, 6 down, 7 a mixture's FFN
     using clock = std::chrono::steady_clock;
     auto t_last = clock::now();
     const auto phase = [&](int i) {
@@ -200,10 +211,11 @@ struct DecoderStack : torch::CustomClassHolder {
     };
     for (int64_t l = 0; l < L; ++l) {
       const at::Tensor* nl = &norms[per * l];  // input, post-attention, [q, k], [attention out, MLP out]
+      const Linear* lin = &linears[first[l]];
       if (l) add_(residual.data_ptr<float>(), h.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[0].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
       phase(0);
-      linears[4 * l](x, path, qkv, scratch);  // [T, qs + 2 kvs]
+      lin[0](x, path, qkv, scratch);  // [T, qs + 2 kvs]
       phase(1);
       if (sw.qk_norm)
         rms_norm_heads_(qkv.data_ptr<float>(), qkv.size(1), nl[2].data_ptr<float>(), nl[3].data_ptr<float>(), T,
@@ -218,7 +230,7 @@ struct DecoderStack : torch::CustomClassHolder {
       phase(2);
       auto o = paged_attention_decode(q, k_caches[l], v_caches[l], row_tables, row_lens, sw.scale, path, windows[l]);
       phase(3);
-      linears[4 * l + 1](o.view({T, qs}), path, attn, scratch);
+      lin[1](o.view({T, qs}), path, attn, scratch);
       phase(4);
       const at::Tensor* post = nl + 2 + 2 * sw.qk_norm;  // attention out, MLP out
       if (sw.post_norms)  // in place: a row's sum of squares is taken before its first write
@@ -226,11 +238,16 @@ struct DecoderStack : torch::CustomClassHolder {
       add_(residual.data_ptr<float>(), attn.data_ptr<float>(), T * D);
       rms_norm(residual.data_ptr<float>(), nl[1].data_ptr<float>(), x.data_ptr<float>(), T, D, (float)eps);
       phase(0);
-      linears[4 * l + 2](x, path, gu, scratch);
-      gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, sw.gelu);
-      phase(5);
-      linears[4 * l + 3](act, path, h, scratch);
-      phase(6);
+      if (moe[l] >= 0) {
+        moes[moe[l]](x, lin + 2, path, sw.gelu, h, scratch);
+        phase(7);
+      } else {
+        lin[2](x, path, gu, scratch);
+        gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, F, sw.gelu);
+        phase(5);
+        lin[3](act, path, h, scratch);
+        phase(6);
+      }
       if (sw.post_norms)
         rms_norm(h.data_ptr<float>(), post[1].data_ptr<float>(), h.data_ptr<float>(), T, D, (float)eps);
     }
@@ -262,5 +279,6 @@ TORCH_LIBRARY_FRAGMENT(ember, lib) {
       .def("phases", &ember::DecoderStack::phases)
       .def("set_family", &ember::DecoderStack::set_family)
       .def("add_layer", &ember::DecoderStack::add_layer)
+      .def("add_moe", &ember::DecoderStack::add_moe)
       .def("forward", &ember::DecoderStack::forward);
 }

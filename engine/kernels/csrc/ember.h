@@ -29,6 +29,16 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
                    const c10::optional<at::Tensor>& bias, int64_t n, int64_t bits, int64_t group, int64_t path,
                    const c10::optional<at::Tensor>& d_super, const c10::optional<at::Tensor>& m_super,
                    at::Tensor* out = nullptr, at::Tensor* scratch = nullptr);
+// One quantized matrix of the decoder stack, as qlinear takes it.
+struct Linear {
+  at::Tensor qw, d;
+  c10::optional<at::Tensor> m, bias, d_super, m_super;
+  int64_t n, bits, group;
+  // into out [T, n], with the step's scratch for the int8 activations
+  void operator()(const at::Tensor& x, int64_t path, at::Tensor& out, at::Tensor& scratch) const {
+    qlinear(x, qw, d, m, bias, n, bits, group, path, d_super, m_super, &out, &scratch);
+  }
+};
 // The bytes of qlinear's scratch for M rows of K (its int8 activations).
 inline int64_t qlinear_scratch_bytes(int64_t M, int64_t K) { return (M > 1 ? 2 : 1) * M * (K + K / 32 * 16); }
 

@@ -195,8 +195,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
 // The contract of these ops (tile formats, arguments), checked by engine/kernels/__init__.py's
 // ABI: 2 = 6-bit tiles, q8_0 KV rows; 3 = each path checked against its own CPU features;
 // 4 = sliding windows, per-head norms, GeGLU and per-layer RoPE in the decoder stack;
-// 5 = the decoder stack's family switches as one struct, by name (DecoderStack.set_family).
-static int64_t abi() { return 5; }
+// 5 = the decoder stack's family switches as one struct, by name (DecoderStack.set_family);
+// 6 = mixtures of experts in the decoder stack (DecoderStack.add_moe, moe_route).
+static int64_t abi() { return 6; }
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("abi() -> int", &abi);
