@@ -36,7 +36,7 @@ async def warm_chat(request: Request, body: ChatCompletionRequest) -> dict:
     prompt = warm_prompt(engine, body, shape.template_tools)
     ids, images = await encode_chat(engine, body, prompt)
     ids = ids[:engine.max_model_len - 1]  # a turn needs a token of room; what the context cannot hold, no turn reads
-    job = Job(request.app.state.engine_thread, request)
+    job = Job(request.app.state.engine_thread, request, metered=False)  # no request's figures
     try:
         job.submit(ids, SamplingParams(temperature=0.0, max_tokens=1, background=True), R.new_id("warm"), engine,
                    images)

@@ -4,6 +4,7 @@ usage says its prompt came from the cache; a warm sent while a chat streams leav
 greedy tokens as they were alone."""
 from __future__ import annotations
 
+import re
 import threading
 
 import httpx
@@ -30,6 +31,8 @@ def test_a_warmed_chat_after_a_restart_starts_its_next_turn_from_the_cache(tiny_
         warm = _warm(proc, chat)
         assert warm["object"] == "engine.warm" and warm["prompt_tokens"] > r.usage.prompt_tokens
         assert warm["cached_tokens"] >= BLOCK  # the first turn's blocks, read back from disk
+        metrics = httpx.get(proc.base_url + "/metrics", headers={"Authorization": f"Bearer {proc.api_key}"}).text
+        assert re.search(r"^ember_prompt_tokens_total 0(\.0)?$", metrics, re.M)  # a warm is no request
         turn = chat + [{"role": "user", "content": "And what does the dog do?"}]
         again = openai_client(proc).chat.completions.create(model="model", messages=turn, max_tokens=4,
                                                             temperature=0)
@@ -54,3 +57,12 @@ def test_a_warm_sent_while_a_chat_streams_leaves_its_tokens_as_they_were(tiny_mo
         warmer.join(timeout=300)
     assert text == alone
     assert warmed and warmed[0]["prompt_tokens"] > 100 and warmed[0]["cached_tokens"] == 0
+
+
+def test_a_warm_on_the_llamacpp_runner_leaves_its_slot_for_the_next_turn(tiny_model_factory, tmp_path):
+    chat = HISTORY + [{"role": "assistant", "content": "The fox does, over the dog."}]
+    with start_engine(tiny_model(tiny_model_factory), tmp_path, backend="llama.cpp") as proc:
+        warm = _warm(proc, chat)
+        turn = chat + [{"role": "user", "content": "And the dog?"}]
+        r = openai_client(proc).chat.completions.create(model="model", messages=turn, max_tokens=4, temperature=0)
+    assert warm["cached_tokens"] == 0 and r.usage.prompt_tokens_details.cached_tokens == warm["prompt_tokens"]
