@@ -2,8 +2,9 @@
 background (`POST /v1/engine/warm`, engine/server/warm.py), so the first reply after a restart
 starts at once (its blocks read back from the disk tier, or computed while the user types).
 
-Each chat is warmed once per engine start, when it is shown (and the one in view when the engine
-becomes ready). The engine runs a warm only while no reply needs it, so a warm never slows a chat.
+Each chat is warmed once per engine start, when it is first shown (and the one in view when the
+engine becomes ready): a chat first shown empty is not warmed later, since what it says from then
+on that engine computes anyway. The engine runs a warm only while no reply needs it, so a warm never slows a chat.
 Not warmed: a remote server's chats, a chat with nothing said yet or with a reply running, and a
 chat with tools on (their definitions, known only once its MCP servers run, are part of the prompt).
 The request is made by a FunctionWorker: the GUI thread never waits, and a failure is only logged.
@@ -45,15 +46,16 @@ class ChatWarmer(QObject):
     def warm_current(self) -> FunctionWorker | None:
         """Send the warm of the chat in view, if it is due (see the docstring); the worker, or None."""
         view = self.stack.currentWidget()
-        if not hasattr(view, "chat_id") or view.chat_id in self._warmed or view.is_streaming:
+        if not hasattr(view, "chat_id") or view.chat_id in self._warmed:
             return None
-        if self.engine.is_remote or self.engine.state != SupervisorState.READY:
+        ready = self.engine.state == SupervisorState.READY and not self.engine.is_remote
+        client = self.engine.client() if ready else None
+        if client is None:
             return None
+        self._warmed.add(view.chat_id)  # shown to this engine: what the chat says from now on, it computes anyway
         request = warm_request(view)
-        client = self.engine.client()
-        if request is None or client is None:
+        if request is None or view.is_streaming:
             return None
-        self._warmed.add(view.chat_id)
         messages, model, fields = request
         worker = FunctionWorker(client.warm, messages, model, **fields)
         chat_id = view.chat_id
