@@ -1,7 +1,8 @@
 """`ember cache info|clear`: the engine's disk tier of the prefix cache (<data_dir>/kv-cache), the
-chats' context kept across restarts (engine/kv_disk/). Removed models' blocks go by themselves
-the next time an engine opens the tier; `clear` deletes them all (an engine that is running
-reads its deleted blocks as misses and computes them again)."""
+chats' context kept across restarts (engine/kv_disk/). `ember models rm` deletes a model's blocks at
+once; those of a model file deleted otherwise go the next time an engine opens the tier; `clear`
+deletes them all (an engine that is running reads its deleted blocks as misses and computes them
+again)."""
 from __future__ import annotations
 
 import sys

@@ -7,11 +7,11 @@ import logging
 import sys
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from app.settings import Settings
 from app.settings_args import add_settings_args, settings_from_args
+from engine.kv_disk.folders import forget_model
 
 if TYPE_CHECKING:
     from app.store import ModelStore
@@ -43,8 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "`ember models search --hub`); sizes and sha256 from the hub")
     p.add_argument("--catalog", type=Path, help="a catalog JSON file instead of the bundled one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p = action("rm", cmd_rm, "remove an installed model")
-    p.add_argument("model")
+    action("rm", cmd_rm, "remove an installed model (and its chats' context kept on disk)").add_argument("model")
     p = action("import", cmd_import, "import a local GGUF file, a GPTQ/AWQ/compressed-tensors directory, or a "
                                      "sentence-transformers BERT folder (converted to GGUF once)")
     p.add_argument("path", type=Path)
@@ -256,11 +255,12 @@ def _pull(args, settings, store, entry) -> int:
 
 
 def cmd_rm(args) -> int:
-    _, store = _setup(args)
+    settings, store = _setup(args)
     m = store.get(args.model)
     if m is None:
         print(f"error: no installed model {args.model!r}", file=sys.stderr)
         return 1
+    forget_model(settings.kv_cache_dir, m.path)  # its blocks in the prefix cache's disk tier, at once
     store.delete(m.id)
     kept = "" if Path(m.path).is_relative_to(store.root) else f" (its file {m.path} was left in place)"
     print(f"removed {m.id}{kept}")

@@ -217,6 +217,15 @@ class EngineClient:
             raise error_from_response(response)
         return ChatStream(response, t_sent)
 
+    def warm(self, messages: list[dict], model: str | None = None, **fields: Any) -> dict:
+        """Ember's engine computes the chat's prompt into its prefix cache, as background work, so the
+        next turn starts at once (POST /v1/engine/warm); answers once done: {"prompt_tokens",
+        "cached_tokens"}. `fields`: what the next turn sends besides its messages (e.g. tools)."""
+        body = {"messages": messages, **{k: v for k, v in fields.items() if v is not None}}
+        if model:
+            body["model"] = model
+        return self._json("POST", "/v1/engine/warm", body, timeout=STREAM_TIMEOUT)
+
     def chat(self, messages: list[dict], model: str | None = None, **sampling: Any) -> ChatDelta:
         """A whole reply in one request (no streaming): its text, finish reason, usage, tool calls
         and thinking."""

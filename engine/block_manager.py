@@ -46,7 +46,8 @@ class DiskCache(Protocol):
 
     def offer(self, blocks: list[tuple[int, int]]) -> None: ...  # (block id, hash) just hashed
     def contains(self, block_hash: int) -> bool: ...
-    def fetch(self, block_hash: int, block_id: int) -> bool: ...  # into block_id; False: not served
+    def fetch(self, block_hash: int, block_id: int) -> bool | None: ...  # False: windowed out; None: not read
+    def thin(self, blocks: list[tuple[int, int]]) -> None: ...  # (block id, hash) the window left
 
 
 class BlockManager(BlockPool):
@@ -110,10 +111,12 @@ class BlockManager(BlockPool):
             if h in self.hash_to_block_id or not self.disk.contains(h):
                 break
             block_id = self._take_free_block()
-            if not self.disk.fetch(h, block_id):
+            whole = self.disk.fetch(h, block_id)
+            if whole is None:
                 self._release(block_id, cleaned)
                 break
             block = self.blocks[block_id]
+            block.windowed_out = not whole
             block.hash, block.token_ids = h, tuple(seq.token_ids[i * B:(i + 1) * B])
             self.hash_to_block_id[h] = block_id
             loaded.append(block_id)
@@ -239,6 +242,8 @@ class BlockManager(BlockPool):
                 break
             block.windowed_out = True
             out.append(block.block_id)
+        if out and self.disk is not None:  # before the window layers' pages go: only the others are read
+            self.disk.thin([(b, self.blocks[b].hash) for b in out if self.blocks[b].hash != NO_HASH])
         if out and self.on_window_out is not None:
             self.on_window_out(out, lambda b: self.blocks[b].windowed_out or self.is_clean(b))
 

@@ -84,21 +84,27 @@ class KVPool:
             for base in bases:
                 self._map.madvise(mmap.MADV_DONTNEED, base + start, length)
 
-    def read_blocks(self, block_ids: list[int]) -> list:
-        """Copies of blocks for the disk tier: per block, K then V of every layer, as one row of
-        bytes (a numpy view of a CPU tensor that nothing else writes); one gather per tensor."""
+    def read_blocks(self, block_ids: list[int], layers: list[int] | None = None) -> list:
+        """Copies of blocks for the disk tier: per block, K then V of every layer (or of `layers`),
+        as one row of bytes (a numpy view of a CPU tensor that nothing else writes); one gather per tensor."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.caches[0][0].device)
-        rows = torch.stack([t.index_select(0, idx) for kv in self.caches for t in kv], 1)
+        caches = self.caches if layers is None else [self.caches[i] for i in layers]
+        if not caches:  # every layer slides: a block out of the window keeps nothing
+            return [bytes() for _ in block_ids]
+        rows = torch.stack([t.index_select(0, idx) for kv in caches for t in kv], 1)
         rows = rows.view(torch.uint8).reshape(len(block_ids), -1).cpu()
         return [row.numpy() for row in rows]
 
-    def write_block(self, block_id: int, payload) -> None:
-        """A row read_blocks made back into block_id in every layer; ValueError for a wrong size."""
-        expected = 2 * len(self.caches) * self.block_bytes
+    def write_block(self, block_id: int, payload, layers: list[int] | None = None) -> None:
+        """A row read_blocks made (of the same `layers`) back into block_id; ValueError for a wrong size."""
+        caches = self.caches if layers is None else [self.caches[i] for i in layers]
+        expected = 2 * len(caches) * self.block_bytes
         if memoryview(payload).nbytes != expected:
             raise ValueError(f"a KV block of {memoryview(payload).nbytes} bytes where this pool's are {expected}")
-        src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(2 * len(self.caches), *self.shape[1:])
-        for i, (k, v) in enumerate(self.caches):
+        if not caches:
+            return
+        src = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(2 * len(caches), *self.shape[1:])
+        for i, (k, v) in enumerate(caches):
             k[block_id].copy_(src[2 * i])
             v[block_id].copy_(src[2 * i + 1])
 

@@ -148,11 +148,19 @@ class ModelRunner(Runner):
             model_identity(self.config.model_path), self.dtype, self.kv_dtype, self.quantized, self.device.type,
             ABI, default_path().name, torch.__version__, self.max_model_len, self.model.config))
 
-    def read_blocks(self, block_ids) -> list:
-        return self.kv_pool.read_blocks(block_ids)
+    def read_blocks(self, block_ids, window_layers: bool = True) -> list:
+        return self.kv_pool.read_blocks(block_ids, None if window_layers else self._full_layers())
 
-    def write_block(self, block_id, payload) -> None:
+    def write_block(self, block_id, payload) -> bool:
+        full = self._full_layers()
+        if self.sliding_window and memoryview(payload).nbytes == 2 * len(full) * self.kv_pool.block_bytes:
+            self.kv_pool.write_block(block_id, payload, full)  # a block out of the window: no window layers
+            return False
         self.kv_pool.write_block(block_id, payload)
+        return True
+
+    def _full_layers(self) -> list[int]:
+        return [i for i, w in enumerate(self.model.config.layer_windows) if not w]
 
     def kv_capacity_blocks(self) -> int:
         return self.num_blocks

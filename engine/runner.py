@@ -112,14 +112,17 @@ class Runner(Protocol):
         """The block manager's on_window_out: the sliding-window layers' memory of blocks out of
         their window may go back to the system; by default it stays."""
 
-    def read_blocks(self, block_ids: list[int]) -> list:
-        """Copies of these blocks' K and V in every layer, one bytes-like object per block, that
+    def read_blocks(self, block_ids: list[int], window_layers: bool = True) -> list:
+        """Copies of these blocks' K and V in every layer (not window_layers: only in the layers
+        without a sliding window, for blocks out of it), one bytes-like object per block, that
         the disk tier's writer owns from now on (only with a kv_identity)."""
         return []
 
-    def write_block(self, block_id: int, payload) -> None:
-        """Put a block read_blocks copied (in an earlier process, maybe) back into block_id;
+    def write_block(self, block_id: int, payload) -> bool:
+        """Put a block read_blocks copied (in an earlier process, maybe) back into block_id: True
+        when it had every layer, False when only those without a window (the block is out of it);
         ValueError, nothing written, for a payload of the wrong size (only with a kv_identity)."""
+        return True
 
     def release(self, seq: Sequence) -> None:
         """seq's KV is no longer needed (finished, aborted, or preempted to be recomputed);

@@ -59,6 +59,9 @@ class SamplingParams:
     # an embedding, not a reply: no token is sampled; the result is the mean of the prompt's final
     # (normed) hidden states, llama.cpp's mean pooling of its embeddings output (t_embd)
     embed: bool = False
+    # work nobody waits for (warming a chat's prefix cache): it runs only in steps with no other
+    # request to serve and is the first to be preempted (Scheduler, BACKGROUND_PRIORITY)
+    background: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

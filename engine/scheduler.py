@@ -10,7 +10,8 @@ When blocks run out, the lowest-priority, then newest, running sequence is preem
 recompute: its blocks are freed (their hashes stay, so the recompute mostly hits the prefix
 cache), num_computed_tokens goes back to 0, and it waits again ahead of everything that came
 after it. A waiting sequence may also preempt running ones of strictly lower priority, so an
-interactive chat never queues behind background jobs.
+interactive chat never queues behind background jobs. Background work (a warm: a chat's prompt
+computed into the prefix cache ahead of its turn) gets tokens only in a step with no other request.
 
 A scored prompt (echo) is computed the same way every time: never from a cache, each chunk in a
 step of its own (oneDNN's bf16 and llama.cpp's GEMMs round a row differently in another batch),
@@ -54,6 +55,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def has_foreground(self) -> bool:
+        """Whether a request that is not background work is running or waiting."""
+        return any(not s.params.background for s in self.running + self.waiting)
 
     # ---- requests ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -125,7 +130,7 @@ class Scheduler:
         return SchedulerOutput([seq], [n], int(n == 1))
 
     def _step(self) -> SchedulerOutput:
-        plan = _Plan(self.max_num_batched_tokens)
+        plan = _Plan(self.max_num_batched_tokens, self.has_foreground())
         self._schedule_running(plan)
         self._admit_waiting(plan)
         return self._output(plan)
@@ -151,8 +156,8 @@ class Scheduler:
         decodes_left = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in self.running)
         for seq in sorted(self.running, key=_decodes_first):
             decodes_left -= len(seq.token_ids) - seq.num_computed_tokens == 1
-            if seq.status is not running:
-                continue  # preempted earlier in this loop
+            if seq.status is not running or (seq.params.background and plan.foreground):
+                continue  # preempted earlier in this loop; background work yields to requests
             n = min(len(seq.token_ids) - seq.num_computed_tokens, chunk, plan.budget)
             if seq.is_scoring_prompt:
                 continue  # in a step of its own
@@ -184,8 +189,8 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and plan.budget > 0:
             seq = self.waiting[0]
-            if seq in plan.preempted:
-                break  # preempted in this very step: it resumes in a later one
+            if seq in plan.preempted or (seq.params.background and plan.foreground):
+                break  # preempted in this very step: it resumes in a later one; background work waits
             # an embedding pools every prompt row: none may come from a cache
             cached = bm.match_prefix(seq, from_disk=True) if not seq.params.embed else []
             reused = (self.prompt_cache.match_prompt(seq) if self.prompt_cache and not cached
@@ -278,6 +283,7 @@ class _Plan:
     """One step's schedule as it is built: the token budget left, the new tokens per sequence
     (in scheduling order), their drafts, and who was preempted or ended on the way."""
     budget: int
+    foreground: bool = False  # a request that is not background work is running or waiting
     scheduled: dict[Sequence, int] = field(default_factory=dict)
     drafts: dict[Sequence, int] = field(default_factory=dict)
     preempted: list[Sequence] = field(default_factory=list)

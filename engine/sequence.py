@@ -18,6 +18,8 @@ from enum import Enum, auto
 
 from engine.sampling_params import SamplingParams
 
+BACKGROUND_PRIORITY = 1000  # SamplingParams.background: after any priority a request can name
+
 
 class SequenceStatus(Enum):
     WAITING = auto()
@@ -51,7 +53,8 @@ class Sequence:
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
         self.num_hashed_blocks = 0  # leading blocks of block_table already offered to the cache
         self.status = SequenceStatus.WAITING
-        self.priority = self.params.priority  # lower runs first
+        # lower runs first; background work after everything an API can ask for (priority <= 10)
+        self.priority = BACKGROUND_PRIORITY if self.params.background else self.params.priority
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.max_tokens = self.params.max_tokens  # the scheduler may lower it to fit the pool
         self.num_preemptions = 0

@@ -45,6 +45,7 @@ class ChatView(QWidget):
     reply_started = Signal(int)
     reply_finished = Signal(int, str)  # chat id, final status: done | stopped | error
     reply_stats = Signal(dict)  # {"chat_id", "ttft_s", "tok_s", "tokens"}
+    reply_usage = Signal(int, object)  # chat id, the reply's Usage (app/openai_stream.py) once the server sends it
     title_changed = Signal(int, str)
 
     def __init__(self, chat_store: ChatStore, chat_id: int, engine: EngineController,
@@ -207,6 +208,7 @@ class ChatView(QWidget):
             self._reply.content += text
         if delta.usage:
             self._clock.tokens = delta.usage.completion_tokens or self._clock.tokens
+            self.reply_usage.emit(self.chat_id, delta.usage)
         if delta.finish_reason:
             self._reply.finish_reason = delta.finish_reason
         self._reply.sources = list(delta.sources) or self._reply.sources

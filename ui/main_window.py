@@ -21,6 +21,7 @@ from app.version import ember_version
 from ui.chat_list import ChatListPanel
 from ui.chat_settings_panel import ChatSettingsPanel
 from ui.chat_view import ChatView
+from ui.chat_warm import ChatWarmer
 from ui.engine_controller import EngineController
 from ui.engine_log_dialog import EngineLogDialog
 from ui.resident_models import chatting_model, entry
@@ -79,6 +80,7 @@ class MainWindow(QMainWindow):
         self.status = EngineStatusBar(engine, self, chats=lambda: [  # (title, model) of each open chat
             (c.title, c.model) for c in map(chat_store.get_chat, list(self._views))])
         self.setStatusBar(self.status)
+        self.warmer = ChatWarmer(engine, self.stack, self)  # the chat shown: its prompt into the engine's cache
         self._build_menus()
 
         self.chat_list.chat_selected.connect(self.open_chat)
@@ -115,6 +117,7 @@ class MainWindow(QMainWindow):
             view.title_changed.connect(self._on_title_changed)
             view.reply_started.connect(self._on_reply_started)
             view.reply_finished.connect(self._on_reply_finished)
+            view.reply_usage.connect(self.status.show_cached)
             self._views[chat_id] = view
             self.stack.addWidget(view)
         self.stack.setCurrentWidget(view)

@@ -1,5 +1,6 @@
 """The main window's status bar: engine state, the loaded models (which one this chat uses), backend/device,
-the replies' speed, drafts accepted, KV, the models' memory of their budget, RAM."""
+the replies' speed, drafts accepted, the last reply's prompt tokens from the cache, KV, the models' memory of
+their budget, RAM."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -40,6 +41,7 @@ class EngineStatusBar(QStatusBar):
         self.model_label = ElidedLabel(parent=self)
         self.device_label = QLabel(self)
         self.spec_label = QLabel(self)  # speculative decoding's acceptance, when the engine drafts
+        self.cached_label = QLabel(self)  # the last reply's prompt tokens that came from the prefix cache
         self.kv_label = ElidedLabel(parent=self)
         self.memory_label = QLabel(self)  # the loaded models' memory of their budget (Ember's engine)
         self.ram_label = QLabel(self)
@@ -49,7 +51,7 @@ class EngineStatusBar(QStatusBar):
         # the model's name takes the room the figures leave, and is the one shortened first (its tooltip has it)
         self.model_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.addWidget(self.model_label, 1)
-        for w in (self.spec_label, self.kv_label, self.memory_label, self.ram_label, self.chart):
+        for w in (self.spec_label, self.cached_label, self.kv_label, self.memory_label, self.ram_label, self.chart):
             self.addPermanentWidget(w)
         self.kv_label.setToolTip("Memory for conversations (the KV cache) in use")
         self.ram_label.setToolTip("Memory in use on this computer, all programs together")
@@ -67,7 +69,8 @@ class EngineStatusBar(QStatusBar):
             self.clear_engine_figures()  # a stopped engine has no model and no speed
 
     def clear_engine_figures(self) -> None:
-        for label in (self.model_label, self.device_label, self.spec_label, self.kv_label, self.memory_label):
+        for label in (self.model_label, self.device_label, self.spec_label, self.cached_label, self.kv_label,
+                      self.memory_label):
             label.setText("")
         self.chart.clear()
 
@@ -121,6 +124,14 @@ class EngineStatusBar(QStatusBar):
         self.memory_label.setToolTip(tip)
         self.memory_label.setVisible(bool(text))
 
+    def show_cached(self, _chat_id: int, usage) -> None:
+        """The last reply's usage (app/openai_stream.py's Usage): how much of its prompt came from the cache."""
+        text = cached_text(usage)
+        self.cached_label.setText(text)
+        self.cached_label.setToolTip(f"The last reply's prompt: {usage.cached_tokens:,} of its {usage.prompt_tokens:,} "
+                                     "tokens were already in the engine's cache (memory or disk), so it did not "
+                                     "read them again" if text else "")
+
     def _update_ram(self, status: dict | None = None) -> None:
         vm = psutil.virtual_memory()
         text = f"RAM {_gib(vm.total - vm.available)}/{_gib(vm.total)}"
@@ -137,6 +148,14 @@ def busy_text(status: dict) -> str:
     parts = ([f"Writing {'a reply' if writing == 1 else f'{writing} replies'}"] if writing else []) + \
         ([f"{waiting} waiting"] if waiting else []) + ([f"{queued} waiting for memory"] if queued else [])
     return " · ".join(parts)
+
+
+def cached_text(usage) -> str:
+    """E.g. "cached 1,840 of 1,900 prompt tokens" for a reply whose prompt's prefix came from the cache; "" when
+    none did or the server does not say."""
+    if usage is None or not usage.cached_tokens:
+        return ""
+    return f"cached {usage.cached_tokens:,} of {usage.prompt_tokens:,} prompt tokens"
 
 
 DRAFTERS = {"ngram": "prompt lookup"}  # the engine's drafter names in the user's words; others: a draft model

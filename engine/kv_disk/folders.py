@@ -1,5 +1,6 @@
 """The disk tier's root as a whole: what it holds per model (`ember cache info`), and clearing it
-(`ember cache clear`; the blocks of removed models). Torch-free.
+(`ember cache clear`; a model's blocks when it is removed, `forget_model`; those of models removed
+otherwise, when an engine opens the tier). Torch-free.
 
 A model's folder that an engine holds (its lock) keeps its folder and lock; only its block files
 go, which that engine then reads as misses. A folder no engine holds goes whole.
@@ -59,12 +60,20 @@ def cache_folders(root: str | Path) -> list[CacheFolder]:
                   key=lambda f: f.model)
 
 
-def clear(root: str | Path, only_orphans: bool = False) -> tuple[int, int]:
+def forget_model(root: str | Path, model_path: str | Path) -> tuple[int, int]:
+    """Delete the blocks written for this model file or folder (`ember models rm`, the window's
+    Remove), whatever the configuration they were made with; call it before the file goes, so that
+    a link still resolves. Returns (blocks, bytes) deleted."""
+    return clear(root, model=str(Path(model_path).resolve()))
+
+
+def clear(root: str | Path, only_orphans: bool = False, model: str | None = None) -> tuple[int, int]:
     """Delete the blocks under root (only_orphans: only those of removed models, never in a
-    folder an engine holds); returns (blocks, bytes) deleted. A folder is deleted under its lock."""
+    folder an engine holds; model: only those written for that resolved path); returns (blocks,
+    bytes) deleted. A folder is deleted under its lock."""
     blocks = size = 0
     for folder in cache_folders(root):
-        if only_orphans and (folder.in_use or not folder.orphaned):
+        if (only_orphans and (folder.in_use or not folder.orphaned)) or (model is not None and folder.model != model):
             continue
         try:
             fd = lock_folder(folder.path)

@@ -99,17 +99,23 @@ class KVDiskStore:
         return not (block_hash in self._hashes or block_hash in self._queued or self._closed
                     or self._pending_bytes >= MAX_PENDING_BYTES)
 
-    def put(self, block_hash: int, payload) -> bool:
+    def has(self, block_hash: int) -> bool:
+        """Whether the block is on disk or queued for it."""
+        return block_hash in self._hashes or block_hash in self._queued
+
+    def put(self, block_hash: int, payload, replace: bool = False) -> bool:
         """Queue a copy of a block (a bytes-like object the caller no longer writes) for the
-        writer; never waits. False: not kept (already there, or the queue is full)."""
+        writer; never waits. False: not kept (already there, or the queue is full). `replace`: a
+        new version of a block that is there (a thinner one, tier.py), written over its file."""
         nbytes = memoryview(payload).nbytes
         with self._mutex:
-            if block_hash in self._hashes or block_hash in self._queued or self._closed:
+            if self._closed or self.has(block_hash) != replace:
                 return False
             if self._pending_bytes + nbytes > MAX_PENDING_BYTES:
                 self.num_dropped += 1
                 return False
-            self._queued.add(block_hash)
+            if not replace:
+                self._queued.add(block_hash)
             self._pending_bytes += nbytes
         self._queue.put((block_hash, payload, nbytes))
         return True
@@ -172,6 +178,10 @@ class KVDiskStore:
             block_hash, payload, nbytes = item
             path = self.folder / file_name(block_hash)
             try:
+                old = path.stat().st_size if block_hash in self._hashes else 0  # a block written over
+            except OSError:
+                old = 0
+            try:
                 size = write_block_file(path, self.salt, block_hash, payload)
             except OSError as e:
                 log.warning("KV disk tier: a block was not written (%s); the chat goes on without it", e)
@@ -181,7 +191,7 @@ class KVDiskStore:
                 self._pending_bytes -= nbytes
                 if size:
                     self._hashes.add(block_hash)
-                    self._used += size
+                    self._used += size - old
                     self.num_written += 1
             if size:
                 self._stamp(path)

@@ -3,8 +3,11 @@
 The runner copies a block's K and V of every layer (`read_blocks`, one copy, on the engine
 thread) and the store's writer writes them; on a prefix hit that RAM misses, the store reads and
 checks a file and the runner writes it into a free block of its pool (`write_block`). A payload
-of the wrong size is refused like a bad file. `open_disk_tier` returns None where the tier
-cannot be: no folder set, a runner whose KV cannot go to disk, or the folder held by another engine.
+of the wrong size is refused like a bad file. A block its sequence's sliding window has left
+(engine/kv_window.py) is written again with only the layers that have no window (Gemma 3's global
+layers: 1 in 6), as the pool keeps it; read back, it is such a block again, and a prefix hit
+whose window needs it stops before it. `open_disk_tier` returns None where the tier cannot be: no
+folder set, a runner whose KV cannot go to disk, or the folder held by another engine.
 """
 from __future__ import annotations
 
@@ -31,21 +34,29 @@ class DiskTier:
             for (_, h), payload in zip(new, self.runner.read_blocks([b for b, _ in new])):
                 self.store.put(h, payload)
 
+    def thin(self, blocks: list[tuple[int, int]]) -> None:
+        """(block id, chain hash) of blocks out of the sliding window: their files keep only the
+        layers without a window from now on."""
+        kept = [(b, h) for b, h in blocks if self.store.has(h)]
+        if kept:
+            for (_, h), payload in zip(kept, self.runner.read_blocks([b for b, _ in kept], window_layers=False)):
+                self.store.put(h, payload, replace=True)
+
     def contains(self, block_hash: int) -> bool:
         return self.store.contains(block_hash)
 
-    def fetch(self, block_hash: int, block_id: int) -> bool:
-        """Read the block's file into pool block `block_id`; False (nothing written) if it cannot be."""
+    def fetch(self, block_hash: int, block_id: int) -> bool | None:
+        """Read the block's file into pool block `block_id`: True, or False for a block out of the
+        window (only the layers without one); None (nothing written) if it cannot be."""
         payload = self.store.get(block_hash)
         if payload is None:
-            return False
+            return None
         try:
-            self.runner.write_block(block_id, payload)
+            return self.runner.write_block(block_id, payload)
         except ValueError as e:
             log.warning("KV disk tier: %s; the file is deleted", e)
             self.store.discard(block_hash)
-            return False
-        return True
+            return None
 
     def close(self) -> None:
         self.store.close()

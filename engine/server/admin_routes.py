@@ -1,4 +1,4 @@
-"""The engine's own routes: /health, /v1/models, /metrics and the GUI's /v1/engine/{status,load,unload}.
+"""The engine's own routes: /health, /v1/models, /metrics and the GUI's /v1/engine/{status,load,unload,warm}.
 
 Each reads the engine thread's published status; a load or unload is posted to the thread and
 awaited (or, for a load with `wait: false`, answered 202 at once).
@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from engine.model_files.manifest import MODEL_ID_PATTERN
 from engine.server.errors import APIError
 from engine.server.model_store import ModelNotFound, ModelStore
+from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.reasoning import thinking_switches
 from engine.service import heap
 from engine.service.handle import EngineHandle
 from engine.service.model_set import QueueFull
 from engine.service.status_snapshot import failed_load_words
 from engine.server.residency_status import residency_status
+from engine.server.warm import warm_chat
 
 
 class LoadModelRequest(BaseModel):
@@ -68,6 +70,11 @@ def build_admin_router() -> APIRouter:
         t = request.app.state.engine_thread
         await asyncio.wrap_future(t.unload(body.model if body else None))
         return health_body(t)
+
+    @router.post("/v1/engine/warm")
+    async def warm(body: ChatCompletionRequest, request: Request):
+        """A chat's prompt into the prefix cache, as background work (engine/server/warm.py)."""
+        return await warm_chat(request, body)
 
     return router
 

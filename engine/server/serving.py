@@ -106,9 +106,10 @@ class Job:
     engine frees their KV blocks on its next step.
     """
 
-    def __init__(self, thread: EngineHandle, request: Request | None) -> None:
-        """`request`: the HTTP call whose hang-up aborts the job (None: background work)."""
-        self.thread, self.request = thread, request
+    def __init__(self, thread: EngineHandle, request: Request | None, metered: bool = True) -> None:
+        """`request`: the HTTP call whose hang-up aborts the job (None: background work). Not
+        `metered` (a warm): its prompt, first token and speed stay out of /metrics."""
+        self.thread, self.request, self.metered = thread, request, metered
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.unfinished: set[str] = set()
@@ -126,7 +127,8 @@ class Job:
                 pass
         self.unfinished.add(rid)
         self.thread.submit_sink(ids, params, rid, engine, sink, list(images))
-        self.thread.metrics.prompt_tokens.inc(len(ids))
+        if self.metered:
+            self.thread.metrics.prompt_tokens.inc(len(ids))
         if self._watcher is None and self.request is not None:
             self._watcher = asyncio.create_task(self._watch())
 
@@ -136,12 +138,13 @@ class Job:
         if isinstance(item, BaseException):
             self.unfinished.discard(rid)
             raise engine_error(item)
-        if item.new_token_ids and rid not in self.first_token_at:
+        if item.new_token_ids and rid not in self.first_token_at and self.metered:
             self.first_token_at[rid] = now = time.monotonic()
             self.thread.metrics.ttft.observe(now - self.t0)
         if item.finished:
             self.unfinished.discard(rid)
-            self._record(rid, item)
+            if self.metered:
+                self._record(rid, item)
         return rid, item
 
     async def first(self):

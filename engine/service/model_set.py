@@ -209,8 +209,10 @@ class ModelSet:
         """The busy model with the least engine time, so that busy models share the thread's time
         evenly (a small model then makes its tokens at its own pace, not at a large one's). A model
         that was idle is first brought up to the least time of the others (the `floor`, as a
-        fair-share scheduler's min_vruntime), so its idle past buys it no burst."""
+        fair-share scheduler's min_vruntime), so its idle past buys it no burst. Background work
+        (a warm) runs only while no model has a request."""
         busy = [r for r in self.residents.values() if r.loaded.engine.has_unfinished()]
+        busy = [r for r in busy if r.loaded.engine.scheduler.has_foreground()] or busy
         if not busy:
             return None
         for r in busy:

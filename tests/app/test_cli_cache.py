@@ -41,3 +41,19 @@ def test_cache_info_and_clear(home, capsys):
     assert main(["cache", "info"]) == 0 and "model removed" in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0 and "deleted 3 blocks" in capsys.readouterr().out
     assert main(["cache", "info"]) == 0 and "0 blocks" in capsys.readouterr().out
+
+
+def test_models_rm_deletes_the_models_blocks_at_once(home, tiny_model_factory, capsys):
+    model, other = tiny_model_factory(), home / "other.gguf"
+    other.write_bytes(b"GGUF")
+    assert main(["models", "import", str(model), "--link", "--id", "tiny"]) == 0
+    root = Settings.load().kv_cache_dir
+    for label, salt in ((model.resolve(), b"0123456789abcdef"), (other, b"fedcba9876543210")):
+        store = KVDiskStore(root, salt, 2**30, label=str(label))
+        for h in range(3):
+            store.put(h, bytes(1000))
+        store.close()
+    assert main(["models", "rm", "tiny"]) == 0
+    assert model.exists() and "left in place" in capsys.readouterr().out  # a linked file stays; its blocks do not
+    assert not (root / b"0123456789abcdef".hex()).exists()
+    assert len(list((root / b"fedcba9876543210".hex()).glob("*.kv"))) == 3

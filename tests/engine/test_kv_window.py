@@ -57,6 +57,28 @@ def test_replies_equal_an_engine_that_keeps_every_block(gemma):
     keep.close()
 
 
+def test_the_disk_tier_keeps_only_what_the_window_still_reads(gemma, tmp_path):
+    """Blocks the window left are written again with the global layer alone (1 of 6); after a
+    restart the chat's next turn reads them back, whole where its window reads, and replies as
+    an engine that computes the whole prompt."""
+    prompt = _prompt(300, 1)
+    first = _engine(gemma, kv_disk_dir=str(tmp_path))
+    (out,) = first.generate([prompt], GREEDY)
+    first.close()  # its writer has written everything
+    sizes = sorted(p.stat().st_size for p in tmp_path.glob("*/*.kv"))
+    thin, whole = sizes[0], sizes[-1]
+    assert len(sizes) == (300 + 40 - 1) // 16 and thin < whole
+    assert sum(s == thin for s in sizes) >= len(sizes) - 4  # all but the last window (and its edge)
+    turn = prompt + out.output_token_ids + _prompt(10, 4)
+    again = _engine(gemma, kv_disk_dir=str(tmp_path))
+    (second,) = again.generate([turn], GREEDY)
+    again.close()
+    assert second.num_cached_tokens == (len(turn) - 1) // 16 * 16  # every full block, from disk
+    fresh = _engine(gemma)
+    assert fresh.generate([turn], GREEDY)[0].output_token_ids == second.output_token_ids
+    fresh.close()
+
+
 def test_the_pool_holds_the_window_not_the_chat(gemma):
     """A 600-token prompt and 40 tokens of reply: when the reply is nearly done, the global
     layer holds every token and the 5 window layers their last 32 plus up to two blocks of 16,

@@ -259,6 +259,46 @@ def test_interactive_chat_goes_ahead_of_queued_background_jobs():
     assert all(j.output_token_ids == alone(j.prompt_token_ids, 30) for j in jobs)
 
 
+# ---- background work (a warm: a chat's prompt into the prefix cache, engine/server/warm.py) -----
+
+def warm(prompt_ids, t=0.0) -> Sequence:
+    return Sequence(list(prompt_ids), SamplingParams(max_tokens=1, background=True), arrival_time=t)
+
+
+def test_a_warm_runs_only_in_steps_without_a_request_and_leaves_its_blocks_cached():
+    sched, bm, model = make(num_blocks=100, max_num_batched_tokens=64, max_prefill_chunk=16)
+    rng = random.Random(11)
+    w, chat = warm(prompt(rng, 50)), seq(prompt(rng, 10), max_tokens=6, priority=10, t=1)
+    outs = run(sched, model, {0: [w], 1: [chat]})
+    last = max(i for i, out in enumerate(outs) if chat in out.seqs)
+    # from the chat's arrival to its last token (whatever its priority) the warm got no step
+    assert w in outs[0].seqs and not any(w in out.seqs for out in outs[1:last + 1])
+    assert chat.output_token_ids == alone(chat.prompt_token_ids, 6)
+    assert w.status.is_finished and w.num_preemptions == 0
+    turn = seq(w.prompt_token_ids + prompt(rng, 7), max_tokens=3, t=2)
+    run(sched, model, {0: [turn]})
+    assert turn.num_cached_tokens == 48  # the warm's 12 full blocks
+    assert turn.output_token_ids == alone(turn.prompt_token_ids, 3)
+
+
+def test_a_warm_is_preempted_for_a_request_that_needs_its_blocks():
+    sched, bm, model = make(num_blocks=8, max_num_batched_tokens=64, max_prefill_chunk=16)
+    rng = random.Random(12)
+    w, chat = warm(prompt(rng, 28)), seq(prompt(rng, 20), max_tokens=4, t=1)
+    sched.add(w)
+    step(sched, model)  # the warm holds 4 of the 8 blocks
+    sched.add(chat)  # it needs 6 in all
+    victims = []
+    while not victims:
+        out = step(sched, model)
+        victims = out.preempted
+        assert w not in out.seqs
+    assert victims == [w] and chat in out.seqs
+    run(sched, model, {})
+    assert chat.output_token_ids == alone(chat.prompt_token_ids, 4) and chat.num_preemptions == 0
+    assert w.status.is_finished and w.num_preemptions == 1
+
+
 def test_priority_never_preempts_in_vain():
     sched, _, model = make(num_blocks=6, max_num_batched_tokens=64, max_prefill_chunk=64)
     job = seq(range(8), max_tokens=2, priority=1)  # 2 blocks
