@@ -39,12 +39,13 @@ class TinyVlm:
 
 def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2, width: int = 32,
                  heads: int = 2, ffn: int = 64, layers: int = 1, lm_width: int = LM_WIDTH,
-                 seed: int = 0) -> Path:
-    """Write a random gemma3-type projector GGUF; return `path`."""
+                 seed: int = 0, projector_type: str = "gemma3") -> Path:
+    """Write a random gemma3-type projector GGUF (`projector_type` names another type in its header
+    only, for the checks that read it); return `path`."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-gemma3-mmproj")
-    w.add_string("clip.projector_type", "gemma3")
+    w.add_string("clip.projector_type", projector_type)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     for key, value in (("image_size", image), ("patch_size", patch), ("embedding_length", width),

@@ -78,4 +78,4 @@ def check_model_file(spec: ModelSpec) -> None:
     if why := unsupported_architecture(footprint_of(read_meta(Path(spec.path)), 0)):
         raise UnsupportedArchitecture(why)  # in the words a failed load gives it (the model is named)
     if spec.mmproj:
-        check_projector(spec.mmproj)
+        check_projector(spec.mmproj, spec.path)

@@ -186,3 +186,23 @@ def test_an_image_and_documents_in_one_turn_keep_both(tmp_path):
         assert image_tokens >= 16 and both.usage.prompt_tokens == n["words+docs"] + image_tokens
     finally:
         proc.stop()
+
+
+def test_a_vision_model_served_from_the_store_gets_its_projector(tmp_path):
+    """`ember models import lm.gguf --mmproj mmproj.gguf`, then the server on the store's id (no
+    --mmproj): the manifest's pairing loads the projector, and an image is seen."""
+    import secrets
+
+    from app.engine_process import EngineProcess
+    from app.store import ModelStore
+
+    vlm = write_tiny_vlm(tmp_path / "files", chat_template=GEMMA_TEMPLATE)
+    ModelStore(tmp_path / "models").import_path(vlm.model, model_id="eye", mmproj=vlm.mmproj)
+    proc = EngineProcess(["--models-dir", str(tmp_path / "models"), "--model-id", "eye", "--backend", "llama.cpp",
+                          "--threads", "1", "--num-kv-blocks", "512"], api_key=secrets.token_urlsafe(16),
+                         log_path=tmp_path / "engine.log").start(timeout=240)
+    try:
+        r = ask(openai_client(proc), image(data_uri(1)))
+        assert r.usage.prompt_tokens >= vlm.image_tokens
+    finally:
+        proc.stop()
