@@ -135,7 +135,23 @@ def cmd_pull(args) -> int:
         print(f"error: {args.model!r} is not in the catalog" + (f"; did you mean: {', '.join(near)}" if near else ""),
               file=sys.stderr)
         return 2
-    return _pull(args, settings, store, entry)
+    return _pull(args, settings, store, _with_hub_facts(settings, entry))
+
+
+def _with_hub_facts(settings, entry):
+    """The entry with the hub's sizes and sha256 where the catalog has none, so each file (a vision
+    model's projector too) is checked against the hub's metadata; offline or unlisted, as it is
+    (the download then checks the hub's ETag where it sends one)."""
+    from app.hub import HubError, with_hub_facts
+
+    if all(f.size_bytes and f.sha256 for f in entry.files):
+        return entry
+    try:
+        return with_hub_facts(settings.hub_base_url, [entry])[0]
+    except HubError as e:
+        print(f"note: the hub's file facts are unavailable ({e}); checking the download as it arrives",
+              file=sys.stderr)
+        return entry
 
 
 def _pull(args, settings, store, entry) -> int:
@@ -150,8 +166,13 @@ def _pull(args, settings, store, entry) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would break the bar
     if not args.no_progress:
         dm.subscribe(ProgressBar())
-    print(f"pulling {entry.id} from {entry.url}", file=sys.stderr)
-    job = dm.start(entry)
+    also = f" with its projector {entry.mmproj}" if entry.mmproj else ""
+    print(f"pulling {entry.id} from {entry.url}{also}", file=sys.stderr)
+    try:
+        job = dm.start(entry)
+    except ValueError as e:  # a pair this runner cannot run (M-RoPE): said before a byte is fetched
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         final = dm.wait(job)
     except KeyboardInterrupt:
@@ -164,4 +185,6 @@ def _pull(args, settings, store, entry) -> int:
         return 1
     m = store.get(entry.id)
     print(f"installed {m.id} ({m.architecture}, {m.quantization}, {_size(m.size_bytes)}) sha256 {m.sha256}")
+    if m.mmproj:
+        print(f"with its projector {m.mmproj} (sha256 {m.mmproj_sha256}): chats may carry images")
     return 0

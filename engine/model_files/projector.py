@@ -25,12 +25,18 @@ PROJECTOR_REFUSAL = ("a vision projector (an mmproj file), not a model that chat
                      "it belongs to and give this file as its --mmproj")
 # clip.projector_type of the projectors whose models use M-RoPE (llama.cpp's tools/mtmd/clip-impl.h)
 MROPE_PROJECTORS = frozenset({"qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "qwen2.5o", "glm4v"})
+MROPE_ARCHITECTURES = frozenset({"qwen2vl", "qwen3vl", "qwen3vlmoe"})  # general.architecture of their LMs
 MROPE_REFUSAL = ("uses M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V): images with these models are not "
                  "supported yet; the language model alone runs for text")
 
 
 def is_projector(arch: str) -> bool:
     return arch == PROJECTOR_ARCHITECTURE
+
+
+def mrope_refusal(model_id: str, architecture: str) -> str | None:
+    """Why a vision model of this LM architecture cannot be downloaded with its projector (M-RoPE), or None."""
+    return f"{model_id} {MROPE_REFUSAL}" if architecture in MROPE_ARCHITECTURES else None
 
 
 def _fields(path: Path, *keys: str) -> list:
