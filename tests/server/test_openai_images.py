@@ -64,7 +64,7 @@ def test_an_image_is_seen_and_its_pixels_decide_the_logits(vision_server):
 
 
 @pytest.mark.parametrize("url, says", [
-    ("https://example.com/cat.png", "is not fetched"),
+    ("https://example.com/cat.png", "is not fetched unless the server allows it (the setting fetch_image_urls"),
     ("data:image/png,not-base64", "not a base64 data: URI"),
     ("data:image/png;base64,@@@@", "base64 does not decode"),
     ("data:image/png;base64," + base64.b64encode(b"no picture here").decode(), "not an image"),
@@ -135,7 +135,7 @@ def test_anthropics_image_blocks_reach_the_same_path(vision_server):
     assert r.usage.input_tokens >= vlm.image_tokens
     with pytest.raises(anthropic.BadRequestError) as e:
         ask_claude({"type": "url", "url": "https://example.com/cat.png"})
-    assert "is not fetched" in e.value.body["error"]["message"]
+    assert "is not fetched unless the server allows it (the setting fetch_image_urls" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as e:
         ask_claude({"type": "base64", "media_type": "image/png", "data": base64.b64encode(b"nope").decode()})
     assert e.value.body["error"]["type"] == "invalid_request_error" and "not an image" in e.value.body["error"]["message"]
@@ -206,3 +206,53 @@ def test_a_vision_model_served_from_the_store_gets_its_projector(tmp_path):
         assert r.usage.prompt_tokens >= vlm.image_tokens
     finally:
         proc.stop()
+
+
+def _input(*parts: dict) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "input_text", "text": "What is in this picture?"}, *parts]}]
+
+
+def test_responses_input_image_takes_the_same_path(vision_server):
+    """The Responses API's `input_image` (a data: URI) is the chat's image part: the same prompt
+    tokens and the same greedy reply as /v1/chat/completions with the same picture."""
+    proc, vlm = vision_server
+    client = openai_client(proc)
+    r = client.responses.create(model="lm", input=_input({"type": "input_image", "image_url": data_uri(1)}),
+                                max_output_tokens=2, temperature=0)
+    chat = client.chat.completions.create(model="lm", max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image(data_uri(1))]}])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens >= vlm.image_tokens
+    assert r.output_text == chat.choices[0].message.content
+    other = client.responses.create(model="lm", input=_input({"type": "input_image", "image_url": data_uri(2)}),
+                                    max_output_tokens=2, temperature=0)
+    assert other.usage.input_tokens == r.usage.input_tokens
+
+
+@pytest.mark.parametrize("part, says", [
+    ({"image_url": "https://example.com/cat.png"}, "the setting fetch_image_urls"),
+    ({"image_url": "data:image/png;base64,@@@@"}, "base64 does not decode"),
+    ({"image_url": "data:image/png;base64," + base64.b64encode(b"no picture here").decode()}, "not an image"),
+    ({"file_id": "file-abc"}, "this server keeps no files"),
+    ({"detail": "auto"}, "needs an image_url"),
+])
+def test_a_bad_input_image_is_a_400_naming_it(vision_server, part, says):
+    client = openai_client(vision_server[0])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="lm", input=_input({"type": "input_image", **part}), max_output_tokens=2)
+    err = e.value.body
+    assert err["param"] == "input[0].content[1]" and says in err["message"], err
+
+
+def test_anthropic_count_tokens_counts_the_images(vision_server):
+    """count_tokens with an image block: the image's tokens are counted, as /v1/messages uses them."""
+    import anthropic
+
+    proc, vlm = vision_server
+    client = anthropic.Anthropic(base_url=proc.base_url, api_key=proc.api_key, max_retries=0, timeout=120)
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(_png(1)).decode()}}
+    messages = [{"role": "user", "content": [block, {"type": "text", "text": "What?"}]}]
+    counted = client.messages.count_tokens(model="lm", messages=messages).input_tokens
+    plain = client.messages.count_tokens(model="lm", messages=[{"role": "user", "content": "What?"}]).input_tokens
+    assert counted >= plain + vlm.image_tokens
+    assert counted == client.messages.create(model="lm", max_tokens=1, messages=messages).usage.input_tokens
