@@ -3,40 +3,19 @@ tests/vlm_factory.py's tiny random vision model served with --mmproj (`python -m
 the llama.cpp backend): an image is accepted and counted in the prompt's tokens, the same PNG
 twice gives the same log-probabilities, another image other ones; every bad input is a 400 in
 OpenAI's shape naming the part (an http URL, a URI that is not base64 data, bytes that are no
-image), and a model served without a projector refuses an image the same way. Random weights:
-plumbing, not answer quality."""
+image), and a model served without a projector refuses an image the same way. The Responses API's
+input_image and Anthropic's image blocks (and their count_tokens) take the same path. Random
+weights: plumbing, not answer quality."""
 from __future__ import annotations
 
 import base64
-import io
 
 import openai
 import pytest
-from PIL import Image as PILImage
 
 from server_util import openai_client, start_engine, tiny_model
-from vlm_factory import random_pixels, write_tiny_vlm
-
-GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-                  "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
-                  "{% endif %}")
-
-
-def data_uri(seed: int, fmt: str = "PNG") -> str:
-    buf = io.BytesIO()
-    PILImage.fromarray(random_pixels(seed)).save(buf, format=fmt)
-    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def ask(client, *parts: dict, **kw):
-    content = [{"type": "text", "text": "What is in this picture?"}, *parts]
-    model = client.models.list().data[0].id
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                          max_tokens=2, temperature=0, logprobs=True, top_logprobs=5, **kw)
-
-
-def image(url: str) -> dict:
-    return {"type": "image_url", "image_url": {"url": url}}
+from vision_util import GEMMA_TEMPLATE, ask, data_uri, image, lps, png_bytes, responses_input
+from vlm_factory import write_tiny_vlm
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +27,6 @@ def vision_server(tmp_path_factory):
     proc.stop()
 
 
-def _lps(r) -> list:
-    return [[(t.token, t.logprob) for t in c.top_logprobs] for c in r.choices[0].logprobs.content]
-
-
 def test_an_image_is_seen_and_its_pixels_decide_the_logits(vision_server):
     proc, vlm = vision_server
     client = openai_client(proc)
@@ -59,8 +34,8 @@ def test_an_image_is_seen_and_its_pixels_decide_the_logits(vision_server):
         {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}]}])
     a = ask(client, image(data_uri(1)))
     assert a.usage.prompt_tokens >= plain.usage.prompt_tokens + vlm.image_tokens
-    assert _lps(ask(client, image(data_uri(1)))) == _lps(a)  # the same bits
-    assert _lps(ask(client, image(data_uri(2)))) != _lps(a)
+    assert lps(ask(client, image(data_uri(1)))) == lps(a)  # the same bits
+    assert lps(ask(client, image(data_uri(2)))) != lps(a)
 
 
 @pytest.mark.parametrize("url, says", [
@@ -88,12 +63,6 @@ def test_a_model_without_a_projector_refuses_an_image(tmp_path, tiny_model_facto
         proc.stop()
 
 
-def _png(seed: int) -> bytes:
-    buf = io.BytesIO()
-    PILImage.fromarray(random_pixels(seed)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def test_ollamas_images_reach_the_same_path(vision_server):
     """Ollama's `images` (the official client base64s them) are the message's image parts: the same
     picture gives the same reply as through OpenAI's shape, and a broken one is Ollama's 400."""
@@ -102,18 +71,18 @@ def test_ollamas_images_reach_the_same_path(vision_server):
     proc, vlm = vision_server
     client = ollama.Client(host=proc.base_url, headers={"Authorization": f"Bearer {proc.api_key}"}, timeout=120)
     opts = {"num_predict": 3, "temperature": 0}
-    a = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(1)]}], options=opts)
-    b = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(2)]}], options=opts)
-    again = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [_png(1)]}], options=opts)
+    a = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [png_bytes(1)]}], options=opts)
+    b = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [png_bytes(2)]}], options=opts)
+    again = client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [png_bytes(1)]}], options=opts)
     assert a.message.content == again.message.content
     assert a.prompt_eval_count >= vlm.image_tokens and a.prompt_eval_count == b.prompt_eval_count
-    g = client.generate("lm", prompt="What?", images=[_png(1)], options=opts)
+    g = client.generate("lm", prompt="What?", images=[png_bytes(1)], options=opts)
     assert g.prompt_eval_count >= vlm.image_tokens
     with pytest.raises(ollama.ResponseError) as e:
         client.chat("lm", messages=[{"role": "user", "content": "What?", "images": [b"no picture"]}])
     assert e.value.status_code == 400 and "not an image" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.generate("lm", prompt="What?", raw=True, images=[_png(1)])
+        client.generate("lm", prompt="What?", raw=True, images=[png_bytes(1)])
     assert e.value.status_code == 400 and "raw" in e.value.error
 
 
@@ -130,7 +99,7 @@ def test_anthropics_image_blocks_reach_the_same_path(vision_server):
         return client.messages.create(model="lm", max_tokens=2, messages=[
             {"role": "user", "content": [block, {"type": "text", "text": "What?"}]}])
 
-    png = base64.b64encode(_png(1)).decode()
+    png = base64.b64encode(png_bytes(1)).decode()
     r = ask_claude({"type": "base64", "media_type": "image/png", "data": png})
     assert r.usage.input_tokens >= vlm.image_tokens
     with pytest.raises(anthropic.BadRequestError) as e:
@@ -208,22 +177,18 @@ def test_a_vision_model_served_from_the_store_gets_its_projector(tmp_path):
         proc.stop()
 
 
-def _input(*parts: dict) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "input_text", "text": "What is in this picture?"}, *parts]}]
-
-
 def test_responses_input_image_takes_the_same_path(vision_server):
     """The Responses API's `input_image` (a data: URI) is the chat's image part: the same prompt
     tokens and the same greedy reply as /v1/chat/completions with the same picture."""
     proc, vlm = vision_server
     client = openai_client(proc)
-    r = client.responses.create(model="lm", input=_input({"type": "input_image", "image_url": data_uri(1)}),
+    r = client.responses.create(model="lm", input=responses_input({"type": "input_image", "image_url": data_uri(1)}),
                                 max_output_tokens=2, temperature=0)
     chat = client.chat.completions.create(model="lm", max_tokens=2, temperature=0, messages=[
         {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image(data_uri(1))]}])
     assert r.usage.input_tokens == chat.usage.prompt_tokens >= vlm.image_tokens
     assert r.output_text == chat.choices[0].message.content
-    other = client.responses.create(model="lm", input=_input({"type": "input_image", "image_url": data_uri(2)}),
+    other = client.responses.create(model="lm", input=responses_input({"type": "input_image", "image_url": data_uri(2)}),
                                     max_output_tokens=2, temperature=0)
     assert other.usage.input_tokens == r.usage.input_tokens
 
@@ -238,7 +203,7 @@ def test_responses_input_image_takes_the_same_path(vision_server):
 def test_a_bad_input_image_is_a_400_naming_it(vision_server, part, says):
     client = openai_client(vision_server[0])
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model="lm", input=_input({"type": "input_image", **part}), max_output_tokens=2)
+        client.responses.create(model="lm", input=responses_input({"type": "input_image", **part}), max_output_tokens=2)
     err = e.value.body
     assert err["param"] == "input[0].content[1]" and says in err["message"], err
 
@@ -250,7 +215,7 @@ def test_anthropic_count_tokens_counts_the_images(vision_server):
     proc, vlm = vision_server
     client = anthropic.Anthropic(base_url=proc.base_url, api_key=proc.api_key, max_retries=0, timeout=120)
     block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(_png(1)).decode()}}
+                                         "data": base64.b64encode(png_bytes(1)).decode()}}
     messages = [{"role": "user", "content": [block, {"type": "text", "text": "What?"}]}]
     counted = client.messages.count_tokens(model="lm", messages=messages).input_tokens
     plain = client.messages.count_tokens(model="lm", messages=[{"role": "user", "content": "What?"}]).input_tokens
