@@ -84,6 +84,7 @@ def test_ollamas_images_reach_the_same_path(vision_server):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate("lm", prompt="What?", raw=True, images=[png_bytes(1)])
     assert e.value.status_code == 400 and "raw" in e.value.error
+    assert "vision" in client.show("lm").capabilities  # as Ollama says of a model that sees
 
 
 def test_anthropics_image_blocks_reach_the_same_path(vision_server):
