@@ -23,6 +23,8 @@ def add_parsers(action) -> None:
                                  "printed")
     p.add_argument("--hub", metavar="REPO", help="download a GGUF file of this hub repository (see "
                                                  "`ember models search --hub`); sizes and sha256 from the hub")
+    p.add_argument("--mmproj", metavar="FILE", help="with --hub: also this projector (mmproj) file of the repository, "
+                                                    "paired with the model so that it sees images")
     p.add_argument("--catalog", type=Path, help="a catalog JSON file instead of the bundled one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -111,21 +113,29 @@ def _search_hub(args, settings, store) -> int:
 
 
 def _hub_entry(args, settings):
-    from app.hub import HubError, gguf_entries
+    from app.hub import HubError, gguf_entries, projector_files, repo_files, with_hub_projector
 
     try:
         entries = gguf_entries(settings.hub_base_url, args.hub)
+        entry = next((e for e in entries if args.model in (e.id, e.file)), None)
+        if entry is None:
+            raise SystemExit(f"error: {args.hub} has no GGUF file {args.model!r}; it has: "
+                             + (", ".join(e.id for e in entries) or "none"))
+        if args.mmproj:
+            return with_hub_projector(settings.hub_base_url, entry, args.mmproj)
+        if names := [f.name for f in projector_files(repo_files(settings.hub_base_url, args.hub))]:
+            print(f"note: {args.hub} has vision projectors ({', '.join(names)}): add --mmproj FILE for a model "
+                  "that sees images", file=sys.stderr)
+        return entry
     except HubError as e:
         raise SystemExit(f"error: {e}") from None
-    entry = next((e for e in entries if args.model in (e.id, e.file)), None)
-    if entry is None:
-        raise SystemExit(f"error: {args.hub} has no GGUF file {args.model!r}; it has: "
-                         + (", ".join(e.id for e in entries) or "none"))
-    return entry
 
 
 def cmd_pull(args) -> int:
     settings, store = _setup(args)
+    if args.mmproj and not args.hub:
+        print("error: --mmproj goes with --hub (a catalog entry names its own projector)", file=sys.stderr)
+        return 2
     if args.hub:
         return _pull(args, settings, store, _hub_entry(args, settings))
     catalog = _catalog(args, settings)

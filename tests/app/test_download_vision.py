@@ -84,3 +84,19 @@ def test_the_catalog_names_todays_small_vlms_with_both_files():
         assert e.repo.startswith("ggml-org/") and [f.name for f in e.files][1] == e.mmproj
         assert e.mmproj.startswith("mmproj-") and not e.file.startswith("mmproj")
     assert vlms["gemma-3-4b-it-vision-q4_k_m"].files[1].name == "mmproj-model-f16.gguf"
+
+
+def test_a_hub_pull_with_mmproj_pairs_the_repos_projector(setup, capsys):
+    """`ember models pull FILE --hub REPO --mmproj NAME`: the hub's own repo listing gives both files'
+    facts; without --mmproj the pull says the repo has projectors."""
+    hub, files, _, store = setup
+    flags = ["--hub", REPO, "--hub-base-url", hub.base_url, "--no-progress"]
+    with pytest.raises(SystemExit, match="has no projector 'nope.gguf'; it has: mmproj-model-f16.gguf"):
+        main(["models", "pull", "lm.gguf", *flags, "--mmproj", "nope.gguf"])
+    assert main(["models", "pull", "lm.gguf", *flags, "--mmproj", "mmproj-model-f16.gguf"]) == 0
+    m = store.get("lm")
+    assert m.mmproj_sha256 == sha256(files["mmproj-model-f16.gguf"]) and store.verify("lm")
+    main(["models", "rm", "lm"])
+    capsys.readouterr()
+    assert main(["models", "pull", "lm.gguf", *flags]) == 0
+    assert "add --mmproj FILE" in capsys.readouterr().err and store.get("lm").mmproj is None
