@@ -111,3 +111,15 @@ def test_a_load_checks_the_pair_too(vlm, tmp_path):
     qwen = write_mmproj(tmp_path / "qwen.gguf", projector_type="qwen2vl_merger")
     with pytest.raises(ModelFileError, match="not supported yet"):
         check_model_file(ModelSpec(id="eye", path=str(vlm.model), mmproj=str(qwen)))
+
+
+def test_the_memory_budget_counts_the_projector(vlm):
+    """A vision model's load is counted with its projector's bytes (libmtmd holds them beside the LM)."""
+    from engine.service.loading import estimate_bytes
+    from engine.service.residency import ResidencyConfig
+    from engine.service.served_model import ModelSpec
+
+    alone = estimate_bytes(ModelSpec(id="eye", path=str(vlm.model)), ResidencyConfig(), num_kv_blocks=64)
+    seeing = estimate_bytes(ModelSpec(id="eye", path=str(vlm.model), mmproj=str(vlm.mmproj)), ResidencyConfig(),
+                            num_kv_blocks=64)
+    assert seeing == alone + vlm.mmproj.stat().st_size
