@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from app.store_files import place_checked, sha256_file
+from app.store_files import path_size, place_checked, sha256_file
 from engine.model_files.manifest import ModelManifest
 
 
@@ -22,13 +22,15 @@ def projector_dest(folder: Path, src: Path, model_path: str) -> Path:
 
 def with_projector(m: ModelManifest, folder: Path, proj: Path, mode: str, *,
                    sha256: str | None = None) -> ModelManifest:
-    """`m` paired with the projector file `proj`, placed into `folder` as `mode` says (link: in place)."""
+    """`m` paired with the projector file `proj`, placed into `folder` as `mode` says (link: in place);
+    its size is then both files' (as a catalog entry's, and what a load holds)."""
     digest = sha256 or sha256_file(proj)
     if mode != "link":
         dest = projector_dest(folder, proj, m.path)
         if dest != proj:
             proj = place_checked(proj, dest, digest, move=(mode == "move"))
-    return dataclasses.replace(m, mmproj=str(proj), mmproj_sha256=digest)
+    return dataclasses.replace(m, mmproj=str(proj), mmproj_sha256=digest,
+                               size_bytes=path_size(Path(m.path)) + proj.stat().st_size)
 
 
 def sees_images(m: ModelManifest) -> bool:

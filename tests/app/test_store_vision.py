@@ -42,6 +42,7 @@ def test_import_pairs_lists_verifies_and_removes_both_files(vlm, home, capsys):
     m = ModelStore(home).get("eye")
     assert m.mmproj == str(home / "eye" / "mmproj.gguf") and m.path == str(home / "eye" / "lm.gguf")
     assert (home / "eye" / "mmproj.gguf").read_bytes() == vlm.mmproj.read_bytes()  # a copy; the source stays
+    assert m.size_bytes == vlm.model.stat().st_size + vlm.mmproj.stat().st_size  # what it takes, as the catalog's
     assert vlm.mmproj.is_file()
     assert ServedModels(home).get("eye").mmproj == m.mmproj  # what the server loads from the store
     assert installed_mmproj("eye") == m.mmproj  # what `ember chat --model eye` loads
