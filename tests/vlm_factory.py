@@ -53,6 +53,8 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
                        ("attention.head_count", heads), ("projector.scale_factor", merge)):
         w.add_uint32(f"clip.vision.{key}", value)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    if projector_type == "idefics3":  # images are resized to this longest side, then cut into image x image tiles
+        w.add_uint32("clip.vision.preproc_image_size", image)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
@@ -76,8 +78,11 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
         put(p + "ffn_down.bias", (width,))
     put("v.post_ln.weight", (width,), 0.1, 1.0)
     put("v.post_ln.bias", (width,))
-    put("mm.soft_emb_norm.weight", (width,), 0.1, 1.0)
-    put("mm.input_projection.weight", (width, lm_width), 0.3)
+    if projector_type == "idefics3":  # SmolVLM's: a pixel shuffle of merge x merge patches, then one matrix
+        put("mm.model.fc.weight", (lm_width, width * merge * merge), 0.3)
+    else:
+        put("mm.soft_emb_norm.weight", (width,), 0.1, 1.0)
+        put("mm.input_projection.weight", (width, lm_width), 0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

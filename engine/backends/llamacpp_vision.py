@@ -123,6 +123,9 @@ class Vision:
                 n = ctypes.c_size_t()
                 toks = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 ids.extend(toks[j] for j in range(n.value))
+                if any(toks[j] < 0 for j in range(n.value)):  # mtmd looked up a marker the vocabulary lacks
+                    raise ValueError("this model's vocabulary lacks the tokens its projector wraps an image in "
+                                     "(a projector of another model?)")
                 continue
             n_tok = int(m.mtmd_input_chunk_get_n_tokens(chunk))
             if int(m.mtmd_input_chunk_get_n_pos(chunk)) != n_tok:
