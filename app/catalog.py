@@ -55,6 +55,7 @@ class CatalogEntry:
     num_kv_heads: int | None = None
     head_dim: int | None = None
     notes: str | None = None
+    mmproj: str | None = None  # a vision model: the name of its projector among `files` (after the model)
     hub_base_url: str = field(default=DEFAULT_HUB, compare=False)
 
     @property
@@ -67,8 +68,8 @@ class CatalogEntry:
 
     @property
     def sha256(self) -> str | None:
-        """The file's sha256 for single-file (GGUF) entries; None for directories or unknown."""
-        return self.files[0].sha256 if len(self.files) == 1 else None
+        """The model file's sha256 for GGUF entries; None for directories or unknown."""
+        return self.files[0].sha256 if self.format == "gguf" else None
 
     @property
     def size_bytes(self) -> int | None:
@@ -132,8 +133,10 @@ def _check_entry(e: CatalogEntry) -> None:
         raise CatalogError(f"{e.id}: format {e.format!r} not in {FORMATS}")
     if not e.files:
         raise CatalogError(f"{e.id}: no files")
-    if e.format == "gguf" and len(e.files) != 1:
-        raise CatalogError(f"{e.id}: a GGUF entry names exactly one file")
+    if e.format == "gguf" and len(e.files) != 1 + bool(e.mmproj):
+        raise CatalogError(f"{e.id}: a GGUF entry names exactly one file (and its mmproj projector, if any)")
+    if e.mmproj is not None and (e.format != "gguf" or e.files[-1].name != e.mmproj):
+        raise CatalogError(f"{e.id}: mmproj {e.mmproj!r} must be the GGUF entry's second file")
     for f in e.files:
         if f.sha256 is not None and not _SHA256_RE.fullmatch(f.sha256):
             raise CatalogError(f"{e.id}: {f.name}: sha256 must be 64 lowercase hex digits or null")

@@ -12,7 +12,7 @@ import sys
 import threading
 
 from app.cli_chat_docs import add_docs_args, open_docs_chat
-from app.cli_model import installed_load_settings, installed_template, resolve_model
+from app.cli_model import installed_load_settings, installed_mmproj, installed_template, resolve_model
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -51,7 +51,8 @@ def build_engine(args):
     config = EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                           num_threads=args.threads or load.threads, speculative=args.speculative,
                           max_model_len=args.ctx or load.context_length,
-                          chat_template=args.chat_template or installed_template(args.model), mmproj=args.mmproj)
+                          chat_template=args.chat_template or installed_template(args.model),
+                          mmproj=args.mmproj or installed_mmproj(args.model))
     try:
         engine = load_engine(config, args.backend, args.device if args.device != "auto" else load.device or "auto")[0]
         if not engine.runner.generates:

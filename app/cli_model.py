@@ -50,3 +50,19 @@ def installed_load_settings(model: str | None):
     from app.settings import Settings
 
     return read_load_settings(Settings.load().models_dir, model)
+
+
+def installed_mmproj(model: str | None) -> str | None:
+    """The projector an installed vision model named by id was imported or downloaded with (so
+    `--model ID` sees images); --mmproj still wins."""
+    from pathlib import Path
+
+    from engine.model_files.manifest import is_model_id
+
+    if not model or not is_model_id(model) or Path(model).expanduser().exists():
+        return None
+    from app.settings import Settings
+    from app.store import ModelStore
+
+    manifest = ModelStore(Settings.load().models_dir).get(model)
+    return manifest.mmproj if manifest is not None else None

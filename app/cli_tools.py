@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.cli_model import installed_load_settings, installed_template, resolve_model
+from app.cli_model import installed_load_settings, installed_mmproj, installed_template, resolve_model
 
 ENGINE_START_TIMEOUT_S = 600.0  # a big model's first load
 
@@ -51,7 +51,8 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
                     "device": args.device if args.device != "auto" else load.device or "auto",
                     "dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
                     "speculative": args.speculative,
-                    "chat_template": args.chat_template or installed_template(args.model), "mmproj": args.mmproj,
+                    "chat_template": args.chat_template or installed_template(args.model),
+                    "mmproj": args.mmproj or installed_mmproj(args.model),
                     "max_model_len": args.ctx or load.context_length, "threads": args.threads or load.threads,
                     "max_loaded_models": 1, "keep_alive": "-1"})
 

@@ -185,9 +185,12 @@ class JobTransfer:
         path = self._target(job, job.files[0]) if gguf else self._model_dir(job)
         url = hub_file_url(self._hub_base_url, job.entry["repo"], job.entry.get("revision", "main"),
                            job.files[0]["name"])
+        proj = next((f for f in job.files if f["name"] == job.entry.get("mmproj")), None)  # a vision model's
         try:
             self._store.register(path, model_id=job.model_id, source="download", url=url,
-                                sha256=job.files[0]["sha256"] if gguf else None, name=job.entry["name"])
+                                sha256=job.files[0]["sha256"] if gguf else None, name=job.entry["name"],
+                                mmproj=self._target(job, proj) if proj else None,
+                                mmproj_sha256=proj["sha256"] if proj else None)
         except ModelFileError:
             self.delete_parts(job)  # verified bytes, but not a usable model
             raise

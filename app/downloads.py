@@ -23,6 +23,7 @@ from app.download_jobs import (ACTIVE, FINISHED, RESUMABLE, DownloadEvent, Downl
                                RetryPolicy, file_record, read_queue, write_queue)
 from app.download_transfer import JobTransfer
 from app.store import ModelFileError, ModelStore
+from engine.model_files.projector import mrope_refusal
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class DownloadManager:
         """Queue a download (or resume the unfinished one for the same model); returns the job id."""
         if self.store.get(entry.id) is not None:
             raise ValueError(f"{entry.id} is already installed")
+        if entry.mmproj and (why := mrope_refusal(entry.id, entry.architecture)):
+            raise ValueError(why)  # before a byte: the pair would be refused once downloaded
         with self._lock:
             for job in self._jobs.values():
                 if job.model_id == entry.id and job.state not in FINISHED:

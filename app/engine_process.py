@@ -41,7 +41,7 @@ def engine_args(settings: Settings) -> dict[str, Any]:
             "kv_memory_fraction": settings.kv_memory_fraction, "threads": settings.threads,
             "memory_budget": settings.memory_budget_gb, "max_loaded_models": settings.max_loaded_models,
             "keep_alive": settings.keep_alive, "docs_dir": str(settings.docs_dir),
-            "embedding_model": settings.embedding_model,
+            "embedding_model": settings.embedding_model, "fetch_image_urls": settings.fetch_image_urls,
             "kv_disk_dir": str(settings.kv_cache_dir) if settings.kv_disk_gib > 0 else None,
             "kv_disk_budget_gib": settings.kv_disk_gib,
             "speculative": engine_speculative(settings.speculative, settings.models_dir)}

@@ -103,6 +103,23 @@ def gguf_entries(base_url: str, repo: str, revision: str = "main") -> list[Catal
     return entries
 
 
+def projector_files(files: Iterable[HubFile]) -> list[HubFile]:
+    """A repo's vision projectors (llama.cpp's converter names them mmproj-*.gguf)."""
+    return [f for f in files if f.name.lower().endswith(".gguf") and "mmproj" in f.name.rsplit("/", 1)[-1].lower()]
+
+
+def with_hub_projector(base_url: str, entry: CatalogEntry, mmproj: str) -> CatalogEntry:
+    """`entry` (a GGUF of a hub repo) with the repo's projector file `mmproj` as its second file, so a
+    download fetches both, checks both against the hub's sha256 and pairs them; HubError naming the
+    projectors the repo has when it has no such one."""
+    projectors = projector_files(repo_files(base_url, entry.repo, entry.revision))
+    f = next((p for p in projectors if mmproj in (p.name, p.name.rsplit("/", 1)[-1])), None)
+    if f is None:
+        raise HubError(f"{entry.repo} has no projector {mmproj!r}; it has: "
+                       + (", ".join(p.name for p in projectors) or "none"))
+    return replace(entry, files=(*entry.files, CatalogFile(f.name, f.size_bytes, f.sha256)), mmproj=f.name)
+
+
 MAX_REPOS = 8  # file listings fetched per search (one request each)
 
 
@@ -161,4 +178,4 @@ def guess_parameters(text: str) -> str | None:
 
 
 __all__ = ["CatalogFile", "HubError", "HubFile", "HubRepo", "gguf_entries", "guess_parameters", "guess_quant",
-           "repo_files", "search_gguf", "search_hub_entries", "with_hub_facts"]
+           "projector_files", "repo_files", "search_gguf", "search_hub_entries", "with_hub_facts", "with_hub_projector"]

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+from app import store_vision
 from app.store import ModelStore
 from engine.model_files.chat_layout import completion_only
 
@@ -41,4 +42,4 @@ def sees_images(models_dir: Path, model_id: str | None) -> bool | None:
     manifest = ModelStore(Path(models_dir)).get(model_id) if model_id else None
     if manifest is None:
         return None
-    return bool(manifest.mmproj) and Path(manifest.mmproj).is_file()
+    return store_vision.sees_images(manifest)

@@ -124,6 +124,8 @@ class Settings(BaseModel):
                                   "is cancelled")
     embedding_model: str | None = Field(None, max_length=512, description="The model that indexes and searches "
                                         "documents (an installed id; none: the first installed embedding model)")
+    fetch_image_urls: bool = Field(False, description="The engine fetches an image sent by http(s) URL (off: "
+                                   "such a request is refused; images are sent as data)")
 
     # field -> (value in the file or None, value from the environment); save() keeps env values out of the file
     _env_overrides: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)

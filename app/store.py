@@ -7,14 +7,14 @@ directory whose metadata does not read (engine/model_files/meta.py) is refused b
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import shutil
 import threading
 from pathlib import Path
 
 from app.store_convert import converts, import_converted
+from app.store_files import path_size, place_checked, sha256_file, sha256_path
+from app.store_vision import with_projector
 from engine.model_files.bundled import DEFAULT_MODEL_ID, DEFAULT_MODEL_NAME, default_model_path
 from engine.model_files.load_settings import LoadSettings, load_settings_path, read_load_settings
 from engine.model_files.manifest import (CHAT_TEMPLATE, MANIFEST, ModelManifest, chat_template_path, fsync_dir,
@@ -22,6 +22,7 @@ from engine.model_files.manifest import (CHAT_TEMPLATE, MANIFEST, ModelManifest,
                                          write_manifest, write_text_atomic)
 from engine.model_files.meta import ModelFileError, ModelMeta, read_meta
 from engine.model_files.fit import check_runnable
+from engine.model_files.projector import check_projector
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +31,6 @@ _DEFAULT_REMOVED = ".default_removed"  # the user deleted the bundled model: don
 
 __all__ = ["DEFAULT_MODEL_ID", "IMPORT_MODES", "LoadSettings", "MANIFEST", "ModelFileError", "ModelManifest",
            "ModelStore", "fsync_dir", "path_size", "sha256_file", "sha256_path", "validate_model_id", "write_json_atomic"]
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_path(path: Path) -> str:
-    """sha256 of a file, or of a directory as the sorted lines `relpath\\0sha256(file)\\n`."""
-    path = Path(path)
-    if path.is_file():
-        return sha256_file(path)
-    h = hashlib.sha256()
-    for p in sorted(q for q in path.rglob("*") if q.is_file()):
-        h.update(f"{p.relative_to(path).as_posix()}\0{sha256_file(p)}\n".encode())
-    return h.hexdigest()
-
-
-def path_size(path: Path) -> int:
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 class ModelStore:
@@ -99,43 +74,52 @@ class ModelStore:
 
     # --- adding ----------------------------------------------------------------------------
     def register(self, path: Path, *, model_id: str, source: str, url: str | None = None,
-                 sha256: str | None = None, name: str | None = None) -> ModelManifest:
-        """Register a model whose file already sits where it will stay (download, bundled, link).
+                 sha256: str | None = None, name: str | None = None,
+                 mmproj: Path | None = None, mmproj_sha256: str | None = None) -> ModelManifest:
+        """Register a model whose file already sits where it will stay (download, bundled, link),
+        with its projector `mmproj` where it already sits too.
 
-        Reads the metadata from the file first; a broken file raises ModelFileError and nothing
-        is registered. `sha256` is computed when not given.
+        Reads the metadata from the files first; a broken file raises ModelFileError and nothing
+        is registered. The sha256s are computed when not given.
         """
         path = Path(path).resolve()
         meta = read_meta(path)
         check_runnable(meta, path)
+        proj = check_projector(Path(mmproj).resolve(), path) if mmproj else None
         digest = sha256 or sha256_path(path)
         with self._lock:
             manifest = ModelManifest.from_meta(validate_model_id(model_id), path, meta, sha256=digest,
                                                size_bytes=path_size(path), source=source, url=url, name=name)
+            if proj is not None:
+                manifest = with_projector(manifest, proj.parent, proj, "link", sha256=mmproj_sha256)
             write_manifest(self.root, manifest)
         log.info("registered %s (%s, %s)", model_id, meta.architecture, meta.quantization)
         return manifest
 
-    def import_path(self, path: Path, *, model_id: str | None = None,
-                    mode: str | None = None, outtype: str = "f16") -> ModelManifest:
+    def import_path(self, path: Path, *, model_id: str | None = None, mode: str | None = None,
+                    outtype: str = "f16", mmproj: Path | None = None) -> ModelManifest:
         """Import a GGUF file or a GPTQ/AWQ/compressed-tensors directory: copy (default), move,
-        or link (register in place). Importing bytes already installed returns the existing
-        model instead of a duplicate. A BERT embedder's folder is converted to a GGUF of
-        `outtype` instead (app/store_convert.py).
+        or link (register in place); `mmproj`, a vision model's projector, goes with it the same
+        way and is paired in the manifest. Importing bytes already installed returns the existing
+        model (paired with `mmproj` when given) instead of a duplicate. A BERT embedder's folder is
+        converted to a GGUF of `outtype` instead (app/store_convert.py).
         """
         mode = mode or self.import_mode
         if mode not in IMPORT_MODES:
             raise ValueError(f"mode must be one of {IMPORT_MODES}")
         src = Path(path).expanduser().resolve()
         if converts(src):
+            if mmproj:
+                raise ModelFileError(f"--mmproj {mmproj}: a projector goes with a GGUF vision model, not {src}")
             return import_converted(self, src, model_id=model_id, outtype=outtype)
         meta = read_meta(src)  # validates before anything is copied
         check_runnable(meta, src)
+        proj = check_projector(Path(mmproj).expanduser().resolve(), src) if mmproj else None
         digest = sha256_path(src)
         for m in self.list():
             if m.sha256 == digest and Path(m.path).exists():
                 log.info("%s is already installed as %s", src, m.id)
-                return m
+                return self.pair(m.id, proj, mode=mode) if proj else m
         with self._lock:
             model_id = validate_model_id(model_id) if model_id else self._free_id(self._suggest_id(meta, src))
             d = self.model_dir(model_id)
@@ -144,21 +128,32 @@ class ModelStore:
             created = not d.exists()
             d.mkdir(parents=True, exist_ok=True)
             try:
-                if mode == "link":
-                    dest = src
-                else:
-                    dest = d / src.name
-                    _place(src, dest, move=(mode == "move"))
-                    if sha256_path(dest) != digest:
-                        raise ModelFileError(f"{dest}: copy differs from {src} (disk error?)")
+                dest = src if mode == "link" else place_checked(src, d / src.name, digest, move=(mode == "move"))
                 manifest = ModelManifest.from_meta(model_id, dest, meta, sha256=digest,
                                                    size_bytes=path_size(dest), source="import")
+                if proj is not None:
+                    manifest = with_projector(manifest, d, proj, mode)
                 write_manifest(self.root, manifest)
             except BaseException:
                 if created:
                     shutil.rmtree(d, ignore_errors=True)
                 raise
         return manifest
+
+    def pair(self, model_id: str, mmproj: Path, *, mode: str | None = None) -> ModelManifest:
+        """Give an installed model its projector (copied, moved or linked as `mode` says), replacing
+        the one it had; ModelFileError when the file is no projector of this model."""
+        with self._lock:
+            m = self.get(model_id)
+            if m is None:
+                raise KeyError(f"no installed model {model_id!r}")
+            proj = check_projector(Path(mmproj).expanduser().resolve(), m.path)
+            paired = with_projector(m, self.model_dir(model_id), proj, mode or self.import_mode)
+            write_manifest(self.root, paired)
+            old = Path(m.mmproj) if m.mmproj else None
+            if old is not None and old != Path(paired.mmproj) and old.is_relative_to(self.model_dir(model_id)):
+                old.unlink(missing_ok=True)
+            return paired
 
     def ensure_default(self) -> ModelManifest | None:
         """Register the bundled model in place (no copy) on first run; None when not installed."""
@@ -232,14 +227,14 @@ class ModelStore:
                 (self.root / _DEFAULT_REMOVED).touch()
 
     def verify(self, model_id: str) -> bool:
-        """True when the model's bytes still hash to the manifest's sha256."""
+        """True when the model's bytes (and its projector's) still hash to the manifest's sha256."""
         m = self.get(model_id)
         if m is None:
             raise KeyError(f"no installed model {model_id!r}")
-        p = Path(m.path)
-        if not p.exists():
+        p, proj = Path(m.path), Path(m.mmproj) if m.mmproj else None
+        if not p.exists() or (proj is not None and not proj.is_file()):
             return False
-        return sha256_path(p) == m.sha256
+        return sha256_path(p) == m.sha256 and (proj is None or m.mmproj_sha256 in (None, sha256_file(proj)))
 
     # --- helpers ---------------------------------------------------------------------------
     @staticmethod
@@ -254,31 +249,3 @@ class ModelStore:
         while (self.root / model_id).exists():
             model_id, n = f"{base}-{n}", n + 1
         return model_id
-
-
-def _place(src: Path, dest: Path, *, move: bool) -> None:
-    """Copy (or move) into the store through a `.part` name, fsynced, then renamed atomically."""
-    part = dest.with_name(dest.name + ".part")
-    if move:
-        try:
-            os.replace(src, dest)  # same filesystem: atomic, no copy
-            return
-        except OSError:
-            pass  # another filesystem: copy then delete the source
-    if part.exists():
-        shutil.rmtree(part) if part.is_dir() else part.unlink()
-    if src.is_dir():
-        shutil.copytree(src, part)
-        for p in part.rglob("*"):
-            if p.is_file():
-                with open(p, "rb+") as f:
-                    os.fsync(f.fileno())
-    else:
-        shutil.copyfile(src, part)
-        with open(part, "rb+") as f:
-            os.fsync(f.fileno())
-    os.replace(part, dest)
-    fsync_dir(dest.parent)
-    if move:
-        shutil.rmtree(src) if src.is_dir() else src.unlink()
-

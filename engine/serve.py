@@ -102,6 +102,8 @@ def add_serve_args(p: argparse.ArgumentParser, defaults: dict | None = None) -> 
     p.add_argument("--max-reasoning-tokens", type=int, default=d.get("max_reasoning_tokens"), metavar="N",
                    help="a reasoning model thinks at most N tokens unless a request says otherwise "
                         "(default: no limit)")
+    p.add_argument("--fetch-image-urls", action="store_true", default=d.get("fetch_image_urls", False),
+                   help="fetch an image part's http(s) URL (default: refused with a 400; send base64 data: URIs)")
     add_config_args(p, d)
     add_residency_args(p, d)
     p.add_argument("--log-level", default=d["log_level"], choices=("debug", "info", "warning", "error"))
@@ -220,7 +222,8 @@ def server_settings(args, api_key: str | None, default_model=None):
     return ServerSettings(api_key=api_key, models_dir=args.models_dir, allowed_hosts=allowed,
                           cors_origins=tuple(args.cors_origin), keyless_ports=keyless,
                           max_reasoning_tokens=args.max_reasoning_tokens, default_model=default_model,
-                          docs_dir=args.docs_dir, embedding_model=args.embedding_model)
+                          docs_dir=args.docs_dir, embedding_model=args.embedding_model,
+                          fetch_image_urls=args.fetch_image_urls)
 
 
 def serve(args, make_puller: typing.Callable[[str | None], Puller] | None = None) -> int:

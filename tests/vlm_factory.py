@@ -39,12 +39,13 @@ class TinyVlm:
 
 def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2, width: int = 32,
                  heads: int = 2, ffn: int = 64, layers: int = 1, lm_width: int = LM_WIDTH,
-                 seed: int = 0) -> Path:
-    """Write a random gemma3-type projector GGUF; return `path`."""
+                 seed: int = 0, projector_type: str = "gemma3") -> Path:
+    """Write a random gemma3-type projector GGUF (`projector_type` names another type in its header
+    only, for the checks that read it); return `path`."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-gemma3-mmproj")
-    w.add_string("clip.projector_type", "gemma3")
+    w.add_string("clip.projector_type", projector_type)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     for key, value in (("image_size", image), ("patch_size", patch), ("embedding_length", width),
@@ -52,6 +53,8 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
                        ("attention.head_count", heads), ("projector.scale_factor", merge)):
         w.add_uint32(f"clip.vision.{key}", value)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    if projector_type == "idefics3":  # images are resized to this longest side, then cut into image x image tiles
+        w.add_uint32("clip.vision.preproc_image_size", image)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
@@ -75,8 +78,11 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
         put(p + "ffn_down.bias", (width,))
     put("v.post_ln.weight", (width,), 0.1, 1.0)
     put("v.post_ln.bias", (width,))
-    put("mm.soft_emb_norm.weight", (width,), 0.1, 1.0)
-    put("mm.input_projection.weight", (width, lm_width), 0.3)
+    if projector_type == "idefics3":  # SmolVLM's: a pixel shuffle of merge x merge patches, then one matrix
+        put("mm.model.fc.weight", (lm_width, width * merge * merge), 0.3)
+    else:
+        put("mm.soft_emb_norm.weight", (width,), 0.1, 1.0)
+        put("mm.input_projection.weight", (width, lm_width), 0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

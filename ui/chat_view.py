@@ -55,9 +55,7 @@ class ChatView(QWidget):
         super().__init__(parent)
         self.agent = AgentTurn(self, tools, approver)  # None approver: the dialog of ui/tool_approval.py
         self.versions = versions  # the replies Regenerate wrote, kept across restarts (None: this session only)
-        self.chat_store = chat_store
-        self.chat_id = chat_id
-        self.engine = engine
+        self.chat_store, self.chat_id, self.engine = chat_store, chat_id, engine
         self._model_defaults = model_defaults or (lambda _model: {})
         self._worker: GeneratorWorker | None = None
         self._stream: ReplyStream | None = None  # or an AgentReply (ui/agent_reply.py), which quacks alike

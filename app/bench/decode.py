@@ -98,7 +98,7 @@ def run(args) -> int:
     rss0 = psutil.Process().memory_info().rss
     engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights,
                                                 kv_cache_dtype=args.kv_cache_dtype,
-                                                num_threads=args.threads,
+                                                num_threads=args.threads, mmproj=args.mmproj,
                                                 max_prefill_chunk=max(args.prompt_tokens, 16),
                                                 max_num_batched_tokens=max(args.prompt_tokens, 1024),
                                                 enable_prefix_caching=False), args.backend, args.device)

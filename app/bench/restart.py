@@ -29,7 +29,7 @@ def first_token(args, prompt: list[int], disk: str | None) -> tuple[float, list[
     engine, _ = load_engine(EngineConfig(model_path=args.model or str(default_model_path()), dtype=args.dtype,
                                          weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
                                          num_threads=args.threads, max_model_len=args.context,
-                                         kv_disk_dir=disk), args.backend, args.device)
+                                         kv_disk_dir=disk, mmproj=args.mmproj), args.backend, args.device)
     try:
         started, first = time.perf_counter(), None
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=args.reply, ignore_eos=True), "turn")

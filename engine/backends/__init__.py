@@ -30,7 +30,7 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
     fp = model_footprint(config.model_path)
     ctx = default_context(fp.context_length, config.max_model_len)
     if config.mmproj:
-        backend = _vision_backend(config.mmproj, backend)
+        backend = _vision_backend(config.mmproj, config.model_path, backend)
     decision = choose_backend(machine or probe_machine(), fp, backend=backend, device=device,
                               context_length=ctx, dtype=config.dtype)
     if decision.backend == "torch" and decision.device == "cpu":
@@ -43,13 +43,13 @@ def decide(config: EngineConfig, backend: str = "auto", device: str = "auto",
     return decision
 
 
-def _vision_backend(mmproj: str, backend: str) -> str:
+def _vision_backend(mmproj: str, model: str, backend: str) -> str:
     """A projector runs through llama.cpp's libmtmd only: auto means llama.cpp, torch is refused."""
     from engine.model_files.errors import ModelFileError
     from engine.model_files.projector import check_projector
 
     try:
-        check_projector(mmproj)
+        check_projector(mmproj, model)
     except ModelFileError as e:
         raise BackendError(str(e)) from None
     if backend == "torch":

@@ -26,6 +26,7 @@ import torch
 
 from engine.backends.llamacpp_setup import LlamaCppError
 from engine.images import MEDIA_MARKER, Image
+from engine.model_files.projector import MROPE_REFUSAL
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +77,9 @@ class Vision:
         if not self._ctx:
             raise LlamaCppError(f"llama.cpp's mtmd could not load the projector {mmproj} for this model "
                                 "(a projector of another model, or a type this llama.cpp lacks?)")
+        if mtmd_cpp.mtmd_decode_use_mrope(self._ctx):  # the file check knows the types of today; this, all
+            self.close()
+            raise LlamaCppError(f"{mmproj}: this vision model {MROPE_REFUSAL}")
         if not mtmd_cpp.mtmd_support_vision(self._ctx):
             self.close()
             raise LlamaCppError(f"{mmproj} is a projector without a vision encoder (audio only?)")
@@ -119,6 +123,9 @@ class Vision:
                 n = ctypes.c_size_t()
                 toks = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 ids.extend(toks[j] for j in range(n.value))
+                if any(toks[j] < 0 for j in range(n.value)):  # mtmd looked up a marker the vocabulary lacks
+                    raise ValueError("this model's vocabulary lacks the tokens its projector wraps an image in "
+                                     "(a projector of another model?)")
                 continue
             n_tok = int(m.mtmd_input_chunk_get_n_tokens(chunk))
             if int(m.mtmd_input_chunk_get_n_pos(chunk)) != n_tok:

@@ -43,6 +43,7 @@ class ModelManifest:
     converted_from: str | None = None  # the checkpoint folder this GGUF was converted from on import
     converted_from_sha256: str | None = None  # of the files the conversion read (one conversion per checkpoint)
     mmproj: str | None = None  # a vision model's projector GGUF (absolute path), loaded beside it
+    mmproj_sha256: str | None = None  # of the projector file
 
     def to_dict(self) -> dict:
         return asdict(self)

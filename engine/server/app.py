@@ -48,6 +48,7 @@ class ServerSettings:
     default_model: ModelSpec | None = None  # what a request that names no model gets when none is loaded
     docs_dir: str | None = None  # the documents store (Files, Vector Stores, file_search); None: those answer 503
     embedding_model: str | None = None  # the model that embeds documents (None: the first installed embedder)
+    fetch_image_urls: bool = False  # an image part's http(s) URL is fetched (server/image_fetch.py), else a 400
     extra: dict = field(default_factory=dict)
 
 

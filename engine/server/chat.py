@@ -136,7 +136,7 @@ async def start_chat(request: Request, body: ChatCompletionRequest, prefix: str)
     engine = loaded.engine
     shape = await reply_shape(engine, body)
     prompt = render_prompt(engine, body, shape)
-    ids, images = await encode_chat(engine, body, prompt)
+    ids, images = await encode_chat(engine, body, prompt, state.settings.fetch_image_urls)
     max_tokens = body.requested_max_tokens
     if max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens", code="invalid_value")

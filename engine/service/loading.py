@@ -48,13 +48,14 @@ def make_engine_factory(backend: str = "auto", device: str = "auto", **config_kw
 def estimate_bytes(spec: ModelSpec, residency: ResidencyConfig, num_kv_blocks: int | None = None,
                    max_model_len: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """What the budget counts for a model before it loads (the runner's own figures replace it once
-    loaded): its weights (the file) and its KV pool, counted as float32 so as never to fall short:
-    a fixed pool's blocks, else its share of the budget but at least one full context (the pool's
-    floor, memory.py)."""
+    loaded): its weights (the file, and a vision model's projector) and its KV pool, counted as
+    float32 so as never to fall short: a fixed pool's blocks, else its share of the budget but at
+    least one full context (the pool's floor, memory.py)."""
     p = Path(spec.path)
     try:
         weights = p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.glob("*.safetensors"))
         fp = footprint_of(read_meta(p), weights)
+        weights += Path(spec.mmproj).stat().st_size if spec.mmproj else 0
     except (OSError, ValueError):
         return 0  # the load itself says what is wrong with the path
     per_token = fp.kv_bytes_per_token(4)
@@ -78,4 +79,4 @@ def check_model_file(spec: ModelSpec) -> None:
     if why := unsupported_architecture(footprint_of(read_meta(Path(spec.path)), 0)):
         raise UnsupportedArchitecture(why)  # in the words a failed load gives it (the model is named)
     if spec.mmproj:
-        check_projector(spec.mmproj)
+        check_projector(spec.mmproj, spec.path)

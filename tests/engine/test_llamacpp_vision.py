@@ -127,3 +127,20 @@ def test_image_chats_batch_with_text_chats_and_change_no_one_s_answer(tmp_path):
             assert _top(got) == _top(want) and len(_top(got)) == 4
     finally:
         engine.close()
+
+
+
+def test_smolvlms_projector_loads_and_names_the_tokens_a_model_lacks(tmp_path):
+    """An idefics3-type projector (SmolVLM, SmolVLM2) loads in mtmd beside the LM; it wraps an image
+    in tokens it looks up by name (<fake_token_around_image>, <global-img>), which this tiny LM's
+    vocabulary lacks (SmolVLM's has them): the tokenization says so in words, not as a bad id."""
+    from vlm_factory import write_mmproj
+
+    vlm = write_tiny_vlm(tmp_path)
+    proj = write_mmproj(tmp_path / "smolvlm-mmproj.gguf", projector_type="idefics3")
+    engine = _engine(vlm.__class__(vlm.model, proj, vlm.image_size, vlm.image_tokens))
+    try:
+        with pytest.raises(ValueError, match="vocabulary lacks the tokens its projector wraps an image in"):
+            engine.runner.vision.tokenize(f"Describe: {engine.runner.vision.marker}", [_image(1)])
+    finally:
+        engine.close()

@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine.server.anthropic.protocol import (CountTokensRequest, MessagesRequest, openai_messages,
                                               openai_tools, sampler_fields)
 from engine.server.chat import ChatRun, render_prompt, start_chat
+from engine.server.chat_images import encode_chat
 from engine.server.errors import APIError, shaped_route, validated
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.model_use import use_model
-from engine.server.serving import encode
 from engine.server.sse import SSE_HEADERS
 from engine.server.structured import reply_shape
 
@@ -211,13 +211,13 @@ def build_anthropic_router() -> APIRouter:
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest, request: Request):
-        """The rendered prompt's tokens, as /v1/messages counts them (tool_choice changes only
-        the grammar, not the prompt, so it is not compiled here)."""
+        """The rendered prompt's tokens, as /v1/messages counts them, each image's tokens too
+        (tool_choice changes only the grammar, not the prompt, so it is not compiled here)."""
         state = request.app.state
         req = _chat_request(body)
         engine = (await use_model(request, req.model)).engine
         shape = await reply_shape(engine, req.model_copy(update={"tool_choice": None}))
-        ids = await encode(engine, render_prompt(engine, req, shape))
+        ids, _ = await encode_chat(engine, req, render_prompt(engine, req, shape), state.settings.fetch_image_urls)
         return {"input_tokens": len(ids)}
 
     return router

@@ -118,5 +118,7 @@ def show(store, spec: ModelSpec, loaded: LoadedModel | None) -> dict:
         caps = ["completion"] + (["tools"] if tool_format(template) is not None else [])
         if detect_format(template, ())[0] is not ReasoningFormat.NONE:
             caps.append("thinking")
+        if spec.mmproj:  # loaded with its projector: chats may carry images
+            caps.append("vision")
     return {"modelfile": "", "parameters": parameters, "template": template, "details": details(f),
             "model_info": info, "capabilities": caps, "modified_at": f.get("added_at")}

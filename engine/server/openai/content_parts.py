@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from engine.images import MAX_IMAGE_BYTES
 
@@ -31,3 +31,4 @@ class ImagePart(BaseModel):
     model_config = _config
     type: Literal["image_url"]
     image_url: ImageURL
+    _where: str | None = PrivateAttr(None)  # the part's name in another API's request (Responses' input[k]...)

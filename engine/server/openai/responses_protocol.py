@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.server.errors import APIError
 from engine.server.openai.protocol import (ChatCompletionRequest, max_tokens_field, model_field, seed_field,
                                     temperature_field, top_p_field)
+from engine.server.openai.content_parts import MAX_IMAGE_URL_CHARS
 from engine.server.tool_protocol import FUNCTION_NAME
 
 _config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
@@ -23,15 +24,46 @@ class ContentPart(BaseModel):
     text: str
 
 
+class InputImagePart(BaseModel):
+    """An image in a message: a base64 `data:` URI (or an http(s) URL, fetched only where the server
+    allows it), or the id of a file uploaded to /v1/files (responses_images.py inlines it)."""
+    model_config = _config
+    type: Literal["input_image"]
+    image_url: str | None = Field(None, max_length=MAX_IMAGE_URL_CHARS)
+    file_id: str | None = Field(None, max_length=256)
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the projector sets the resolution
+
+
 class MessageItem(BaseModel):
     model_config = _config
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[ContentPart]
+    content: str | list[ContentPart | InputImagePart]
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content if isinstance(p, ContentPart))
+
+    @property
+    def has_images(self) -> bool:
+        return not isinstance(self.content, str) and any(isinstance(p, InputImagePart) for p in self.content)
+
+    def chat_content(self, where: str) -> str | list[dict]:
+        """The content as a chat message's: text, or parts with each image where it was sent."""
+        if not self.has_images:
+            return self.text
+        parts = []
+        for j, p in enumerate(self.content):
+            if isinstance(p, ContentPart):
+                parts.append({"type": "text", "text": p.text})
+            elif p.image_url is None:
+                raise APIError(400, f"{where}.content[{j}]: an input_image needs an image_url (a base64 data: URI) "
+                                    "or the file_id of an uploaded image", param=f"{where}.content[{j}]",
+                               code="invalid_value")
+            else:
+                parts.append({"type": "image_url", "image_url": {"url": p.image_url}})
+        return parts
 
 
 class FunctionCallItem(BaseModel):
@@ -125,9 +157,12 @@ class ResponsesRequest(BaseModel):
                            code="unsupported_parameter")
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        for item in items:
+        named = []  # (message index, input item's name) of the messages that carry images
+        for k, item in enumerate(items):
             if isinstance(item, MessageItem):
-                messages.append({"role": item.role, "content": item.text})
+                if item.has_images:
+                    named.append((len(messages), f"input[{k}]"))
+                messages.append({"role": item.role, "content": item.chat_content(f"input[{k}]")})
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
                         "function": {"name": item.name, "arguments": item.arguments}}
@@ -151,9 +186,13 @@ class ResponsesRequest(BaseModel):
                 {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_,
                                                         "strict": fmt.strict}})}
         try:
-            return ChatCompletionRequest.model_validate(chat)
+            request = ChatCompletionRequest.model_validate(chat)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err.get("loc", ()))
             raise APIError(400, f"{where}: {str(err.get('msg')).removeprefix('Value error, ')}".lstrip(": "),
                            param="input", code="invalid_value") from None
+        for i, where in named:  # an image's 400 names it as this request holds it
+            for j, part in request.messages[i].image_parts:
+                part._where = f"{where}.content[{j}]"
+        return request

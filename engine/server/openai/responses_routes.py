@@ -16,6 +16,7 @@ from engine.server.chat import ChatRun, start_chat
 from engine.server.openai.responses_output import (ResponseBody, call_item, message_item, new_item_id, output_items,
                                             reasoning_item, text_part)
 from engine.server.openai.file_search import add_sources, file_citations, file_search_call
+from engine.server.openai.responses_images import inline_file_images
 from engine.server.openai.responses_protocol import ResponsesRequest
 from engine.server.sse import SSE_HEADERS, job_events
 
@@ -25,7 +26,7 @@ def build_responses_router() -> APIRouter:
 
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request):
-        chat, search, hits = body.to_chat(), None, []
+        chat, search, hits = (await inline_file_images(request, body)).to_chat(), None, []
         if (tool := body.file_search) is not None:  # searched before the reply: see file_search.py
             found = await add_sources(request, chat, tool.vector_store_ids, tool.max_num_results, tool.filters)
             chat, hits = found.body, found.hits
