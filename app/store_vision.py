@@ -3,7 +3,8 @@
 The projector lives in the model's folder (copied or moved there, or linked in place as the model
 is), so removing the model removes it, and every load of the model from the store (the server's
 model list, `ember chat --model ID`, the window) gets it. Files are checked as a pair before
-anything is placed (engine/model_files/projector.py: a projector, of this model's width, not M-RoPE).
+anything is placed (engine/model_files/projector.py: a projector, of this model's width, not of an
+M-RoPE kind the runner lacks).
 """
 from __future__ import annotations
 

@@ -94,9 +94,9 @@ class ResizableContext:
         self._ll.llama_memory_clear(self.mem, False)
         self.head = 0
 
-    def make_room(self, num_new: int, needed: int, slots: list[int]) -> bool:
+    def make_room(self, num_new: int, needed: int, slots: dict[int, int]) -> bool:
         """Room for num_new cells at the head, re-creating the context (larger if `needed`, the
-        cells the `slots` hold plus num_new, asks for it) when the head is near the end; False
+        cells the `slots` hold (slot: cells) plus num_new, asks for it) when the head is near the end; False
         when `needed` exceeds the pool (the caller evicts idle slots and asks again)."""
         if self.head + num_new <= self.cells:
             return True
@@ -105,13 +105,13 @@ class ResizableContext:
         self._resize(max(self.cells, self.target(needed)), slots)
         return self.head + num_new <= self.cells
 
-    def shrink(self, needed: int, slots: list[int]) -> None:
+    def shrink(self, needed: int, slots: dict[int, int]) -> None:
         """Nothing runs: give back the cells beyond what the idle slots hold, when that halves it."""
         size = max(self.min_cells, round_cells(needed))
         if 2 * size <= self.cells:
             self._resize(size, slots)
 
-    def _resize(self, cells: int, slots: list[int]) -> None:
+    def _resize(self, cells: int, slots: dict[int, int]) -> None:
         ll = self._ll
         saved = []
         for slot in slots:  # the KV of every slot that holds cells, as bytes
@@ -132,8 +132,7 @@ class ResizableContext:
                 raise RuntimeError(f"llama.cpp could not restore slot {slot} after resizing the context")
             del buf
             m.close()
-            if (last := ll.llama_memory_seq_pos_max(self.mem, slot)) >= 0:
-                self.head += last - ll.llama_memory_seq_pos_min(self.mem, slot) + 1
+            self.head += slots[slot]  # its cells (not its positions: an M-RoPE image has fewer)
         self.num_resizes += 1
         log.info("llama.cpp context: %d -> %d KV cells (%d slots carried over)", old, cells, carried)
 

@@ -33,7 +33,7 @@ from engine.backends.llamacpp_batch import LlamaBatch, ScoringContext, parts
 from engine.backends.llamacpp_context import FA_TILE_ROWS
 from engine.backends.llamacpp_setup import (LlamaCppError, context_params, decode_error, kv_block_bytes, llama,
                                             load_model, open_context)
-from engine.backends.llamacpp_vision import Vision, cut_before_image, images_ahead
+from engine.backends.llamacpp_vision import Vision, cut_before_image, images_ahead, position
 from engine.backends.slot_cache import SlotCache
 from engine.backends.slot_disk import open_slot_disk
 from engine.config import EngineConfig
@@ -142,7 +142,7 @@ class LlamaCppRunner(Runner):
         while self._slots.idle_cells > self.idle_cells_max:  # the idle budget; the rest goes back
             self._clear(self._slots.evict_lru())
         if not self._live:
-            self._context.shrink(self._slots.idle_cells, list(self._slots.idle))
+            self._context.shrink(self._slots.idle_cells, {s: len(t) for s, t in self._slots.idle.items()})
             if not self._slots.idle:
                 self._context.reset()
 
@@ -165,7 +165,7 @@ class LlamaCppRunner(Runner):
         if m.take_over:  # the same chat's next turn: keep the shared part, drop the slot's tail
             self._slots.take(m.slot)
             slot = m.slot
-            self._context.bury(slot, n)
+            self._context.bury(slot, position(seq.images, n))  # llama.cpp's positions
         else:  # a shared prefix (a system prompt): the cells gain this slot's id, nothing is copied
             got = self._slots.acquire(keep=m.slot)
             if got is None:
@@ -173,7 +173,7 @@ class LlamaCppRunner(Runner):
             slot, dirty = got
             if dirty:
                 self._clear(slot)
-            self._ll.llama_memory_seq_cp(self._context.mem, m.slot, slot, 0, n)
+            self._ll.llama_memory_seq_cp(self._context.mem, m.slot, slot, 0, position(seq.images, n))
         self._slot_of[seq.seq_id] = slot
         self._live[slot] = seq
         self._kv_len[slot] = n
@@ -187,9 +187,9 @@ class LlamaCppRunner(Runner):
     def _clear(self, slot: int) -> None:
         self._context.bury(slot)  # its cells go to the grave: freeing them would leave a hole
 
-    def _held_slots(self) -> list[int]:
-        """Slots whose cells hold tokens: the live ones and the idle ones."""
-        return [slot for slot, n in self._kv_len.items() if n] + list(self._slots.idle)
+    def _held_slots(self) -> dict[int, int]:
+        """Slots whose cells hold tokens, the live ones and the idle ones: how many each."""
+        return {slot: n for slot, n in self._kv_len.items() if n} | {s: len(t) for s, t in self._slots.idle.items()}
 
     def _make_room(self, num_new: int) -> None:
         """Room for this step's tokens at the head (llamacpp_context.py); when the pool is whole,
@@ -215,7 +215,7 @@ class LlamaCppRunner(Runner):
             slot = self._slot(seq)
             c = seq.num_computed_tokens
             self._rollback(slot, c)
-            self._batch.put(i, slot, seq.new_token_ids(k), c)
+            self._batch.put(i, slot, seq.new_token_ids(k), position(seq.images, c))
             rows.extend(range(i + k - m, i + k))
             i += k
         greedy = any(s.params.temperature == 0 for s, x in zip(out.seqs, scored) if not x)
@@ -268,7 +268,7 @@ class LlamaCppRunner(Runner):
             raise LlamaCppError(f"sequence expects {c} computed tokens but llama.cpp holds {have} "
                                 "(prefix caching must be off with the llama.cpp runner)")
         if c < have:
-            self._context.bury(slot, c)
+            self._context.bury(slot, position(self._live[slot].images, c))
             self._kv_len[slot] = c
 
     def _decode(self, n: int, rows: list[int], most: int, padded: bool) -> torch.Tensor:

@@ -14,6 +14,14 @@ projector and its embeddings decoded at its positions in one batch (mtmd's helpe
 switches attention to non-causal for models that want it). An image is never split: a chunk
 that ends inside one stops at its start, and the next chunk decodes it whole, so the cells
 llama.cpp holds may trail the scheduler's count, never lead it.
+
+M-RoPE models (Qwen2-VL, Qwen2.5-VL) give an image fewer positions than tokens: mtmd places its
+nx x ny embeddings at one (temporal) position with 2D offsets, max(nx, ny) positions in all, and
+the text after it goes on from there. So a token's llama.cpp position is its index less what the
+images before it save (`position`), computed from the sequence's spans, which the token prefix
+fixes (a slot's cells match a prompt's only with the same images): every batch the runner builds,
+each cell it buries (`llama_memory_seq_rm` takes positions) and each prefix it shares use it. A
+text token needs one position value: llama.cpp spreads it over M-RoPE's sections itself.
 """
 from __future__ import annotations
 
@@ -26,16 +34,18 @@ import torch
 
 from engine.backends.llamacpp_setup import LlamaCppError
 from engine.images import MEDIA_MARKER, Image
-from engine.model_files.projector import MROPE_REFUSAL
+from engine.model_files.projector import mrope_refusal_of
 
 
 @dataclass(frozen=True, eq=False)
 class ImageSpan:
-    """One image of a prompt: its first position, its token count and mtmd's chunk for it."""
+    """One image of a prompt: its first index, its token count, mtmd's chunk for it and the
+    positions it takes (fewer than its tokens with M-RoPE)."""
     start: int
     num_tokens: int
     digest: str
     chunk: int  # an mtmd_input_chunk pointer this span owns (freed with it)
+    num_pos: int | None = None  # None: one position per token
 
     @property
     def end(self) -> int:
@@ -46,6 +56,12 @@ def placeholder_ids(digest: str, n: int, vocab_size: int) -> list[int]:
     """n token ids drawn from the pixel hash: equal images, equal ids; others differ (almost surely)."""
     raw = b"".join(hashlib.sha256(f"{digest}:{i}".encode()).digest()[:8] for i in range(n))
     return [int.from_bytes(raw[8 * i:8 * i + 8], "little") % vocab_size for i in range(n)]
+
+
+def position(spans, i: int) -> int:
+    """llama.cpp's position of index i of a sequence (never inside an image): i less the positions
+    the images wholly before it save (M-RoPE; none for other models)."""
+    return i - sum(s.num_tokens - s.num_pos for s in spans if s.end <= i and s.num_pos is not None)
 
 
 def images_ahead(seq) -> bool:
@@ -77,9 +93,9 @@ class Vision:
         if not self._ctx:
             raise LlamaCppError(f"llama.cpp's mtmd could not load the projector {mmproj} for this model "
                                 "(a projector of another model, or a type this llama.cpp lacks?)")
-        if mtmd_cpp.mtmd_decode_use_mrope(self._ctx):  # the file check knows the types of today; this, all
-            self.close()
-            raise LlamaCppError(f"{mmproj}: this vision model {MROPE_REFUSAL}")
+        if mtmd_cpp.mtmd_decode_use_mrope(self._ctx) and (why := mrope_refusal_of(mmproj)):
+            self.close()  # the file check knows the types of today; this, all
+            raise LlamaCppError(why)
         if not mtmd_cpp.mtmd_support_vision(self._ctx):
             self.close()
             raise LlamaCppError(f"{mmproj} is a projector without a vision encoder (audio only?)")
@@ -127,15 +143,12 @@ class Vision:
                     raise ValueError("this model's vocabulary lacks the tokens its projector wraps an image in "
                                      "(a projector of another model?)")
                 continue
-            n_tok = int(m.mtmd_input_chunk_get_n_tokens(chunk))
-            if int(m.mtmd_input_chunk_get_n_pos(chunk)) != n_tok:
-                raise ValueError("this projector places images at fewer positions than tokens (M-RoPE): "
-                                 "not supported yet")
+            n_tok, n_pos = int(m.mtmd_input_chunk_get_n_tokens(chunk)), int(m.mtmd_input_chunk_get_n_pos(chunk))
             digest = (m.mtmd_input_chunk_get_id(chunk) or b"").decode()
             seen[digest] = seen.get(digest, -1) + 1
             digest = f"{digest}/{seen[digest]}" if seen[digest] else digest
             own = m.mtmd_input_chunk_copy(chunk)
-            span = ImageSpan(len(ids), n_tok, digest, own)
+            span = ImageSpan(len(ids), n_tok, digest, own, n_pos if n_pos != n_tok else None)
             weakref.finalize(span, m.mtmd_input_chunk_free, own)
             spans.append(span)
             ids.extend(placeholder_ids(digest, n_tok, self.vocab_size))
@@ -156,18 +169,18 @@ class Vision:
                     break  # this chunk ends inside the image: the next one decodes it whole
                 if end - m < span.end:
                     raise LlamaCppError("logits inside an image were asked for (prompt logprobs with images)")
-                pos = self._decode_image(runner, slot, span)
+                pos = self._decode_image(runner, slot, span, position(seq.images, span.start))
                 continue
             stop = min(end, span.start) if span is not None else end
             want = list(range(max(end - m, pos) - pos, stop - pos))
-            runner._batch.put(0, slot, seq.token_ids[pos:stop], pos)
+            runner._batch.put(0, slot, seq.token_ids[pos:stop], position(seq.images, pos))
             runner._batch.finish(stop - pos, want)
             out.append(runner._decode(stop - pos, want, stop - pos, False))
             pos = stop
         runner._kv_len[slot] = pos
         return torch.cat(out) if out else torch.empty(0, runner.vocab_size)
 
-    def _decode_image(self, runner, slot: int, span: ImageSpan) -> int:
+    def _decode_image(self, runner, slot: int, span: ImageSpan, n_past: int) -> int:
         m = self._mtmd
         runner._make_room(span.num_tokens)
         if (ret := m.mtmd_encode_chunk(self._ctx, span.chunk)) != 0:
@@ -175,7 +188,7 @@ class Vision:
         self.encodes += 1
         new_pos = self._ll.llama_pos(0)
         ret = m.mtmd_helper_decode_image_chunk(self._ctx, runner._ctx, span.chunk, m.mtmd_get_output_embd(self._ctx),
-                                               span.start, slot, runner.n_batch, ctypes.byref(new_pos),
+                                               n_past, slot, runner.n_batch, ctypes.byref(new_pos),
                                                m.mtmd_helper_post_decode_callback(), None)  # a NULL callback
         if ret != 0:
             raise LlamaCppError(f"llama.cpp could not decode an image's embeddings (error {ret})")

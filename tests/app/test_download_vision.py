@@ -2,7 +2,8 @@
 a local server that speaks the hub's API (tests/hub_api_fake.py), checks each file against the
 size and sha256 the hub's metadata gives (the catalog has none), and registers them paired; a
 projector whose bytes are not what the hub says fails the pull with nothing left behind; an M-RoPE
-vision model (Qwen2.5-VL) is refused as not supported yet before a byte is fetched. The bundled
+vision model of a kind not supported yet (Qwen3-VL) is refused before a byte is fetched;
+Qwen2.5-VL's (LM architecture qwen2vl) is not. The bundled
 catalog names today's small VLMs with both files."""
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def setup(tmp_path, monkeypatch):
     files = {"lm.gguf": vlm.model.read_bytes(), "mmproj-model-f16.gguf": vlm.mmproj.read_bytes()}
     catalog = tmp_path / "catalog.json"
     catalog.write_text(json.dumps({"version": 1, "about": "test", "models": [
-        vlm_entry("tiny-vlm"), vlm_entry("tiny-qwen-vl", arch="qwen2vl")]}))
+        vlm_entry("tiny-vlm"), vlm_entry("tiny-qwen-vl", arch="qwen3vl"),
+        vlm_entry("tiny-qwen25-vl", arch="qwen2vl")]}))
     monkeypatch.setenv("EMBER_HOME", str(tmp_path / "home"))
     with FakeHub() as hub:
         add_repo(hub, REPO, files)
@@ -73,6 +75,7 @@ def test_an_mrope_vision_model_is_refused_before_a_byte(setup, capsys):
     assert pull(hub, catalog, "tiny-qwen-vl") == 2
     assert "not supported yet" in capsys.readouterr().err
     assert not [p for p, _ in hub.requests if "/resolve/" in p] and store.get("tiny-qwen-vl") is None
+    assert pull(hub, catalog, "tiny-qwen25-vl") == 0, capsys.readouterr().err  # Qwen2.5-VL's M-RoPE runs
 
 
 def test_the_catalog_names_todays_small_vlms_with_both_files():

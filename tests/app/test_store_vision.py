@@ -3,7 +3,7 @@ them in the manifest; `models list` says the model takes images; a load from the
 server's `--model-id`, `ember chat --model ID`) gets its projector; `models verify` hashes both and
 `models rm` removes both. A wrong pair is refused in words before anything is copied: a projector
 as the model, a model as the projector, a missing file, another model's projector (its width), an
-M-RoPE projector (not supported yet). Files: tests/vlm_factory.py's tiny random vision model."""
+M-RoPE projector of a kind not supported yet (Qwen3-VL's; Qwen2-VL's and Qwen2.5-VL's pass). Files: tests/vlm_factory.py's tiny random vision model."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from app.cli_model import installed_mmproj
 from app.store import ModelStore
 from engine.model_files.errors import ModelFileError
 from engine.server.model_store import ModelStore as ServedModels
-from vlm_factory import write_mmproj, write_tiny_vlm
+from vlm_factory import write_mmproj, write_tiny_qwen2vl, write_tiny_vlm
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,8 @@ def test_importing_an_installed_model_again_with_mmproj_pairs_it(vlm, tmp_path):
     ("model-as-projector", "not a projector"),
     ("missing", "no such file"),
     ("other-width", "the projector of another model: it gives 32-wide embeddings, lm.gguf takes 64"),
-    ("mrope", "'qwen2.5vl_merger' uses M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V): images with these "
-              "models are not supported yet"),
+    ("mrope", "'qwen3vl_merger' uses M-RoPE of a kind not supported yet (Qwen3-VL, Qwen2.5-Omni, GLM-4V; "
+              "Qwen2-VL and Qwen2.5-VL are)"),
 ])
 def test_a_wrong_pair_is_refused_in_words_before_any_copy(vlm, home, tmp_path, capsys, case, says):
     model, proj = vlm.model, vlm.mmproj
@@ -95,7 +95,7 @@ def test_a_wrong_pair_is_refused_in_words_before_any_copy(vlm, home, tmp_path, c
     elif case == "other-width":
         proj = write_mmproj(tmp_path / "other.gguf", lm_width=32)
     else:
-        proj = write_mmproj(tmp_path / "qwen.gguf", projector_type="qwen2.5vl_merger")
+        proj = write_mmproj(tmp_path / "qwen.gguf", projector_type="qwen3vl_merger")
     rc, _, err = run(capsys, "import", str(model), "--mmproj", str(proj))
     assert rc in (1, 2) and says in err and "Traceback" not in err
     assert not list(home.rglob("manifest.json")) and not list(home.rglob("*.gguf"))
@@ -109,9 +109,11 @@ def test_a_load_checks_the_pair_too(vlm, tmp_path):
     other = write_mmproj(tmp_path / "other.gguf", lm_width=32)
     with pytest.raises(ModelFileError, match="the projector of another model"):
         check_model_file(ModelSpec(id="eye", path=str(vlm.model), mmproj=str(other)))
-    qwen = write_mmproj(tmp_path / "qwen.gguf", projector_type="qwen2vl_merger")
+    qwen = write_mmproj(tmp_path / "qwen.gguf", projector_type="qwen3vl_merger")
     with pytest.raises(ModelFileError, match="not supported yet"):
         check_model_file(ModelSpec(id="eye", path=str(vlm.model), mmproj=str(qwen)))
+    qwen25 = write_tiny_qwen2vl(tmp_path / "qwen25")  # Qwen2.5-VL's pair (M-RoPE the runner shifts) passes
+    check_model_file(ModelSpec(id="qwen", path=str(qwen25.model), mmproj=str(qwen25.mmproj)))
 
 
 def test_the_memory_budget_counts_the_projector(vlm):
