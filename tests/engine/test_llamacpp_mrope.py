@@ -35,7 +35,8 @@ def vlm(tmp_path_factory):
 
 
 def _engine(vlm, **kw):
-    config = EngineConfig(model_path=str(vlm.model), mmproj=str(vlm.mmproj), num_threads=1, max_model_len=256, **kw)
+    kw = {"max_model_len": 256, **kw}
+    config = EngineConfig(model_path=str(vlm.model), mmproj=str(vlm.mmproj), num_threads=1, **kw)
     engine, decision = load_engine(config, backend="llama.cpp", device="cpu")
     assert decision.backend == "llama.cpp" and engine.runner.vision is not None
     return engine
@@ -220,4 +221,26 @@ def test_image_chats_batch_with_a_text_chat_and_change_no_one_s_answer(tmp_path)
             assert got.output_token_ids == want.output_token_ids
             assert _top(got) == _top(want) and len(_top(got)) == 4
     finally:
+        engine.close()
+
+
+def test_a_resize_carries_an_image_slot_by_its_cells_not_its_positions(vlm):
+    """An idle image chat's slot moves into a larger context (a long text prompt needs it): the head
+    counts its cells (more than its positions), and its next turn still reads the image from them."""
+    engine = _engine(vlm, max_model_len=1024)
+    oracle = MtmdOracle(vlm, engine.runner.flash_attn)
+    try:
+        runner, marker = engine.runner, engine.runner.vision.marker
+        first, _, spans = _run(engine, f"Look {marker} and say", [_image(9)], max_tokens=2)
+        long = [int(t) for t in torch.randint(0, runner.vocab_size - 8, (600,), generator=torch.Generator().manual_seed(0))]
+        params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        _finish(engine, [engine.add_request(long, params)])
+        assert runner._context.num_resizes >= 1 and spans[0].num_pos < spans[0].num_tokens
+        assert runner._context.head == sum(runner._held_slots().values())
+        follow = f"Look {marker} and say" + engine.tokenizer.decode(first.output_token_ids) + " more"
+        second, _, _ = _run(engine, follow, [_image(9)])
+        assert runner.vision.encodes == 1
+        _assert_matches(second, oracle.greedy(follow, [_image(9)], 4))
+    finally:
+        oracle.close()
         engine.close()
