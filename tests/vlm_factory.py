@@ -14,6 +14,10 @@ final LayerNorm), then an average pool of `merge` x `merge` patches, an RMS norm
 [vision width, LM width] as Google's checkpoint holds it). Every image is resized to `image` px
 square, so it always yields ((image / patch) / merge)^2 tokens; mtmd wraps them in the text
 "<start_of_image>" ... "<end_of_image>" and evaluates them with non-causal attention.
+
+`write_tiny_qwen2vl(dir)` writes the M-RoPE kind: a qwen2vl LM (Qwen2-VL's and Qwen2.5-VL's
+architecture, with `rope.dimension_sections`) and a qwen2.5vl_merger (or qwen2vl_merger) projector,
+whose images take fewer positions than tokens.
 """
 from __future__ import annotations
 
@@ -104,7 +108,8 @@ def write_tiny_vlm(folder: Path, *, image: int = 64, patch: int = 8, merge: int 
     return TinyVlm(model, mmproj, image, (image // patch // merge) ** 2)
 
 
-def write_qwen2vl_lm(path: Path, *, seed: int = 0, qtype: GGMLQuantizationType | None = None) -> Path:
+def write_qwen2vl_lm(path: Path, *, seed: int = 0, qtype: GGMLQuantizationType | None = None,
+                     chat_template: str | None = None) -> Path:
     """A tiny random Qwen2-VL / Qwen2.5-VL LM (architecture "qwen2vl": qwen2's layers, q/k/v biases,
     M-RoPE over `rope.dimension_sections` [2, 3, 3, 0] of each head's 8 rotated pairs)."""
     rng, d = np.random.default_rng(seed), TINY
@@ -118,7 +123,7 @@ def write_qwen2vl_lm(path: Path, *, seed: int = 0, qtype: GGMLQuantizationType |
         add(value)
     w.add_rope_dimension_sections([2, 3, 3, 0])
     w.add_file_type(0 if qtype is None else 7)
-    _tokenizer(w, None, "qwen2")
+    _tokenizer(w, chat_template, "qwen2")
     t.add(T.TOKEN_EMBD, (_vocab(), d.embd))
     for i in range(2):
         t.add(T.ATTN_NORM, (d.embd,), bid=i, fill=1.0)
@@ -190,12 +195,12 @@ def write_qwen2vl_mmproj(path: Path, *, patch: int = 8, width: int = 32, heads: 
 
 
 def write_tiny_qwen2vl(folder: Path, *, seed: int = 0, qtype: GGMLQuantizationType | None = None,
-                       projector_type: str = "qwen2.5vl_merger") -> TinyVlm:
+                       projector_type: str = "qwen2.5vl_merger", chat_template: str | None = None) -> TinyVlm:
     """lm.gguf (qwen2vl) and mmproj.gguf (`projector_type`) in `folder`; random_pixels' default
     48 x 40 image becomes 48 x 48 px: 3 x 3 merged patches, 9 tokens at 3 positions."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model = write_qwen2vl_lm(folder / "lm.gguf", seed=seed, qtype=qtype)
+    model = write_qwen2vl_lm(folder / "lm.gguf", seed=seed, qtype=qtype, chat_template=chat_template)
     proj = write_qwen2vl_mmproj(folder / "mmproj.gguf", seed=seed + 1, projector_type=projector_type)
     return TinyVlm(model, proj, 48, 9)
 
