@@ -154,6 +154,22 @@ def test_an_image_takes_mtmds_positions_and_the_text_after_it_follows_them(tmp_p
         engine.close()
 
 
+def test_two_images_shift_the_text_after_each_by_what_each_saves(vlm):
+    """Text between two images and after both, prefilled in chunks that end inside each: positions
+    as mtmd's helper gives them (the second image starts where the first left the text)."""
+    engine = _engine(vlm, enable_prefix_caching=False, max_prefill_chunk=8)
+    oracle = MtmdOracle(vlm, engine.runner.flash_attn)
+    try:
+        marker = engine.runner.vision.marker
+        text, images = f"One {marker} and the other {marker} which?", [_image(10), _image(11, 64, 32)]
+        out, _, spans = _run(engine, text, images)
+        assert [s.num_tokens - s.num_pos for s in spans] == [6, 4]
+        _assert_matches(out, oracle.greedy(text, images, 4))
+    finally:
+        oracle.close()
+        engine.close()
+
+
 def test_the_same_image_gives_the_same_bits_twice_and_after_a_restart(vlm):
     text = "Look {} and say"
     first = _engine(vlm, enable_prefix_caching=False)
