@@ -128,6 +128,8 @@ class ChatStore:
 
     def drop_images(self, refs: list[ImageRef] | None = None) -> int:
         """Delete the picture files of `refs` (None: any) that no message holds now; returns how many."""
+        if refs is not None and not refs:
+            return 0  # a reply (Regenerate): no pictures, no look at the folder
         with self._lock:
             held = self._db.execute("SELECT images FROM messages WHERE images IS NOT NULL").fetchall()
         return self.images.sweep({ref.sha256 for (text,) in held for ref in images_from_json(text)},
