@@ -10,8 +10,8 @@ from pathlib import Path
 from app.cli_models_common import SETTINGS_FIELDS, fit_text as _fit_text, setup as _setup, size_text as _size
 from app.cli_models_common import table as _table
 from app.cli_models_pull import add_parsers as pull_parsers
+from app.model_remove import remove_model
 from app.settings_args import add_settings_args
-from engine.kv_disk.folders import forget_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,15 +69,13 @@ def cmd_list(args) -> int:
 
 def cmd_rm(args) -> int:
     settings, store = _setup(args)
-    m = store.get(args.model)
-    if m is None:
+    try:  # its blocks in the prefix cache's disk tier go at once, then the model and its projector
+        outside = remove_model(store, settings.kv_cache_dir, args.model)
+    except KeyError:
         print(f"error: no installed model {args.model!r}", file=sys.stderr)
         return 1
-    forget_model(settings.kv_cache_dir, m.path)  # its blocks in the prefix cache's disk tier, at once
-    store.delete(m.id)
-    outside = [p for p in (m.path, m.mmproj) if p and not Path(p).is_relative_to(store.root)]
     kept = f" (left in place: {', '.join(outside)})" if outside else ""
-    print(f"removed {m.id}{kept}")
+    print(f"removed {args.model}{kept}")
     return 0
 
 

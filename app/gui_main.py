@@ -43,7 +43,8 @@ log = logging.getLogger("ember")
 
 ENGINE_FIELDS = ("server_port", "ollama_port", "ollama_keyless", "api_key", "backend", "device", "dtype",
                  "kv_memory_fraction", "threads", "models_dir", "server_host", "speculative",
-                 "memory_budget_gb", "max_loaded_models", "keep_alive", "kv_disk_gib", "embedding_model")
+                 "memory_budget_gb", "max_loaded_models", "keep_alive", "kv_disk_gib", "embedding_model",
+                 "fetch_image_urls")
 
 
 @dataclass

@@ -14,53 +14,22 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from app.agent.steps import ToolStep, steps_from_json, steps_json
-from app.doc_sources import Source, parse_sources, sources_from_json, sources_json
+from app.agent.steps import ToolStep, steps_json
+from app.doc_sources import Source, parse_sources, sources_json
 from app.history_export import chat_markdown
 from app.history_images import ImageFolder, ImageRef, images_from_json, images_json
-from app.history_schema import (ROLES, SCHEMA_VERSION, STATUSES, calls_from_json, calls_json, notices_from_json,
-                                open_history)
+from app.history_rows import Chat, Message, chat_row, message_row
+from app.history_schema import ROLES, SCHEMA_VERSION, STATUSES, calls_json, open_history
 
 EXPORT_FORMAT = "ember-chat"
 
 
 class HistoryError(ValueError):
     """A bad argument (unknown chat, role or status); the store itself is unchanged."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chat:
-    id: int
-    title: str
-    model: str | None
-    settings: dict[str, Any]
-    created_at: float
-    updated_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    id: int
-    chat_id: int
-    role: str
-    content: str
-    status: str
-    created_at: float
-    tok_s: float | None = None
-    ttft: float | None = None
-    reasoning: str = ""
-    thought_s: float | None = None
-    model: str | None = None  # the model that wrote a reply
-    finish_reason: str | None = None
-    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON) of its calls
-    tool_steps: list[ToolStep] = field(default_factory=list)  # the calls an agent ran for it, with results
-    notices: list[str] = field(default_factory=list)  # what the chat said about it (a server that failed)
-    sources: list[Source] = field(default_factory=list)  # the passages of the user's documents it was given
-    images: list[ImageRef] = field(default_factory=list)  # the pictures of a user's message (app/history_images.py)
 
 
 class ChatStore:
@@ -117,7 +86,7 @@ class ChatStore:
             row = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
         if row is None:
             raise HistoryError(f"no chat with id {chat_id}")
-        return _chat(row)
+        return chat_row(row)
 
     def list_chats(self, search: str | None = None, limit: int | None = None) -> list[Chat]:
         """Most recently updated first; `search` matches titles and message text (case-insensitive)."""
@@ -132,7 +101,7 @@ class ChatStore:
             sql += " LIMIT ?"
             args.append(int(limit))
         with self._lock:
-            return [_chat(r) for r in self._db.execute(sql, args)]
+            return [chat_row(r) for r in self._db.execute(sql, args)]
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._update_chat(chat_id, "title=?", str(title))
@@ -155,8 +124,16 @@ class ChatStore:
         with self._tx() as db:  # messages go with it (ON DELETE CASCADE), and the pictures no other chat holds
             if db.execute("DELETE FROM chats WHERE id=?", (chat_id,)).rowcount == 0:
                 raise HistoryError(f"no chat with id {chat_id}")
-            held = db.execute("SELECT images FROM messages WHERE images IS NOT NULL").fetchall()
-        self.images.sweep({ref.sha256 for (text,) in held for ref in images_from_json(text)})
+        self.drop_images()
+
+    def drop_images(self, refs: list[ImageRef] | None = None) -> int:
+        """Delete the picture files of `refs` (None: any) that no message holds now; returns how many."""
+        if refs is not None and not refs:
+            return 0  # a reply (Regenerate): no pictures, no look at the folder
+        with self._lock:
+            held = self._db.execute("SELECT images FROM messages WHERE images IS NOT NULL").fetchall()
+        return self.images.sweep({ref.sha256 for (text,) in held for ref in images_from_json(text)},
+                                 only=None if refs is None else {ref.sha256 for ref in refs})
 
     def _update_chat(self, chat_id: int, assignment: str, value: Any) -> None:
         with self._tx() as db:
@@ -209,22 +186,26 @@ class ChatStore:
             if sets:
                 db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id=?", (*args, message_id))
 
-    def delete_message(self, message_id: int) -> None:
-        """Regenerate drops the last reply before asking again."""
+    def delete_message(self, message_id: int, keep_images: bool = False) -> None:
+        """Regenerate drops the last reply before asking again; a question deleted takes its pictures
+        that no other message holds (`keep_images`: Edit reads them back first, then `drop_images`)."""
         with self._tx() as db:
-            if db.execute("DELETE FROM messages WHERE id=?", (message_id,)).rowcount == 0:
+            row = db.execute("SELECT images FROM messages WHERE id=?", (message_id,)).fetchone()
+            if row is None or db.execute("DELETE FROM messages WHERE id=?", (message_id,)).rowcount == 0:
                 raise HistoryError(f"no message with id {message_id}")
+        if not keep_images:
+            self.drop_images(images_from_json(row[0]))
 
     def get_message(self, message_id: int) -> Message:
         with self._lock:
             row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
         if row is None:
             raise HistoryError(f"no message with id {message_id}")
-        return _message(row)
+        return message_row(row)
 
     def messages(self, chat_id: int) -> list[Message]:
         with self._lock:
-            return [_message(r) for r in self._db.execute(
+            return [message_row(r) for r in self._db.execute(
                 "SELECT * FROM messages WHERE chat_id=? ORDER BY id", (chat_id,))]
 
     # ---- export / import ----
@@ -282,15 +263,3 @@ def _dump_settings(settings: dict[str, Any] | None) -> str:
     if settings is not None and not isinstance(settings, dict):
         raise HistoryError("chat settings must be a dict")
     return json.dumps(settings or {}, ensure_ascii=False, sort_keys=True)
-
-
-def _chat(row: sqlite3.Row) -> Chat:
-    return Chat(row["id"], row["title"], row["model"], json.loads(row["settings"]), row["created_at"],
-                row["updated_at"])
-
-
-def _message(row: sqlite3.Row) -> Message:
-    return Message(row["id"], row["chat_id"], row["role"], row["content"], row["status"], row["created_at"],
-                   row["tok_s"], row["ttft"], row["reasoning"], row["thought_s"], row["model"], row["finish_reason"],
-                   calls_from_json(row["tool_calls"]), steps_from_json(row["tool_steps"]), notices_from_json(row["notices"]),
-                   sources_from_json(row["sources"]), images_from_json(row["images"]))

@@ -96,11 +96,12 @@ class ImageFolder:
         data = self.read(ref)
         return None if data is None else f"data:{ref.mime};base64," + base64.b64encode(data).decode("ascii")
 
-    def sweep(self, keep: set[str]) -> int:
-        """Delete the images whose hash is not in `keep` (no message holds them now); returns how many."""
+    def sweep(self, keep: set[str], only: set[str] | None = None) -> int:
+        """Delete the images whose hash is not in `keep` (no message holds them now), of those in
+        `only` when given (a deleted message's); returns how many."""
         gone = 0
         for path in self.folder.glob("*.*") if self.folder.is_dir() else ():
-            if _is_sha256(path.stem) and path.stem not in keep:
+            if _is_sha256(path.stem) and path.stem not in keep and (only is None or path.stem in only):
                 path.unlink(missing_ok=True)
                 gone += 1
         return gone

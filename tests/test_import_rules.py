@@ -39,7 +39,9 @@ SHARED_ENGINE = ("engine.model_files", "engine.model_files.gguf_file", "engine.m
                  "engine.model_files.families", "engine.model_files.safetensors_file",
                  "engine.model_files.bert_folder", "engine.model_files.bert_gguf",
                  "engine.kernel_library", "engine.kernel_paths", "engine.keep_alive",
-                 "engine.docs", "engine.docs.sources")
+                 "engine.docs", "engine.docs.sources",
+                 # the KV disk tier's folders, torch-free: the model manager's Delete forgets a model's blocks
+                 "engine.kv_disk", "engine.kv_disk.folders", "engine.kv_disk.lock", "engine.kv_disk.block_file")
 
 
 def shared(name: str) -> bool:

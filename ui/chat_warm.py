@@ -6,7 +6,10 @@ Each chat is warmed once per engine start, when it is first shown (and the one i
 engine becomes ready): a chat first shown empty is not warmed later, since what it says from then
 on that engine computes anyway. The engine runs a warm only while no reply needs it, so a warm never slows a chat.
 Not warmed: a remote server's chats, a chat with nothing said yet or with a reply running, and a
-chat with tools on (their definitions, known only once its MCP servers run, are part of the prompt).
+chat with tools on whose MCP servers have not started yet (the tools' definitions are part of the
+prompt, and known only once the servers run: after the app's restart, only the chat's first turn
+starts them). A chat whose servers run already (another chat started them, or only the engine
+restarted) is warmed with the tools its next turn will offer (`ChatTools.known_toolbox`).
 The request is made by a FunctionWorker: the GUI thread never waits, and a failure is only logged.
 """
 from __future__ import annotations
@@ -52,6 +55,8 @@ class ChatWarmer(QObject):
         client = self.engine.client() if ready else None
         if client is None:
             return None
+        if tools_pending(view):  # not marked: shown again once its servers run, it is warmed with their tools
+            return None
         self._warmed.add(view.chat_id)  # shown to this engine: what the chat says from now on, it computes anyway
         request = warm_request(view)
         if request is None or view.is_streaming:
@@ -67,15 +72,24 @@ class ChatWarmer(QObject):
         return worker
 
 
+def tools_pending(view) -> bool:
+    """The chat has tools on and a server of them has not started: what its next turn offers is unknown."""
+    tools, settings = view.agent.tools, view.chat_store.get_chat(view.chat_id).settings
+    return tools is not None and bool(tools.enabled_for(settings)) and tools.known_toolbox(settings) is None
+
+
 def warm_request(view) -> tuple[list[dict], str | None, dict] | None:
     """(messages, model, other fields) the chat's next turn sends, but for its new message; None when
-    there is nothing to warm or the prompt cannot be known here (tools on)."""
+    there is nothing to warm or the prompt cannot be known here (tools on, their servers not started)."""
     chat = view.chat_store.get_chat(view.chat_id)
-    tools = view.agent.tools
+    tools, offered = view.agent.tools, {}
     if tools is not None and tools.enabled_for(chat.settings):
-        return None
+        toolbox = tools.known_toolbox(chat.settings)
+        if toolbox is None:
+            return None
+        offered = {"tools": toolbox.openai_tools()} if toolbox else {}  # as app/agent/loop.py sends them
     system, sampling = request_fields(view.effective_settings())
     messages = api_messages(view.transcript.messages, system)
     if not any(m["role"] in ("user", "assistant") for m in messages):
         return None
-    return messages, chat.model or view.docs.default_model(), sampling
+    return messages, chat.model or view.docs.default_model(), sampling | offered

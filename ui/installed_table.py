@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QMessageBox, QPushButton,
                                QTableWidget, QVBoxLayout, QWidget)
 
+from app.model_remove import remove_model
 from app.settings import Settings
 from app.store import LoadSettings, ModelManifest, ModelStore
 from ui.installed_rows import COLUMNS, fill_row
@@ -133,7 +134,9 @@ class InstalledTable(QWidget):
         return self._run(self.store.import_path, Path(path), on_done=self._on_imported)
 
     def delete(self, model_id: str) -> None:
-        self.store.delete(model_id)
+        """The model, its projector and its blocks in the KV disk tier, as `ember models rm` does."""
+        outside = remove_model(self.store, self.settings.kv_cache_dir, model_id)
+        self.message.setText(f"Deleted {model_id}" + (f"; left in place: {', '.join(outside)}" if outside else "."))
         self._status.pop(model_id, None)
         self.refresh()
         self.changed.emit()

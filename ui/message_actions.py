@@ -65,12 +65,14 @@ class MessageActions(QObject):
         if m.role != "user":
             return
         self._stop()
-        for later in self.transcript.messages[index:]:
-            if later.msg_id is not None:
-                self.chat_store.delete_message(later.msg_id)
+        dropped = self.transcript.messages[index:]
+        for later in dropped:
+            if later.msg_id is not None:  # the pictures stay until the message box has read them back
+                self.chat_store.delete_message(later.msg_id, keep_images=True)
         del self.transcript.messages[index:]
         self.transcript.render_now()
         self.edit_requested.emit(m.content, list(m.images))
+        self.chat_store.drop_images([r for later in dropped for r in later.images])  # Send keeps them again
 
     def delete(self, index: int, _block: int = -1) -> None:
         """Remove one message, from the chat and from what the next turn sends; the reply in flight
@@ -79,7 +81,7 @@ class MessageActions(QObject):
         if m.status == "streaming":
             self._stop()
         if m.msg_id is not None:
-            self.chat_store.delete_message(m.msg_id)  # its kept versions go with it (foreign key)
+            self.chat_store.delete_message(m.msg_id)  # its kept versions and its own pictures go with it
         self.transcript.messages.remove(m)
         self.transcript.render_now()
 

@@ -85,6 +85,7 @@ class SettingsDialog(QDialog):
         self.ollama_port.valueChanged.connect(lambda port: self.ollama_keyless.setEnabled(port > 0))
         self.ollama_keyless.setEnabled(s.ollama_port > 0)
         self.api_key = QLineEdit(s.api_key, self, echoMode=QLineEdit.Password)
+        self.fetch_image_urls = QCheckBox("Fetch images sent as web addresses", self, checked=s.fetch_image_urls)
         self.show_key = QCheckBox("Show", self)
         self.show_key.toggled.connect(self._on_show_key)
         self.copy_key = QPushButton("Copy", self)
@@ -134,6 +135,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._group("Local server", [("Port", self.server_port),
                                                       ("Ollama's port too", ollama_row),
                                                       ("Key for other programs", key_row),
+                                                      ("", self.fetch_image_urls),
                                                       ("", self.close_to_tray)]))
         self.memory = MemoryEstimateRow(s, self, engine_status)  # the loaded model's figures; What if…
         for signal in (self.backend.currentTextChanged, self.device.currentTextChanged,
@@ -177,6 +179,9 @@ class SettingsDialog(QDialog):
         self.kv_disk.setToolTip("A long chat answers at once after a restart: its context (the KV cache) is "
                                 "kept on disk, in the data folder; the least recently used goes first")
         self.api_key.setToolTip("Programs that use Ember's server send this key (Authorization: Bearer …)")
+        self.fetch_image_urls.setToolTip("A program may send an image as an http(s) address instead of its data. "
+                                         "On: the engine then makes requests to the URLs clients send. Off: such "
+                                         "a request is refused and the image must be sent as data")
         self.connection_key.setToolTip("The key the remote server asks for, if any")
         self.memory_budget.setToolTip("Memory the loaded models may use together (their weights and chats). "
                                       "When a new one does not fit, the one unused the longest is unloaded")
@@ -194,7 +199,7 @@ class SettingsDialog(QDialog):
             "data_dir": self.data_dir.text(), "models_dir": self.models_dir.text() or None,
             "server_port": self.server_port.value(), "ollama_port": self.ollama_port.value(),
             "ollama_keyless": self.ollama_keyless.isChecked(),
-            "api_key": self.api_key.text().strip(),
+            "api_key": self.api_key.text().strip(), "fetch_image_urls": self.fetch_image_urls.isChecked(),
             "backend": self.backend.currentText(), "device": self.device.currentText(),
             "dtype": self.dtype.currentText(),
             "kv_memory_fraction": self.kv_fraction.value() / 100, "threads": self.threads.value() or None,

@@ -6,14 +6,14 @@ was not asked to use tends to call them) and which of their tools are off (`mcp_
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.agent.loop import AgentConfig
 from app.agent.mcp_config import FILE_NAME, McpConfigError, ServerConfig, load_config, save_config
-from app.agent.mcp_connection import PromptInfo, ResourceInfo, ServerState, ToolInfo
+from app.agent.mcp_connection import PromptInfo, ResourceInfo, ServerState, ServerStatus, ToolInfo
 from app.agent.mcp_host import McpHost
 from app.agent.toolbox import Toolbox
 
@@ -66,9 +66,16 @@ class ChatTools:
         """Start the chat's servers (blocking) and name their tools that are on; with the states, so the
         caller can say which servers failed and why."""
         states = self.host.start(self.enabled_for(chat_settings))
-        off = set(chat_settings.get(TOOLS_OFF_KEY) or [])
-        tools: list[ToolInfo] = [t for s in states.values() for t in s.tools if f"{t.server}/{t.name}" not in off]
-        return Toolbox.of(tools), states
+        return _toolbox(chat_settings, states.values()), states
+
+    def known_toolbox(self, chat_settings: dict) -> Toolbox | None:
+        """The tools the chat's next turn will offer, when each of its servers has started already
+        (ready, or failed: a turn does not retry one); None while one has not, since a server's tools
+        are known only once it runs. Starts nothing: the window warms a chat's prompt with them."""
+        states, names = self.host.states(), self.enabled_for(chat_settings)
+        if any(n not in states or states[n].status not in (ServerStatus.READY, ServerStatus.FAILED) for n in names):
+            return None
+        return _toolbox(chat_settings, [states[n] for n in names])
 
     def prompts_for(self, chat_settings: dict) -> list[PromptInfo]:
         """The `/name` commands of the chat's servers that are running (none are started for this)."""
@@ -96,3 +103,10 @@ class ChatTools:
 
     def close(self) -> None:
         self.host.close()
+
+
+def _toolbox(chat_settings: dict, states: Iterable[ServerState]) -> Toolbox:
+    """The servers' tools that the chat has not turned off."""
+    off = set(chat_settings.get(TOOLS_OFF_KEY) or [])
+    tools: list[ToolInfo] = [t for s in states for t in s.tools if f"{t.server}/{t.name}" not in off]
+    return Toolbox.of(tools)

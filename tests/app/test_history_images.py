@@ -109,3 +109,21 @@ def test_the_markdown_export_links_copies_beside_it_and_json_carries_them(tmp_pa
     store.delete_chat(again)  # the last chat that held them: their files go with it
     assert not store.images.path(red).exists() and not store.images.path(blue).exists()
     store.close()
+
+
+def test_a_deleted_message_takes_the_pictures_no_other_message_holds(tmp_path):
+    store = ChatStore(tmp_path / "history" / "chats.sqlite3")
+    chat = store.create_chat("pictures")
+    red, blue = store.images.add(png((255, 0, 0))), store.images.add(png((0, 0, 255)))
+    first = store.add_message(chat, "user", "both", images=[red, blue])
+    store.add_message(chat, "user", "blue again", images=[blue])
+    loose = store.images.add(png((0, 255, 0)))  # no message holds it yet (a message about to be stored)
+    store.delete_message(first)
+    assert not store.images.path(red).exists()
+    assert store.images.path(blue).is_file() and store.images.path(loose).is_file()  # held; not this message's
+
+    edited = store.add_message(chat, "user", "red again", images=[store.images.add(png((255, 0, 0)))])
+    store.delete_message(edited, keep_images=True)  # Edit: read back into the message box first
+    assert store.images.read(red) == png((255, 0, 0))
+    assert store.drop_images([red, blue]) == 1 and not store.images.path(red).exists()  # blue is still held
+    store.close()

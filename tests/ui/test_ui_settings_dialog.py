@@ -54,3 +54,31 @@ def test_the_residency_rows_save_and_refuse_a_bad_duration(qtbot, ui_settings): 
     assert dialog.result() == QDialog.DialogCode.Accepted, dialog.error.text()
     saved = json.loads(ui_settings.path.read_text())
     assert (saved["memory_budget_gb"], saved["max_loaded_models"], saved["keep_alive"]) == (6.5, 2, "1h30m")
+
+
+def test_fetching_image_urls_is_a_server_setting_the_engine_gets(qtbot, ui_settings):  # noqa: F811
+    """Off by default; ticked, it is saved and the supervisor's engine command carries --fetch-image-urls,
+    which the engine's own parser reads back."""
+    from app.gui_main import ENGINE_FIELDS
+    from app.settings import Settings
+    from app.supervisor import EngineSupervisor
+    from engine.serve import build_parser as engine_parser
+
+    ui_settings.save()
+    dialog = SettingsDialog(ui_settings)
+    qtbot.addWidget(dialog)
+    box = dialog.fetch_image_urls
+    assert not box.isChecked() and "requests to the URLs clients send" in box.toolTip()
+    assert box.parentWidget().title() == "Local server"  # with the other server settings
+    assert "--fetch-image-urls" not in EngineSupervisor(ui_settings, model_id="m")._command(port=0)
+    qtbot.mouseClick(box, Qt.LeftButton)
+    dialog.accept()
+    assert dialog.result() == QDialog.DialogCode.Accepted, dialog.error.text()
+    assert json.loads(ui_settings.path.read_text())["fetch_image_urls"] is True
+    reloaded = Settings.load(ui_settings.path, env={})
+    cmd = EngineSupervisor(reloaded, model_id="m")._command(port=0)
+    assert engine_parser().parse_args(cmd[cmd.index("serve"):]).fetch_image_urls is True
+    assert "fetch_image_urls" in ENGINE_FIELDS  # saving it says the engine's restart applies it
+    again = SettingsDialog(reloaded)
+    qtbot.addWidget(again)
+    assert again.fetch_image_urls.isChecked()
