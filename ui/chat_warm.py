@@ -89,7 +89,7 @@ def warm_request(view) -> tuple[list[dict], str | None, dict] | None:
             return None
         offered = {"tools": toolbox.openai_tools()} if toolbox else {}  # as app/agent/loop.py sends them
     system, sampling = request_fields(view.effective_settings())
-    messages = api_messages(view.transcript.messages, system)
+    messages = api_messages(view.transcript.messages, system, view.images.image_uri())  # as ChatView sends
     if not any(m["role"] in ("user", "assistant") for m in messages):
         return None
     return messages, chat.model or view.docs.default_model(), sampling | offered

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import QApplication
 from app.client import EngineClient
 from app.store import ModelStore
 from engine.model_files.manifest import write_manifest
+from ui.chat_warm import warm_request
 from ui_support import app_on, make_settings, start_engine
 from vlm_factory import random_pixels, write_tiny_vlm
 
@@ -131,6 +132,8 @@ def test_images_pasted_and_dropped_are_sent_kept_and_shown_after_a_restart(qtbot
         first = view.transcript.messages[0]
         assert [r.name for r in first.images] == ["", "noise.png"]
         assert all(drawn(view, r.sha256) for r in first.images)
+        warm_messages = warm_request(view)[0]  # the reopened chat is warmed with its pictures, as sent
+        assert warm_messages[:2] == sent[1][:2]
         view.actions.edit(0)  # Edit & resend: the question back in the box, its pictures under it again
         assert view.input.toPlainText() == "What is in these pictures?"
         assert [name for _, name in view.images.pending] == ["", "noise.png"] and view.images.strip.isVisible()
