@@ -20,6 +20,12 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFWriter, Tok
 from arch_ggufs import _MERGES, _SPECIALS, TINY, _byte_tokens, _Tensors
 from vlm_factory import TinyVlm, _close, write_mmproj
 
+# SmolVLM2's chat template (its chat_template.json): it reads a message's content only as typed parts.
+SMOLVLM2_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+                     "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+                     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+                     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+                     "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 SMOLVLM_GRID = 4  # <row_R_col_C> tokens up to this many rows and columns of tiles
 SMOLVLM_SPECIALS = ("<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
                     *(f"<row_{r}_col_{c}>" for r in range(1, SMOLVLM_GRID + 1) for c in range(1, SMOLVLM_GRID + 1)))

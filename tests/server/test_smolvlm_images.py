@@ -1,6 +1,7 @@
 """A SmolVLM model (an idefics3 projector: an image is its tiles and an overview, each wrapped in
 SmolVLM's own tokens) served with --mmproj over real HTTP with the official `openai` client, on
-tests/smolvlm_factory.py's tiny random pair: the image is accepted and its tokens counted in the
+tests/smolvlm_factory.py's tiny random pair with SmolVLM2's own chat template (which reads content
+only as typed parts): the image is accepted and its tokens counted in the
 prompt, the same PNG gives the same log-probabilities again, another image other ones. Random
 weights: plumbing, not answer quality."""
 from __future__ import annotations
@@ -8,18 +9,15 @@ from __future__ import annotations
 import pytest
 
 from server_util import openai_client, start_engine
-from smolvlm_factory import write_tiny_smolvlm
+from smolvlm_factory import SMOLVLM2_TEMPLATE, write_tiny_smolvlm
 from vision_util import ask, data_uri, image, lps
 
-# SmolVLM2's template, with the content as text (Ember puts each image's marker in it).
-SMOLVLM = ("<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}<end_of_utterance>\n"
-           "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def smolvlm_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smolvlm")
-    vlm = write_tiny_smolvlm(tmp, chat_template=SMOLVLM)
+    vlm = write_tiny_smolvlm(tmp, chat_template=SMOLVLM2_TEMPLATE)  # its real one: typed content parts
     proc = start_engine(vlm.model, tmp, "--mmproj", str(vlm.mmproj), backend="llama.cpp")
     yield proc, vlm
     proc.stop()
