@@ -18,6 +18,8 @@ square, so it always yields ((image / patch) / merge)^2 tokens; mtmd wraps them 
 `write_tiny_qwen2vl(dir)` writes the M-RoPE kind: a qwen2vl LM (Qwen2-VL's and Qwen2.5-VL's
 architecture, with `rope.dimension_sections`) and a qwen2.5vl_merger (or qwen2vl_merger) projector,
 whose images take fewer positions than tokens.
+
+SmolVLM's kind (a llama LM with its image tokens, an idefics3 projector): tests/smolvlm_factory.py.
 """
 from __future__ import annotations
 
@@ -44,9 +46,10 @@ class TinyVlm:
 
 def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2, width: int = 32,
                  heads: int = 2, ffn: int = 64, layers: int = 1, lm_width: int = LM_WIDTH,
-                 seed: int = 0, projector_type: str = "gemma3") -> Path:
+                 seed: int = 0, projector_type: str = "gemma3", preproc: int | None = None) -> Path:
     """Write a random gemma3-type projector GGUF (`projector_type` names another type in its header
-    only, for the checks that read it); return `path`."""
+    only, for the checks that read it, but "idefics3" writes SmolVLM's projection); return `path`.
+    preproc: idefics3's longest side before tiling (default `image`: one tile)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-gemma3-mmproj")
@@ -59,7 +62,7 @@ def write_mmproj(path: Path, *, image: int = 64, patch: int = 8, merge: int = 2,
         w.add_uint32(f"clip.vision.{key}", value)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     if projector_type == "idefics3":  # images are resized to this longest side, then cut into image x image tiles
-        w.add_uint32("clip.vision.preproc_image_size", image)
+        w.add_uint32("clip.vision.preproc_image_size", preproc or image)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 

@@ -159,7 +159,7 @@ def register(bench_sub) -> None:
     from engine.quant.quantize_config import QuantizeConfig
 
     p = bench_sub.add_parser("quant", help="perplexity, size and decode speed of RTN, GPTQ and AWQ int4")
-    add_model_args(p)
+    add_model_args(p, no_images="it measures the quantized LM's text (perplexity, size, decode speed)")
     p.add_argument("--variants", default="rtn,rtn-asym,gptq,gptq-act,awq,awq-clip",
                    help="rtn (symmetric), rtn-asym, gptq, gptq-mse (ranges from a clip search), gptq-act "
                         "(act-order with static groups), awq, "

@@ -101,6 +101,15 @@ def bench_llama_server(binary: str, model: str, conc: list[int], max_tokens: int
             "startup_s": round(load_s, 1), "rounds": rounds}
 
 
+def engine_flags(args, max_num_seqs: int) -> list[str]:
+    """The served engine's flags from the bench's own (its --mmproj too: the projector loads)."""
+    from app.engine_process import to_argv
+
+    return to_argv({"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
+                    "device": args.device, "mmproj": args.mmproj, "max_num_seqs": max_num_seqs,
+                    "threads": args.threads})
+
+
 def run(args) -> int:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -111,13 +120,8 @@ def run(args) -> int:
     else:
         from engine.model_files.bundled import default_model_path
         model_args = ["--model", str(default_model_path())]
-    from app.engine_process import to_argv
-
     conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    extra = to_argv({"dtype": args.dtype, "weights": args.weights, "kv_cache_dtype": args.kv_cache_dtype,
-                     "device": args.device,
-                     "max_num_seqs": max(conc + [16]),
-                     "threads": args.threads})
+    extra = engine_flags(args, max(conc + [16]))
     log_path = Path(tempfile.gettempdir()) / f"ember-bench-server-{int(time.time())}.log"
     import os
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

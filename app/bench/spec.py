@@ -53,7 +53,8 @@ KINDS = ("chat", "code", "extract", "story")
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("spec", help="speculative decoding vs plain: speedup, acceptance, per drafter")
-    add_model_args(p, backend="torch")
+    add_model_args(p, backend="torch", no_images="speculative decoding is measured on Ember's torch engine, "
+                                                 "which has no image path (a projector runs on llama.cpp)")
     p.add_argument("--draft", default=None, metavar="GGUF", help="a draft model of the same vocabulary")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--max-tokens", type=int, default=128)

@@ -60,7 +60,8 @@ def run(args) -> int:
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("window", help="KV held by one long chat with sliding-window layers freeing "
                                             "blocks, and without")
-    add_model_args(p, backend="torch")
+    add_model_args(p, backend="torch", no_images="the window's freed blocks are Ember's torch engine's, "
+                                                 "which has no image path (a projector runs on llama.cpp)")
     p.add_argument("--tokens", type=int, default=8192, help="the chat's length (prompt + reply)")
     p.add_argument("--reply", type=int, default=32, help="tokens of reply at its end")
     p.set_defaults(func=run)

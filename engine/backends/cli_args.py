@@ -12,8 +12,10 @@ from engine.config import KV_CACHE_DTYPES, WEIGHTS
 from engine.model_files.fit import BACKENDS, DEVICES, DTYPES
 
 
-def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, backend: bool = True) -> None:
-    """`backend=False` for a command that names its backends itself (benchmarks of several)."""
+def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, backend: bool = True,
+                     mmproj: bool = True) -> None:
+    """`backend=False` for a command that names its backends itself (benchmarks of several);
+    `mmproj=False` for one that declares its own `--mmproj` (a bench that refuses it)."""
     d = defaults or {}
     if backend:
         p.add_argument("--backend", choices=BACKENDS, default=d.get("backend", "auto"),
@@ -30,9 +32,10 @@ def add_backend_args(p: argparse.ArgumentParser, defaults: dict | None = None, b
     p.add_argument("--chat-template", default=d.get("chat_template"), metavar="FILE",
                    help="a Jinja chat template file used in place of the model's own (llama.cpp's "
                         "--chat-template-file): for files whose template is missing or wrong")
-    p.add_argument("--mmproj", default=d.get("mmproj"), metavar="PATH",
-                   help="a vision model's projector GGUF (its mmproj file): chats may then carry images "
-                        "(the llama.cpp backend)")
+    if mmproj:
+        p.add_argument("--mmproj", default=d.get("mmproj"), metavar="PATH",
+                       help="a vision model's projector GGUF (its mmproj file): chats may then carry images "
+                            "(the llama.cpp backend)")
     p.add_argument("--speculative", default=d.get("speculative", "off"), metavar="off|ngram|draft:PATH",
                    help="speculative decoding: prompt lookup (ngram) or a draft model of the same vocabulary; "
                         "drafts per step chosen from measured costs, the reply unchanged")

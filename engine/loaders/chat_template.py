@@ -5,13 +5,16 @@ bos_token, eos_token, tools/documents and other extras; raise_exception, strftim
 trim_blocks + lstrip_blocks + loopcontrols. Rendering runs in SafeTemplateEnvironment (the
 template is untrusted input). A file without a template gets ChatML when its vocabulary has
 <|im_start|> (llama.cpp's own default) and a plain "Role: content" layout otherwise, whose
-replies stop at the next turn's label (`turn_stops`).
+replies stop at the next turn's label (`turn_stops`). A template that reads a message's content
+only as typed parts (SmolVLM's and Idefics' `{% for line in message['content'] %}{{ line['text'] }}`)
+gets each message's text as one text part, as llama.cpp's minja does (`typed_content`).
 """
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 import jinja2
@@ -113,6 +116,22 @@ class ChatTemplate:
                 raise TemplateError(f"the chat template file {template_file} is empty")
         return cls(source, meta["bos_token"], meta["eos_token"], fallback=fallback)
 
+    @cached_property
+    def typed_content(self) -> bool:
+        """Whether the template shows a message's content only when it is a list of typed parts:
+        a string renders as nothing there (the words and any image marker silently gone)."""
+        probe = "ember-content-probe"
+
+        def shows(content) -> bool:
+            try:
+                return probe in self._generate({"bos_token": self.bos_token, "eos_token": self.eos_token,
+                                                "messages": [{"role": "user", "content": content}],
+                                                "add_generation_prompt": True}, len(probe))
+            except TemplateError:
+                return False
+
+        return not shows(probe) and shows([{"type": "text", "text": probe}])
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                **extra: Any) -> str:
         """The prompt for `messages` ({"role", "content"} dicts; OpenAI text parts are joined).
@@ -121,8 +140,13 @@ class ChatTemplate:
         msgs = _normalize(messages)
         size = sum(len(str(m.get("content", ""))) for m in msgs) + len(json.dumps(extra,
                                                                                   default=str))
+        if self.typed_content:
+            msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in msgs]
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
                      "messages": msgs, "add_generation_prompt": add_generation_prompt}
+        return self._generate(variables, size)
+
+    def _generate(self, variables: dict, size: int) -> str:
         env = self._env
         env.start(size)
         parts: list[str] = []

@@ -43,7 +43,7 @@ def build_engine(path: str, args, backend: str, prefix_caching: bool = False):
                        num_threads=args.threads,
                        max_num_seqs=max([*args.concurrency, *(getattr(args, "profile", None) or [])]),
                        max_model_len=1024,
-                       enable_prefix_caching=prefix_caching)
+                       enable_prefix_caching=prefix_caching, mmproj=args.mmproj)
     return load_engine(cfg, backend, args.device)[0]
 
 
