@@ -151,7 +151,7 @@ def hf_model_types() -> list[str]:
 
 # GGUF architectures llama.cpp runs that Ember's engine leaves to it, and why (logged by `auto`).
 NOT_YET: dict[str, str] = {
-    "gpt-oss": "attention sinks and MXFP4 experts are not in Ember's engine yet",
+    "gpt-oss": "MXFP4 experts on Ember's kernels, its router, SwiGLU and biases are not in Ember's engine yet",
     "qwen35": "hybrid linear-attention layers are not in Ember's engine yet",
     "gemma4": "Gemma 4's layers are not in Ember's engine yet",
 }
