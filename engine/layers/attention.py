@@ -16,7 +16,7 @@ llama.cpp's standard SWA mask does; the pool still holds every position.
 Attention sinks (gpt-oss): each query head has one more logit, the head's learned sink, in its
 softmax, over a zero value: it takes its share of the weights and adds nothing (llama.cpp's
 ggml_soft_max_add_sinks). Here it is one more key with a zero key and value and the sink as its
-additive mask; the C++ decode kernel has no sinks yet, so a layer with them takes gather + SDPA.
+additive mask; the C++ decode kernel adds e^(sink - max) to its softmax's sum.
 
 Decode rows on a CPU go to Ember's C++ kernel (engine/kernels/attention.py) when it is built:
 it reads the blocks in place instead of gathering a padded copy (2-8x faster). Gather + SDPA
@@ -118,8 +118,9 @@ def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     nd = meta.num_decodes
     if meta.decode_seq_lens is None:
         meta.decode_seq_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.long, device=q.device)
-    if sinks is None and decode_kernel_available(k_cache):
-        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale, window=window)
+    if decode_kernel_available(k_cache):
+        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale, window=window,
+                            sinks=sinks)
     if meta.decode_plan is None:
         meta.decode_plan = decode_plan(meta.block_tables[:nd], meta.decode_seq_lens, k_cache.shape[1])
     return _decode(q, k_cache, v_cache, meta.decode_plan, scale, window, meta.decode_seq_lens, sinks)

@@ -1,13 +1,16 @@
-"""Attention sinks (gpt-oss) on the Python layers' paged attention (engine/layers/attention.py):
-each head's softmax takes one more logit, the head's sink, over a zero value, as llama.cpp's
+"""Attention sinks (gpt-oss) in the paged attention (engine/layers/attention.py): each head's
+softmax takes one more logit, the head's sink, over a zero value, as llama.cpp's
 ggml_soft_max_add_sinks does. Against a float64 attention written out here: decodes of several
-sequences, a prompt chunk after a cached prefix, a whole prompt, with and without a sliding
-window; a sink far below every score is no sink at all."""
+sequences (on Ember's C++ decode kernel when it is built, and on gather + SDPA), a prompt chunk
+after a cached prefix, a whole prompt, with and without a sliding window; a sink far below every
+score is no sink at all."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import engine.layers.attention as attention_module
+from engine.kernels import kernels
 from engine.layers.attention import AttentionMetadata, PagedAttention
 
 H, KV, HD, B = 4, 2, 16, 4
@@ -32,8 +35,13 @@ def _pool(blocks: int):
     return torch.zeros(shape), torch.zeros(shape)
 
 
+@pytest.mark.parametrize("decode", ["kernel", "sdpa"])
 @pytest.mark.parametrize("window", [0, 5])
-def test_sinks_in_decodes_and_prompt_chunks_match_a_float64_attention(window):
+def test_sinks_in_decodes_and_prompt_chunks_match_a_float64_attention(window, decode, monkeypatch):
+    if decode == "kernel" and kernels() is None:
+        pytest.skip("Ember's CPU kernels are not built")
+    if decode == "sdpa":
+        monkeypatch.setattr(attention_module, "decode_kernel_available", lambda cache: False)
     g = torch.Generator().manual_seed(window)
     sinks = torch.randn(H, generator=g) * 2
     attn = PagedAttention(H, KV, HD, window=window, sinks=sinks)
