@@ -16,7 +16,7 @@ NAME = "ember_kernels"
 # library's `abi()` (csrc/qlinear.cpp) and the stamp the build writes beside it say theirs. A
 # library built from older sources (a checkout updated without `make install`) would reject or
 # misread today's tiles: it counts as not installed.
-ABI = 6
+ABI = 7
 
 
 def library_dir() -> Path:

@@ -14,6 +14,10 @@ What the architectures need beyond llama's layout (llama.cpp 0.3.36's loader):
 - qwen3, qwen3moe: per-head RMS norms on q and k (attn_q_norm / attn_k_norm, [head_dim]);
   qwen3moe: a router (ffn_gate_inp) and stacked experts (ffn_{gate,up,down}_exps), sized by
   `expert_feed_forward_length`, `expert_count`, `expert_used_count`.
+- qwen2moe: qwen2's attention (biases on q, k and v, no q/k norms) and qwen3moe's experts, plus a
+  shared expert: ffn_{gate,up,down}_shexp of `expert_shared_feed_forward_length` rows and its
+  gate's row ffn_gate_inp_shexp ([n_embd]: one logit a token, llama.cpp's sigmoid scales the
+  shared expert's output by it).
 - gemma3: norms after attention and after the FFN too; the sliding window is
   `attention.sliding_window`, and its layer pattern is not in the file: llama.cpp assumes 5
   sliding layers then 1 global (an optional `attention.sliding_window_pattern` overrides it,
@@ -35,7 +39,7 @@ from gguf import GGUFWriter, MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_T
 from gguf import GGMLQuantizationType, RopeScalingType, TokenType
 from gguf.quants import quantize
 
-ARCHS: tuple[str, ...] = ("llama", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "gpt-oss")
+ARCHS: tuple[str, ...] = ("llama", "qwen3", "qwen3moe", "qwen2moe", "gemma3", "phi3", "smollm3", "gpt-oss")
 UNKNOWN_ARCH = "ember-unknown-arch"
 
 _ARCH_ENUM = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
@@ -78,6 +82,7 @@ _SHAPES: dict[str, tuple[int, int, float, float]] = {
     "llama": (2, 2048, 500000.0, 1e-5),
     "qwen3": (2, 4096, 1000000.0, 1e-6),
     "qwen3moe": (2, 4096, 1000000.0, 1e-6),
+    "qwen2moe": (2, 8192, 1000000.0, 1e-6),
     "gemma3": (6, 8192, 1000000.0, 1e-6),
     "phi3": (2, 4096, 10000.0, 1e-5),
     "smollm3": (2, 4096, 2000000.0, 1e-6),
@@ -184,7 +189,7 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
     T = MODEL_TENSOR
     E, H, KV, D, V = dims.embd, dims.heads, dims.kv_heads, dims.head_dim, vocab_size()
     FF, N, EF = dims.ff, dims.experts, dims.expert_ff
-    moe = arch in ("qwen3moe", "gpt-oss")
+    moe = arch in ("qwen3moe", "qwen2moe", "gpt-oss")
 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(ctx)
@@ -207,6 +212,8 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
         w.add_expert_count(N)
         w.add_expert_used_count(dims.experts_used)
         w.add_expert_feed_forward_length(EF)
+    if arch == "qwen2moe":  # the shared expert as wide as the dense MLP would be
+        w.add_expert_shared_feed_forward_length(FF)
     window, sliding = 0, ()
     if arch == "gemma3":
         window, sliding = _WINDOW, tuple(i for i in range(layers) if i % 6 < 5)
@@ -232,6 +239,10 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
             t.add(T.ATTN_Q, (H * D, E), bid=i)
             t.add(T.ATTN_K, (KV * D, E), bid=i)
             t.add(T.ATTN_V, (KV * D, E), bid=i)
+        if arch == "qwen2moe":
+            t.add(T.ATTN_Q, (H * D,), bid=i, suffix="bias")
+            t.add(T.ATTN_K, (KV * D,), bid=i, suffix="bias")
+            t.add(T.ATTN_V, (KV * D,), bid=i, suffix="bias")
         t.add(T.ATTN_OUT, (E, H * D), bid=i)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             t.add(T.ATTN_Q_NORM, (D,), bid=i, fill=1.0)
@@ -250,6 +261,11 @@ def write_arch_gguf(path: Path, arch: str, *, chat_template: str | None = None, 
             t.add(T.FFN_GATE_EXP, (N, EF, E), bid=i)
             t.add(T.FFN_UP_EXP, (N, EF, E), bid=i)
             t.add(T.FFN_DOWN_EXP, (N, E, EF), bid=i)
+            if arch == "qwen2moe":
+                t.add(T.FFN_GATE_INP_SHEXP, (E,), bid=i)
+                t.add(T.FFN_GATE_SHEXP, (FF, E), bid=i)
+                t.add(T.FFN_UP_SHEXP, (FF, E), bid=i)
+                t.add(T.FFN_DOWN_SHEXP, (E, FF), bid=i)
             if arch == "gpt-oss":
                 t.add(T.FFN_GATE_INP, (N,), bid=i, suffix="bias")
                 t.add(T.FFN_GATE_EXP, (N, EF), bid=i, suffix="bias")

@@ -45,10 +45,12 @@ def q8_values(rows: torch.Tensor) -> torch.Tensor:
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float, path: CpuPath = CpuPath.NONE, window: int = 0) -> torch.Tensor:
+                 seq_lens: torch.Tensor, scale: float, path: CpuPath = CpuPath.NONE, window: int = 0,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [S, H, hd] (one token per sequence), pools [num_blocks, B, n_kv, hd], block_tables int64
     [S, >= ceil(seq_len / B)], seq_lens int64 [S] -> float32 [S, H, hd]. path NONE: the best one
     (or the one EMBER_CPU_PATH names, as for the quantized linears). window > 0: only the last
-    `window` keys of each sequence are read (a sliding-window layer)."""
+    `window` keys of each sequence are read (a sliding-window layer). sinks: float32 [H], each
+    head's sink logit (gpt-oss), or None."""
     return kernels().paged_attention_decode(q.float().contiguous(), k_cache, v_cache, block_tables, seq_lens,
-                                            float(scale), int(path or default_path()), int(window))
+                                            float(scale), int(path or default_path()), int(window), sinks)

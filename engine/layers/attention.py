@@ -13,6 +13,11 @@ are never repeated in memory.
 A sliding-window layer (window W > 0) lets the query at position p see keys p - W < j <= p, as
 llama.cpp's standard SWA mask does; the pool still holds every position.
 
+Attention sinks (gpt-oss): each query head has one more logit, the head's learned sink, in its
+softmax, over a zero value: it takes its share of the weights and adds nothing (llama.cpp's
+ggml_soft_max_add_sinks). Here it is one more key with a zero key and value and the sink as its
+additive mask; the C++ decode kernel adds e^(sink - max) to its softmax's sum.
+
 Decode rows on a CPU go to Ember's C++ kernel (engine/kernels/attention.py) when it is built:
 it reads the blocks in place instead of gathering a padded copy (2-8x faster). Gather + SDPA
 stays for prefill chunks, for GPUs and when the kernel is missing.
@@ -76,9 +81,23 @@ def decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor,
     return max_len, block_tables[:, :nb], mask[:, None, None, :]
 
 
+def with_sinks(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k, v [..., n_kv, L, hd] and a bool mask [..., 1 or H, n, L] (True: attend) -> k and v with
+    one more key, zero, and the additive float mask [..., H, n, L + 1] whose last column is each
+    head's sink logit."""
+    H, n = sinks.shape[0], mask.shape[-2]
+    zero = k.new_zeros(*k.shape[:-2], 1, k.shape[-1])
+    bias = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill_(~mask, float("-inf"))
+    lead = mask.shape[:-3]
+    sink = sinks.to(k.dtype).view(H, 1, 1).expand(*lead, H, n, 1)
+    bias = torch.cat((bias.expand(*lead, H, n, mask.shape[-1]), sink), -1)
+    return torch.cat((k, zero), -2), torch.cat((v, zero), -2), bias
+
+
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             plan: tuple[int, torch.Tensor, torch.Tensor], scale: float, window: int = 0,
-            seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+            seq_lens: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence, batched; padding beyond seq_len (and, with a window, keys
     before seq_len - window) is masked out."""
     max_len, table, mask = plan
@@ -86,26 +105,30 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         mask = mask & (torch.arange(max_len, device=q.device) >= (seq_lens - window)[:, None])[:, None, None, :]
     k = _gather(k_cache, table)[:, :max_len].transpose(1, 2)  # [S, n_kv, L, hd]
     v = _gather(v_cache, table)[:, :max_len].transpose(1, 2)
+    if sinks is not None:
+        k, v, mask = with_sinks(k, v, mask, sinks)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2).to(k.dtype), k, v, attn_mask=mask, scale=scale, enable_gqa=True)  # q [S, H, 1, hd]
     return out.squeeze(2)
 
 
 def _decode_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                 scale: float, window: int = 0) -> torch.Tensor:
+                 scale: float, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The first num_decodes rows of q, one token per sequence: the kernel, else gather + SDPA."""
     nd = meta.num_decodes
     if meta.decode_seq_lens is None:
         meta.decode_seq_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.long, device=q.device)
     if decode_kernel_available(k_cache):
-        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale, window=window)
+        return paged_decode(q, k_cache, v_cache, meta.block_tables[:nd], meta.decode_seq_lens, scale, window=window,
+                            sinks=sinks)
     if meta.decode_plan is None:
         meta.decode_plan = decode_plan(meta.block_tables[:nd], meta.decode_seq_lens, k_cache.shape[1])
-    return _decode(q, k_cache, v_cache, meta.decode_plan, scale, window, meta.decode_seq_lens)
+    return _decode(q, k_cache, v_cache, meta.decode_plan, scale, window, meta.decode_seq_lens, sinks)
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             block_table: torch.Tensor, seq_len: int, scale: float, window: int = 0) -> torch.Tensor:
+             block_table: torch.Tensor, seq_len: int, scale: float, window: int = 0,
+             sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A chunk of n query tokens at positions [seq_len-n, seq_len) over a seq_len context."""
     n = q.shape[0]
     nb = (seq_len + k_cache.shape[1] - 1) // k_cache.shape[1]
@@ -113,7 +136,7 @@ def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     v = _gather(v_cache, block_table[:nb])[:seq_len].transpose(0, 1)
     qh = q.transpose(0, 1).to(k.dtype)  # [H, n, hd]
     windowed = 0 < window < seq_len
-    if n == seq_len and not windowed:
+    if n == seq_len and not windowed and sinks is None:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         # Query j sits at absolute position a = seq_len - n + j and sees keys 0..a (a - W < key
@@ -121,17 +144,21 @@ def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
         if windowed:
             mask = mask.triu(seq_len - n - window + 1)
+        if sinks is not None:
+            k, v, mask = with_sinks(k, v, mask[None], sinks)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
-    """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]; window 0: full."""
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, hd], k/v [T, n_kv, hd] for this step's tokens -> [T, H, hd]; window 0: full;
+    sinks [H]: each head's sink logit (None: none)."""
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     nd = meta.num_decodes
     if nd:
-        decoded = _decode_rows(q[:nd], k_cache, v_cache, meta, scale, window).to(q.dtype)
+        decoded = _decode_rows(q[:nd], k_cache, v_cache, meta, scale, window, sinks).to(q.dtype)
         if nd == meta.num_seqs:  # a pure decode step (the common one): no scatter into `out`
             return decoded
     out = torch.empty_like(q)
@@ -140,7 +167,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     for i in range(nd, meta.num_seqs):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         out[s:e] = _prefill(q[s:e], k_cache, v_cache, meta.block_tables[i], meta.seq_lens[i], scale,
-                            window).to(q.dtype)
+                            window, sinks).to(q.dtype)
     return out
 
 
@@ -148,14 +175,17 @@ class PagedAttention(torch.nn.Module):
     """The attention a model layer calls; the KV pool and metadata are passed in each step."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-                 window: int = 0) -> None:
+                 window: int = 0, sinks: torch.Tensor | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.window = window
+        if sinks is not None and sinks.shape != (num_heads,):
+            raise ValueError(f"{tuple(sinks.shape)} sinks for {num_heads} heads")
+        self.register_buffer("sinks", None if sinks is None else sinks.float(), persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.window)
+        return paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.window, self.sinks)

@@ -5,7 +5,8 @@ arithmetic (profile in the CPU-kernels issue: 14 ms of a 18 ms SmolLM2 step was 
 small ops).
 
 A mixture of experts' FFN (engine/layers/moe.py) is one call of the stack per layer
-(engine/kernels/csrc/moe.cpp): the layer's router, then each expert's gate_up and down.
+(engine/kernels/csrc/moe.cpp): the layer's router, then each expert's gate_up and down, then a
+shared expert's (with its gate's row) where the family has one.
 
 The op holds references to the model's own tensors (no copies, except float32 norm weights).
 """
@@ -31,9 +32,11 @@ def stack_switches(c: ModelConfig) -> dict[str, float]:
 
 
 def ffn_linears(mlp) -> tuple:
-    """The FFN's matrices in the stack's order: gate_up, down; a mixture's, expert by expert."""
+    """The FFN's matrices in the stack's order: gate_up, down; a mixture's, expert by expert,
+    then its shared expert's."""
     if isinstance(mlp, MoE):
-        return tuple(lin for pair in zip(mlp.gate_up, mlp.down) for lin in pair)
+        shared = (mlp.shared_gate_up, mlp.shared_down) if mlp.shared_gate is not None else ()
+        return tuple(lin for pair in zip(mlp.gate_up, mlp.down) for lin in pair) + shared
     return mlp.gate_up_proj, mlp.down_proj
 
 
@@ -52,8 +55,9 @@ def build_stack(model, path: CpuPath | None = None):
     for i, (layer, group) in enumerate(zip(model.layers, linears)):
         stack.add_layer(c.window(i), c.rope(i))
         if isinstance(layer.mlp, MoE):
-            stack.add_moe(layer.mlp.router_weight, layer.mlp.top_k, layer.mlp.norm_top_k,
-                          layer.mlp.down[0].in_features)
+            mlp = layer.mlp
+            stack.add_moe(mlp.router_weight, mlp.top_k, mlp.norm_top_k, mlp.down[0].in_features,
+                          mlp.shared_gate_weight, mlp.shared_down.in_features if mlp.shared_down else 0)
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
         if c.family.qk_norm:
             norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]

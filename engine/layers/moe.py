@@ -4,6 +4,7 @@ experts its router picks (llama.cpp's build_moe_ffn, with the family's Routing a
     p = softmax(x @ router^T)              over all experts, in float32
     w, e = top_k(p)                        (w / sum(w) where the family renormalises)
     y = sum_j  w_j * down_e_j(act(gate_up_e_j(x)))
+    y = y + sigmoid(x . g) * down_s(act(gate_up_s(x)))     a shared expert (Qwen2-MoE), if any
 
 A step's rows are grouped by expert across the whole batch (a stable sort of the chosen expert
 ids), and each expert runs its rows as one matmul, so its weights are read once per step and a
@@ -33,7 +34,7 @@ class MoE(torch.nn.Module):
     def __init__(self, config, prefix: str, take: Callable, activation: str = "silu") -> None:
         super().__init__()
         routing = config.family.moe
-        if routing.gating != "softmax" or routing.shared_expert:
+        if routing.gating != "softmax":
             raise NotImplementedError(f"{config.arch}: routing {routing} is not in Ember's engine yet")
         self.top_k, self.norm_top_k = config.num_experts_used, routing.norm_top_k
         router = take(prefix + "router.weight").float()
@@ -47,6 +48,14 @@ class MoE(torch.nn.Module):
         self.down = torch.nn.ModuleList(make_linear(take(f"{prefix}experts.{e}.down_proj.weight"))
                                         for e in range(config.num_experts))
         self.act = ACTIVATIONS[activation]
+        self.shared_gate_up = self.shared_down = self.shared_gate = None
+        gate = take(prefix + "shared_expert_gate.weight").float() if routing.shared_expert else None
+        # the shared expert's gate row: float32 for the stack, a row-invariant linear here (as the router's)
+        self.register_buffer("shared_gate_weight", None if gate is None else gate.contiguous(), persistent=False)
+        if gate is not None:
+            self.shared_gate_up = make_linear(take(prefix + "shared_expert.gate_up_proj.weight"))
+            self.shared_down = make_linear(take(prefix + "shared_expert.down_proj.weight"))
+            self.shared_gate = make_linear(gate[None, :])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, experts [T, k]) in rank order."""
@@ -75,4 +84,9 @@ class MoE(torch.nn.Module):
         out = per_token[:, 0]
         for j in range(1, k):  # in rank order, as llama.cpp adds them
             out = out + per_token[:, j]
+        if self.shared_gate is not None:
+            shared = self.shared_down(self.act(self.shared_gate_up(x))).float()
+            # the sigmoid over [T, d], each row alike: over [T, 1] torch's vector and scalar loops
+            # would split the rows by where they fall, and a row's bits would depend on the batch
+            out = out + shared * torch.sigmoid(self.shared_gate(x.float()).float().expand_as(shared))
         return out

@@ -125,6 +125,19 @@ def dq_q6_k(b: torch.Tensor) -> torch.Tensor:
     return (q.float() * (d * sc)[:, :, None]).flatten()
 
 
+# MXFP4 (gpt-oss's experts, OCP microscaling): E2M1 codes doubled, so the E8M0 scale is halved
+_E2M1_X2 = (0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.)
+
+
+def dq_mxfp4(b: torch.Tensor) -> torch.Tensor:
+    # 17 B: E8M0 e, qs[16] (low nibbles weights 0..15); w = 2^(e - 128) * E2M1x2[q], the scale's
+    # bits built as ggml_e8m0_to_fp32_half builds them (e < 2: a subnormal)
+    e = b[:, 0:1].int()
+    half = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e), (e - 1) << 23)
+    table = torch.tensor(_E2M1_X2, device=b.device)
+    return table[_nibbles(b[:, 1:17]).long()].mul_(half.view(torch.float32)).view(-1)
+
+
 def _plain(dtype: torch.dtype):
     return lambda b: b.contiguous().view(dtype).float().flatten()
 
@@ -134,7 +147,7 @@ DEQUANTIZERS = {
     QT.F16: _plain(torch.float16),
     QT.BF16: _plain(torch.bfloat16),
     QT.Q4_0: dq_q4_0, QT.Q4_1: dq_q4_1, QT.Q5_0: dq_q5_0, QT.Q5_1: dq_q5_1, QT.Q8_0: dq_q8_0,
-    QT.Q4_K: dq_q4_k, QT.Q5_K: dq_q5_k, QT.Q6_K: dq_q6_k,
+    QT.Q4_K: dq_q4_k, QT.Q5_K: dq_q5_k, QT.Q6_K: dq_q6_k, QT.MXFP4: dq_mxfp4,
 }
 SUPPORTED_TYPES = frozenset(DEQUANTIZERS)
 

@@ -147,8 +147,13 @@ def expert_fields(f: GGUFFile, family: Family) -> dict:
     arch = family.name
     n = _dim(f, f"{arch}.expert_count", MAX_DIM["num_experts"])
     used = _dim(f, f"{arch}.expert_used_count", n)
-    return dict(num_experts=n, num_experts_used=used,
-                expert_intermediate_size=_dim(f, f"{arch}.expert_feed_forward_length", MAX_DIM["intermediate_size"]))
+    fields = dict(num_experts=n, num_experts_used=used,
+                  expert_intermediate_size=_dim(f, f"{arch}.expert_feed_forward_length", MAX_DIM["intermediate_size"]))
+    if family.moe.shared_expert:  # its own width, else the MLP's (llama.cpp's n_ff_shexp)
+        bound = MAX_DIM["intermediate_size"]
+        fields["shared_expert_intermediate_size"] = _dim(
+            f, f"{arch}.expert_shared_feed_forward_length", bound, _dim(f, f"{arch}.feed_forward_length", bound))
+    return fields
 
 
 def family_fields(f: GGUFFile, family: Family, hidden: int, n_heads: int, num_layers: int) -> dict:

@@ -25,7 +25,8 @@ from engine.loaders.assemble import assemble
 from engine.loaders.dequant import SUPPORTED_TYPES, byte_tensor, dequantize
 from engine.loaders.gguf_config import GGUFError, config_from_file, open_gguf
 from engine.loaders.gguf_blocks import REPACKABLE, from_gguf_blocks
-from engine.loaders.weight_names import EXPERTS, FUSED, FUSED_IN_FILE, GLOBALS, NORMS, ROUTER
+from engine.loaders.weight_names import (EXPERTS, FUSED, FUSED_IN_FILE, GLOBALS, NORMS, ROUTER, SHARED_EXPERT,
+                                         SHARED_EXPERT_GATE)
 from engine.model_files.footprint import kernel_matrix
 from engine.model_files.gguf_file import GGUFFile, TensorInfo
 from engine.models.config import ModelConfig
@@ -73,8 +74,12 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def expert_tensors(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
     """A mixture of experts' router [n_expert, d] and stacked experts [n_expert, rows, in]."""
     n, d, f = cfg.num_experts, cfg.hidden_size, cfg.expert_intermediate_size
-    return {p + f"{ROUTER}.weight": (n, d), p + "ffn_gate_exps.weight": (n, f, d), p + "ffn_up_exps.weight": (n, f, d),
-            p + "ffn_down_exps.weight": (n, d, f)}
+    shapes = {p + f"{ROUTER}.weight": (n, d), p + "ffn_gate_exps.weight": (n, f, d),
+              p + "ffn_up_exps.weight": (n, f, d), p + "ffn_down_exps.weight": (n, d, f)}
+    if s := cfg.shared_expert_intermediate_size:  # a shared expert: a gated MLP and its gate's row
+        shapes |= {p + "ffn_gate_shexp.weight": (s, d), p + "ffn_up_shexp.weight": (s, d),
+                   p + "ffn_down_shexp.weight": (d, s), p + f"{SHARED_EXPERT_GATE}.weight": (d,)}
+    return shapes
 
 
 def check_tensors(f: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
@@ -187,6 +192,11 @@ class GGUFWeights:
             w = self.expert(p, leaf, self.quantized)
         elif leaf == "router.weight":  # float32 whatever the file's type (footprint.kernel_matrix)
             return get(p + f"{ROUTER}.weight", False).to(self.device)
+        elif leaf == "shared_expert_gate.weight":  # a row [d], float32 as the router
+            return get(p + f"{SHARED_EXPERT_GATE}.weight", False).to(self.device)
+        elif name in SHARED_EXPERT:  # a gated MLP's matrices, as a dense layer's
+            parts = [get(p + f"{stem}.weight", self.quantized) for stem in SHARED_EXPERT[name]]
+            w = parts[0] if len(parts) == 1 else _fuse(parts)
         elif name in FUSED:  # rows [q | k | v], [gate | up], or one matrix
             if part == "bias" and not cfg.attention_bias:
                 return None

@@ -35,6 +35,11 @@ NORMS: dict[str, tuple[str, str | None]] = {
 # ([n_expert, rows, in]), rows fused in this order as the dense MLP's are.
 ROUTER = "ffn_gate_inp"
 EXPERTS: dict[str, tuple[str, ...]] = {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"), "down_proj": ("ffn_down_exps",)}
+# A shared expert (Routing.shared_expert): our `shared_expert.<fused>` is a dense gated MLP of the
+# file's *_shexp matrices, and `shared_expert_gate` the row whose sigmoid scales its output.
+SHARED_EXPERT: dict[str, tuple[str, ...]] = {"shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
+                                             "shared_expert.down_proj": ("ffn_down_shexp",)}
+SHARED_EXPERT_GATE = "ffn_gate_inp_shexp"
 # our global weights -> GGUF tensors
 GLOBALS = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}

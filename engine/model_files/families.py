@@ -55,8 +55,10 @@ How a mixture of experts routes (llama.cpp's build_moe_ffn, as the family's grap
 - norm_top_k: the top k scores divided by their sum before they weigh the experts' outputs
   (qwen3moe: llama.cpp's graph always does, whatever norm_topk_prob the checkpoint had;
   OLMoE and Qwen2-MoE: not).
-- shared_expert: a dense expert every token also takes (Qwen2-MoE's ffn_*_shexp); none of
-  today's entries has one, and the layer refuses it until one does.
+- shared_expert: a dense gated MLP every token also takes, its output scaled by
+  sigmoid(x . g) and added to the routed experts' sum (Qwen2-MoE's ffn_{gate,up,down}_shexp and
+  its gate row ffn_gate_inp_shexp; its width is {arch}.expert_shared_feed_forward_length, else
+  the file's feed_forward_length, as llama.cpp reads it).
 
 How the family's Hugging Face checkpoints say it (engine/loaders/hf_checkpoint.py reads them,
 engine/quant/hf_config.py and writer.py write them):
@@ -119,6 +121,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("qwen3", rope_interleaved=False, qk_norm=True, hf_model_types=("qwen3",), hf_class="Qwen3ForCausalLM"),
     # Qwen3-30B-A3B, Qwen3-Coder-30B-A3B: every layer's FFN is 128 experts, 8 taken per token
     Family("qwen3moe", rope_interleaved=False, qk_norm=True, moe=Routing(norm_top_k=True)),
+    # Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B: 60 or 64 experts (4 or 8 taken) and a shared expert
+    Family("qwen2moe", rope_interleaved=False, moe=Routing(norm_top_k=False, shared_expert=True)),
     Family("smollm3", rope_interleaved=True, no_rope_period=4, hf_model_types=("smollm3",),
            hf_class="SmolLM3ForCausalLM"),
     Family("gemma3", rope_interleaved=False, qk_norm=True, post_norms=True, activation="gelu_tanh",
@@ -147,7 +151,7 @@ def hf_model_types() -> list[str]:
 
 # GGUF architectures llama.cpp runs that Ember's engine leaves to it, and why (logged by `auto`).
 NOT_YET: dict[str, str] = {
-    "gpt-oss": "attention sinks and MXFP4 experts are not in Ember's engine yet",
+    "gpt-oss": "MXFP4 experts on Ember's kernels, its router, SwiGLU and biases are not in Ember's engine yet",
     "qwen35": "hybrid linear-attention layers are not in Ember's engine yet",
     "gemma4": "Gemma 4's layers are not in Ember's engine yet",
 }

@@ -43,6 +43,7 @@ class ModelConfig:
     num_experts: int = 0  # a mixture of experts (family.moe): experts per layer; 0: a dense MLP
     num_experts_used: int = 0  # experts each token takes
     expert_intermediate_size: int = 0  # each expert's gate/up rows
+    shared_expert_intermediate_size: int = 0  # the shared expert's (family.moe.shared_expert); 0: none
 
     @property
     def arch(self) -> str:

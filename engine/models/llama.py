@@ -41,7 +41,8 @@ from engine.weights.quant_weight import QuantWeight
 Take = Callable[[str], "torch.Tensor | QuantWeight | None"]  # weight name -> weight (None if absent)
 
 # Our parameter names; "{i}" is the layer index, "{e}" an expert's (a mixture of experts' layers
-# have a router and experts instead of gate_up_proj and down_proj). Biases exist only when config.attention_bias,
+# have a router and experts instead of gate_up_proj and down_proj, and a shared expert where the
+# family's Routing says). Biases exist only when config.attention_bias,
 # q/k norms only with the family's qk_norm, the output norms only with its post_norms.
 WEIGHT_NAMES = (
     "embed_tokens.weight", "norm.weight", "lm_head.weight", "rope_freqs", "rope_factors_short", "rope_factors_long",
@@ -51,6 +52,8 @@ WEIGHT_NAMES = (
     "layers.{i}.q_norm.weight", "layers.{i}.k_norm.weight",
     "layers.{i}.attn_output_norm.weight", "layers.{i}.mlp_output_norm.weight",
     "layers.{i}.router.weight", "layers.{i}.experts.{e}.gate_up_proj.weight", "layers.{i}.experts.{e}.down_proj.weight",
+    "layers.{i}.shared_expert.gate_up_proj.weight", "layers.{i}.shared_expert.down_proj.weight",
+    "layers.{i}.shared_expert_gate.weight",
 )
 
 Rotation = "tuple[torch.Tensor, torch.Tensor] | None"  # (C, S) tables of apply_rope; None: no RoPE

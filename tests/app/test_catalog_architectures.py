@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from app.catalog import Catalog, CatalogEntry, CatalogFile
+from app.api_pull import resolve
+from app.catalog import DEFAULT_HUB, Catalog, CatalogEntry, CatalogFile
 from engine.model_files.architectures import (EMBEDDING_ARCHITECTURES, EMBER_ARCHITECTURES, LLAMA_CPP_ARCHITECTURES,
                                               embeds_only, llama_cpp_runs)
 from engine.model_files.fit import FORMATS
@@ -78,3 +79,23 @@ def test_names_todays_desktop_families(catalog):
         assert sizes <= {e.parameters for e in catalog if e.family == family}, family
     gpt_oss = [e for e in catalog if e.architecture == "gpt-oss"]
     assert gpt_oss and all(e.quantization == "MXFP4" and e.format == "gguf" for e in gpt_oss)
+
+
+def test_names_the_30b_mixtures_of_experts_that_fit_24_gb(catalog):
+    """Qwen3-30B-A3B Instruct 2507 and Qwen3-Coder-30B-A3B at Q4_K_M (unsloth's files; sizes and
+    hashes null: the pull asks the hub's metadata), on Ember's engine, estimated under 24 GB."""
+    moe = {e.id: e for e in catalog if e.architecture == "qwen3moe"}
+    assert set(moe) == {"qwen3-30b-a3b-instruct-2507-q4_k_m", "qwen3-coder-30b-a3b-instruct-q4_k_m"}
+    assert "qwen3moe" in EMBER_ARCHITECTURES
+    e = moe["qwen3-coder-30b-a3b-instruct-q4_k_m"]
+    assert e.url == ("https://huggingface.co/unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF/resolve/main/"
+                     "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf")
+    assert moe["qwen3-30b-a3b-instruct-2507-q4_k_m"].file == "Qwen3-30B-A3B-Instruct-2507-Q4_K_M.gguf"
+    for e in moe.values():
+        assert e.quantization == "Q4_K_M" and e.sha256 is None and e.size_bytes is None and not e.suggested_draft
+        assert (e.num_layers, e.num_kv_heads, e.head_dim, e.context_length) == (48, 4, 128, 262144)
+        assert 17e9 < e.estimated_size_bytes < 20e9  # the real files are about 18.6 GB
+    # Ollama's names for them pull these entries (app/api_pull.py: family:size, Q4_K_M)
+    assert resolve("qwen3-coder:30b", catalog, DEFAULT_HUB).id == "qwen3-coder-30b-a3b-instruct-q4_k_m"
+    assert resolve("qwen3:30b", catalog, DEFAULT_HUB).id == "qwen3-30b-a3b-instruct-2507-q4_k_m"
+    assert [e.id for e in catalog.search("30b a3b")] == sorted(moe)

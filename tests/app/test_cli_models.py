@@ -52,6 +52,7 @@ def test_import_of_a_broken_file_says_why(home, capsys):
 def test_search_and_pull_errors(home, capsys):
     rc, out, _ = run(capsys, "search", "coder", "--json")
     ids = [e["id"] for e in json.loads(out)]
-    assert rc == 0 and ids == ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
+    assert rc == 0 and ids == ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m",
+                               "qwen3-coder-30b-a3b-instruct-q4_k_m"]
     rc, _, err = run(capsys, "pull", "qwen2.5-coder")
     assert rc == 2 and "not in the catalog" in err and "qwen2.5-coder-0.5b-instruct-q4_k_m" in err

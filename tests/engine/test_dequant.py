@@ -48,9 +48,22 @@ def test_k_quants_fully_random_bytes(qtype):
     np.testing.assert_allclose(got[finite], expect[finite], rtol=1e-5, atol=1e-30)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # gguf-py's 2^127 * 12
+def test_mxfp4_matches_gguf_on_quantized_weights_and_every_bit_pattern():
+    """gpt-oss's experts: 32 E2M1 codes and one E8M0 scale a block; random bytes reach every code
+    and every scale, the subnormal ones (e < 2) and the largest included."""
+    rng = np.random.default_rng(39)
+    w = (rng.standard_normal((ROWS, COLS)) * rng.uniform(1e-3, 30, size=(ROWS, 1))).astype(np.float32)
+    for raw in (quantize(w, QT.MXFP4), rng.integers(0, 256, size=(ROWS, COLS // 32 * 17), dtype=np.uint8)):
+        raw[0, 0], raw[0, 17], raw[1, 0] = 0, 1, 255  # scales 2^-128, 2^-127, 2^127
+        expect = gguf_dequantize(raw, QT.MXFP4).reshape(ROWS, COLS)
+        np.testing.assert_array_equal(dequantize(raw, QT.MXFP4, (ROWS, COLS)).numpy(), expect)
+    assert np.abs(gguf_dequantize(quantize(w, QT.MXFP4), QT.MXFP4).reshape(ROWS, COLS) - w).max() < np.abs(w).max() / 4
+
+
 def test_all_advertised_types_are_covered():
     assert SUPPORTED_TYPES == {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0,
-                               QT.Q4_K, QT.Q5_K, QT.Q6_K}
+                               QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.MXFP4}
 
 
 def test_wrong_byte_count_is_an_error():

@@ -126,12 +126,17 @@ struct DecoderStack : torch::CustomClassHolder {
   void add_layer(int64_t window, int64_t rope) {
     windows.push_back(window), ropes.push_back(rope), first.push_back((int64_t)linears.size()), moe.push_back(-1);
   }
-  // This layer's FFN is a mixture: its router [E, D] float32 (its experts' linears follow, add_linear's)
-  void add_moe(at::Tensor router, int64_t k, bool norm, int64_t width) {
+  // This layer's FFN is a mixture: its router [E, D] float32, and a shared expert's gate [D]
+  // float32 where it has one (its experts' linears follow, add_linear's, the shared one's last)
+  void add_moe(at::Tensor router, int64_t k, bool norm, int64_t width, c10::optional<at::Tensor> shared_gate,
+               int64_t shared_width) {
     TORCH_CHECK(!moe.empty() && router.scalar_type() == at::kFloat && router.dim() == 2 && router.size(1) == D,
                 "a router is float32 [experts, hidden], after its layer's add_layer");
-    moe.back() = (int64_t)moes.size(), moe_width = std::max(moe_width, width);
-    moes.push_back({router.contiguous(), k, norm, width});
+    TORCH_CHECK(!shared_gate || (shared_gate->scalar_type() == at::kFloat && shared_gate->numel() == D &&
+                                 shared_width > 0), "a shared expert's gate is float32 [hidden], its width > 0");
+    moe.back() = (int64_t)moes.size(), moe_width = std::max({moe_width, width, shared_width});
+    moes.push_back({router.contiguous(), k, norm, width,
+                    shared_gate ? shared_gate->contiguous().view({D}) : at::Tensor(), shared_width});
   }
   void set_path(int64_t p) { path = p; }
   void set_profile(bool on) { profile = on, phase_s.assign(phase_s.size(), 0.0); }
@@ -152,7 +157,7 @@ struct DecoderStack : torch::CustomClassHolder {
                 linears.size(), " linears and ", k_caches.size(), " caches");
     for (int64_t l = 0; l < L; ++l) {
       const int64_t end = l + 1 < L ? first[l + 1] : (int64_t)linears.size();
-      TORCH_CHECK(end - first[l] == (moe[l] < 0 ? 4 : 2 + 2 * moes[moe[l]].router.size(0)), "layer ", l, " has ",
+      TORCH_CHECK(end - first[l] == 2 + (moe[l] < 0 ? 2 : moes[moe[l]].linears()), "layer ", l, " has ",
                   end - first[l], " linears");
     }
     TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.size(1) == D, "hidden must be float32 [T, ", D, "]");

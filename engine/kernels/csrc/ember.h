@@ -49,6 +49,7 @@ at::Tensor kv_q8_dequant(const at::Tensor& rows);
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t path, int64_t window = 0);
+                                  int64_t path, int64_t window = 0,
+                                  const c10::optional<at::Tensor>& sinks = c10::nullopt);
 
 }  // namespace ember

@@ -4,6 +4,7 @@
 //     p = softmax(x R^T)                   float32 logits over all E experts
 //     w, e = top_k(p)                      (w / sum(w) where the family renormalises)
 //     h = sum_j  w_j * down_e_j(act(gate_up_e_j(x)))     added in rank order
+//     h = h + sigmoid(x . g) * down_s(act(gate_up_s(x)))  a shared expert, where the family has one
 //
 // The step's T k (row, expert) slots are sorted stably by expert (a counting sort), each
 // expert's rows gathered into one block and run through its gate_up and down tiles as one
@@ -114,6 +115,29 @@ void MoeFfn::operator()(const at::Tensor& x, const Linear* experts, int64_t path
         else
           for (int64_t d = 0; d < D; ++d) ht[d] = ht[d] + yj[d] * wj;
       }
+  });
+  if (shared_gate.defined()) add_shared(x, experts + 2 * E, path, gelu, h, scratch);
+}
+
+// The shared expert: every row through its gate_up and down as one block, then h += s * g with
+// g = sigmoid(x . gate) per row (llama.cpp's qwen2moe graph: the gate's logit, silu(z) / z).
+void MoeFfn::add_shared(const at::Tensor& x, const Linear* shared, int64_t path, bool gelu, at::Tensor& h,
+                        at::Tensor& scratch) const {
+  const int64_t T = x.size(0), D = x.size(1);
+  const auto f32 = x.options();
+  auto gu = at::empty({T, 2 * shared_width}, f32), act = at::empty({T, shared_width}, f32), y = at::empty({T, D}, f32);
+  shared[0](x, path, gu, scratch);
+  pointwise::gated_act(gu.data_ptr<float>(), act.data_ptr<float>(), T, shared_width, gelu);
+  shared[1](act, path, y, scratch);
+  const float *xb = x.data_ptr<float>(), *gb = shared_gate.data_ptr<float>(), *yb = y.data_ptr<float>();
+  float* hb = h.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float g = 1.f / (1.f + std::exp(-dot(xb + t * D, gb, D)));
+      float* ht = hb + t * D;
+      const float* yt = yb + t * D;
+      for (int64_t d = 0; d < D; ++d) ht[d] = ht[d] + yt[d] * g;
+    }
   });
 }
 

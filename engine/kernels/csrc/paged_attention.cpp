@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -208,7 +209,7 @@ std::vector<int64_t> row_runs(const int64_t* table, int64_t MB, int64_t B, const
 
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t path, int64_t window) {
+                                  int64_t path, int64_t window, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(),
               "q must be contiguous float32 [S, H, head_dim], got ", q.scalar_type(), " ", q.sizes());
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous(),
@@ -233,6 +234,10 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kLong && seq_lens.size(0) == S,
               "seq_lens must be int64 [S = ", S, "]");
   TORCH_CHECK(window >= 0, "window must be >= 0 (0: full attention), got ", window);
+  TORCH_CHECK(!sinks || (sinks->scalar_type() == at::kFloat && sinks->numel() == H),
+              "sinks must be float32 [num_heads = ", H, "]");
+  const auto sink_c = sinks ? sinks->contiguous() : at::Tensor();
+  const float* sink = sinks ? sink_c.data_ptr<float>() : nullptr;  // each head's sink logit (gpt-oss)
   if (path == 0) path = best_path();
   check_path(path);
   const auto bt = block_tables.contiguous(), sl = seq_lens.contiguous();
@@ -300,9 +305,12 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
       }
       for (int64_t r = 0; r < R; ++r) {
         float* o = ob + ((s0 + r) * H + kvh * G) * D;
-        const float *acc = w.acc + r * G * D, *l = w.l + r * G;
-        for (int64_t h = 0; h < G; ++h)
-          for (int64_t i = 0; i < D; ++i) o[h * D + i] = acc[h * D + i] / l[h];
+        const float *acc = w.acc + r * G * D, *l = w.l + r * G, *m = w.m + r * G;
+        for (int64_t h = 0; h < G; ++h) {
+          // a sink: one more logit in the softmax over a zero value, e^(sink - m) more in the sum
+          const float sum = sink ? l[h] + std::exp(sink[kvh * G + h] - m[h]) : l[h];
+          for (int64_t i = 0; i < D; ++i) o[h * D + i] = acc[h * D + i] / sum;
+        }
       }
     }
   });
@@ -313,6 +321,6 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-          "float scale, int path, int window=0) -> Tensor");
+          "float scale, int path, int window=0, Tensor? sinks=None) -> Tensor");
   lib.impl("paged_attention_decode", c10::DispatchKey::CPU, &ember::paged_attention_decode);
 }

@@ -197,7 +197,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qw, const at::Tensor& 
 // 4 = sliding windows, per-head norms, GeGLU and per-layer RoPE in the decoder stack;
 // 5 = the decoder stack's family switches as one struct, by name (DecoderStack.set_family);
 // 6 = mixtures of experts in the decoder stack (DecoderStack.add_moe, moe_route).
-static int64_t abi() { return 6; }
+static int64_t abi() { return 7; }
 
 TORCH_LIBRARY_FRAGMENT(ember, lib) {
   lib.def("abi() -> int", &abi);
