@@ -26,6 +26,7 @@ from engine.kv_disk.store import KVDiskStore
 log = logging.getLogger(__name__)
 
 COUNT = struct.Struct("<I")  # the payload: the cells the state holds, then llama.cpp's state bytes
+ALIAS = 0xFFFFFFFF  # a COUNT that marks a payload naming another key: a longer state that holds these blocks
 
 
 def prefix_hashes(seq, block_size: int, num_blocks: int) -> list[int]:
@@ -45,15 +46,22 @@ class SlotDisk:
         num_blocks = num_cells // self.block_size
         if num_blocks * self.block_size < self.min_match:
             return
-        key = prefix_hashes(seq, self.block_size, num_blocks)[-1]
-        if not self.store.wants(key):
-            return
-        size = ll.llama_state_seq_get_size(ctx, slot)
-        payload = bytearray(COUNT.size + size)
-        COUNT.pack_into(payload, 0, num_cells)
-        if ll.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(payload, COUNT.size),
-                                       size, slot) == size:
-            self.store.put(key, payload)
+        hashes = prefix_hashes(seq, self.block_size, num_blocks)
+        key = hashes[-1]
+        if self.store.wants(key):
+            size = ll.llama_state_seq_get_size(ctx, slot)
+            payload = bytearray(COUNT.size + size)
+            COUNT.pack_into(payload, 0, num_cells)
+            if ll.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(payload, COUNT.size),
+                                           size, slot) == size:
+                self.store.put(key, payload)
+        # the prompt's own blocks lead there too: a turn that departs inside the reply (Regenerate,
+        # an edited answer, a client that sends the prompt again) finds them, not only one that
+        # holds the whole reply
+        prompt_blocks = min(seq.num_prompt_tokens, num_cells) // self.block_size
+        if 0 < prompt_blocks < num_blocks and prompt_blocks * self.block_size >= self.min_match \
+                and self.store.has(key) and self.store.wants(hashes[prompt_blocks - 1]):
+            self.store.put(hashes[prompt_blocks - 1], COUNT.pack(ALIAS) + key.to_bytes(16, "little"))
 
     def match(self, seq, limit: int) -> tuple[int, int]:
         """(tokens, key) of the longest full-block prefix of seq (at most limit tokens) on disk."""
@@ -70,6 +78,10 @@ class SlotDisk:
         """Read key's state into the (empty) slot at the context's head; the cells it holds, or
         0 (nothing restored). make_room(n) makes room for n cells at the head first."""
         payload = self.store.get(key)
+        if payload is not None and len(payload) == COUNT.size + 16 and COUNT.unpack_from(payload)[0] == ALIAS:
+            alias, key = key, int.from_bytes(payload[COUNT.size:], "little")
+            if (payload := self.store.get(key)) is None:
+                self.store.discard(alias)  # the state it named was evicted
         if payload is None or len(payload) < COUNT.size:
             return 0
         (cells,), size = COUNT.unpack_from(payload), len(payload) - COUNT.size

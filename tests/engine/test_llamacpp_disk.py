@@ -37,13 +37,27 @@ def test_next_turn_after_a_restart_reads_the_slot_from_disk(tiny_model_factory, 
     turn1, turn2 = _turns(first)
     first.close()  # the idle slot's state was written: 41 prompt + 11 reply cells, 52 = 13 blocks
     folder = next(p for p in tmp_path.iterdir() if p.is_dir())
-    files = list(folder.glob("*.kv"))
-    assert len(files) == 1
+    alias, state = sorted(folder.glob("*.kv"), key=lambda f: f.stat().st_size)  # the prompt's 10 blocks name it
+    assert alias.stat().st_size < HEADER.size + 64 < state.stat().st_size
     if damage:
-        data = bytearray(files[0].read_bytes())
+        data = bytearray(state.read_bytes())
         data[HEADER.size + 100] ^= 0x40
-        files[0].write_bytes(bytes(data))
+        state.write_bytes(bytes(data))
     tokens, cached = _reply(make_engine(path, block_size=B, kv_disk_dir=str(tmp_path)), turn2)
     cold, _ = _reply(make_engine(path, block_size=B, enable_prefix_caching=False), turn2)
     assert tokens == cold
     assert cached == (0 if damage else 52)
+
+
+def test_a_turn_that_departs_inside_the_reply_reads_the_prompts_blocks(tiny_model_factory, tmp_path):
+    """Regenerate after a restart: the new prompt holds the first prompt but not its reply. The
+    saved state is keyed by all its blocks (13); the prompt's own 10 lead to it as well."""
+    path = tiny_model_factory(n_heads=4, n_kv_heads=2)
+    first = make_engine(path, block_size=B, kv_disk_dir=str(tmp_path))
+    turn1, _ = _turns(first)
+    first.close()
+    again = turn1 + [7, 8, 9]  # the same prompt, then other tokens where the reply was
+    tokens, cached = _reply(make_engine(path, block_size=B, kv_disk_dir=str(tmp_path)), again)
+    cold, _ = _reply(make_engine(path, block_size=B, enable_prefix_caching=False), again)
+    assert tokens == cold
+    assert cached == 40  # 41 prompt tokens: 10 full blocks
