@@ -124,10 +124,15 @@ class LayerQuantizer:
     def __init__(self, config: ModelConfig, cfg: QuantizeConfig, hidden: torch.Tensor | None,
                  rope_factors: dict[str, torch.Tensor] | None = None) -> None:
         self.config, self.cfg, self.hidden = config, cfg, hidden
-        self.run = None if hidden is None else LayerRun(config, hidden.shape[1], rope_factors=rope_factors or {})
+        # GPTQ's forward in float64, rounded to float32 between layers and at the captured inputs:
+        # the same stream on every CPU (calibration.LayerRun.dtype, gptq.py)
+        self.dtype = torch.float64 if cfg.method is Method.GPTQ else torch.float32
+        self.run = None if hidden is None else LayerRun(config, hidden.shape[1], rope_factors=rope_factors or {},
+                                                        dtype=self.dtype)
 
     def layer(self, i: int, W: dict[str, torch.Tensor]) -> LlamaDecoderLayer:
-        return LlamaDecoderLayer(self.config, i, fused_take(self.config, {k: v.float() for k, v in W.items()})).eval()
+        weights = {k: v.float().to(self.dtype) for k, v in W.items()}
+        return LlamaDecoderLayer(self.config, i, fused_take(self.config, weights)).eval()
 
     def __call__(self, i: int, W: dict[str, torch.Tensor]) -> tuple[LayerResult, float]:
         method = self.cfg.method
