@@ -20,13 +20,15 @@ elementwise (one IEEE rounding per value, the same at any vector width) or a sum
 (engine/quant/exact_sums.py): the Hessian from float32 inputs put on 21-bit grids per block of
 2048 tokens, the blocks added in order; the error feedback's matmuls on grids whose products
 sum exactly; the damping's mean by math.fsum (correctly rounded, so order-free). The one library
-call left is LAPACK's Cholesky and inverse in float64 (a blocked Cholesky of our own would need
-the same exact matmuls at K^3 cost): its result differs between BLAS kernels in the last ~10 of
-53 bits, and U is rounded to float32 (24 bits), which absorbs that unless a value of U lies within
-~2^-40 (relative) of a float32 rounding boundary: for K = 8960 (4e7 values of U) about one chance
-in 10^4 per layer that one value of U moves by one float32 ulp (and then a code flips only if a
-weight lies as close to its own boundary). tests/engine/test_gptq_deterministic.py checks the bytes
-under other kernel paths, BLAS paths and thread counts.
+call left is LAPACK's Cholesky and inverse in float64: its result differs between BLAS kernels in
+the last bits, and U is rounded to float32 (24 bits) to absorb that. It does not always: measured
+for K = 2048 (a damped random Hessian), U under 1 thread vs 2 threads with MKL_CBWR=COMPATIBLE
+differed by up to 1e-8 relative and 2 of 2.1e6 float32 values of U moved by one ulp; for K = 8960
+expect tens. A moved U value changes a code only when a weight lies within ~1e-8 of its own
+rounding boundary, so checkpoints agree in practice but not by construction. The fix is a
+blocked Cholesky and triangular inverse of our own on exact_sums.fixed_matmul (issue 69, open).
+tests/engine/test_gptq_deterministic.py checks the bytes under other kernel paths, BLAS paths and
+thread counts.
 """
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ import torch
 from engine.quant.exact_sums import fixed_matmul, gram
 from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
-
 
 
 class GPTQ:
