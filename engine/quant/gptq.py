@@ -19,14 +19,9 @@ The same bytes on every CPU (issue 69): every step whose result decides a roundi
 elementwise (one IEEE rounding per value, the same at any vector width) or a sum made exact
 (engine/quant/exact_sums.py): the Hessian from float32 inputs put on 21-bit grids per block of
 2048 tokens, the blocks added in order; the error feedback's matmuls on grids whose products
-sum exactly; the damping's mean by math.fsum (correctly rounded, so order-free). The one library
-call left is LAPACK's Cholesky and inverse in float64: its result differs between BLAS kernels in
-the last bits, and U is rounded to float32 (24 bits) to absorb that. It does not always: measured
-for K = 2048 (a damped random Hessian), U under 1 thread vs 2 threads with MKL_CBWR=COMPATIBLE
-differed by up to 1e-8 relative and 2 of 2.1e6 float32 values of U moved by one ulp; for K = 8960
-expect tens. A moved U value changes a code only when a weight lies within ~1e-8 of its own
-rounding boundary, so checkpoints agree in practice but not by construction. The fix is a
-blocked Cholesky and triangular inverse of our own on exact_sums.fixed_matmul (issue 69, open).
+sum exactly; the damping's mean by math.fsum (correctly rounded, so order-free); the Cholesky
+and triangular inverse our own, blocked in a fixed order on the same exact sums
+(engine/quant/exact_cholesky.py), not LAPACK's, whose last bits moved with the thread count.
 tests/engine/test_gptq_deterministic.py checks the bytes under other kernel paths, BLAS paths and
 thread counts.
 """
@@ -36,6 +31,7 @@ import math
 
 import torch
 
+from engine.quant.exact_cholesky import inverse_upper_cholesky
 from engine.quant.exact_sums import fixed_matmul, gram
 from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
@@ -52,6 +48,7 @@ class GPTQ:
         self.xtx: torch.Tensor | None = None  # float64 [K, K]: sum_t x_t x_t^T
         self.n_samples = 0
         self.last_loss: float | None = None  # set by quantize(): see there
+        self._factor: tuple | None = None  # (damp, desc_act, perm, U): q, k and v share one H
 
     def add_batch(self, x: torch.Tensor) -> None:
         """Add inputs x [..., K] of the layer (each row one token)."""
@@ -61,6 +58,7 @@ class GPTQ:
         if self.xtx is None:
             self.xtx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
         self.xtx += x.T @ x if x.dtype == torch.float64 else gram(x)
+        self._factor = None
         self.n_samples += x.shape[0]
 
     @property
@@ -90,12 +88,9 @@ class GPTQ:
         params = search_group_params if mse else group_params
         scales, zeros = _group_table(W, G, bits, sym, static_groups, params)
 
-        perm = None
-        if desc_act:
-            perm = torch.argsort(torch.diag(H), descending=True, stable=True)
-            W, H = W[:, perm], H[perm][:, perm]
-
-        U = inverse_cholesky(H, damp).to(dt)
+        perm, U = self._inverse_factor(H, damp, desc_act)
+        if perm is not None:
+            W = W[:, perm]
 
         Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
         loss = torch.zeros((), dtype=torch.float64, device=W.device)
@@ -131,6 +126,17 @@ class GPTQ:
         Q, g_idx = _original_order(Q, perm, col_group)
         return IntWeight(bits, group_size, Q.contiguous(), scales.float(), zeros.to(torch.uint8), g_idx)
 
+    def _inverse_factor(self, H: torch.Tensor, damp: float, desc_act: bool):
+        """(perm, U) of the damped H, in act-order when desc_act; made once for the linears
+        that share this Hessian (the factor is the costly step on small layers)."""
+        if self._factor is None or self._factor[:2] != (damp, desc_act):
+            perm = None
+            if desc_act:
+                perm = torch.argsort(torch.diag(H), descending=True, stable=True)
+                H = H[perm][:, perm]
+            self._factor = (damp, desc_act, perm, inverse_cholesky(H, damp))
+        return self._factor[2:]
+
     def _check(self, w: torch.Tensor, bits: int) -> None:
         if w.shape[1] != self.in_features:
             raise ValueError(f"weight has {w.shape[1]} input columns, the Hessian {self.in_features}")
@@ -150,11 +156,10 @@ def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
     """U, upper triangular with U^T U = (H + damp mean(diag H) I)^-1 (H is damped in place): the
     rows GPTQ's column-by-column error feedback reads (Frantar et al., eq. 5 as a Cholesky)."""
     H.diagonal().add_(damp * math.fsum(torch.diag(H).tolist()) / H.shape[0])  # fsum: order-free
-    L, info = torch.linalg.cholesky_ex(H)
-    if info.item() != 0:
-        raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp")
-    U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
-    return U.float().double()  # LAPACK's last bits absorbed: the module docstring
+    try:
+        return inverse_upper_cholesky(H)  # fixed order, exact sums: the module docstring
+    except ValueError:
+        raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp") from None
 
 
 def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool,
