@@ -22,7 +22,7 @@ CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "corpus"
 # what a kept checkpoint's self-calibration was made with: older ones (replies on the quantized
 # kernels, noise by rank) differ between machines and are made again
 CALIBRATION = "stdlib+self (float32 replies, noise by token id)"
-GPTQ_ARITHMETIC = "float64, exact sums, held-out rows RTN's where it errs less"
+GPTQ_ARITHMETIC = "float64, exact sums, own Cholesky, held-out rows RTN's where it errs less"
 
 
 def eval_text(paths: list[Path] | None) -> str:

@@ -110,6 +110,24 @@ class LayerRun:
         return out
 
     @torch.no_grad()
+    def inputs_of(self, layer: LlamaDecoderLayer, name: str, module: torch.nn.Module, hidden: torch.Tensor,
+                  sink: Callable[[str, torch.Tensor], None]) -> None:
+        """Hand the input rows of `module` (one of layer's linears) to sink(name, x), running each
+        batch's forward only up to it: GPTQ's later groups need no more of the layer."""
+        def reached(_m, args):
+            sink(name, args[0].reshape(-1, args[0].shape[-1]).float())
+            raise _Reached
+        handle = module.register_forward_pre_hook(reached)
+        try:
+            for s in range(0, hidden.shape[0], self.batch):
+                try:
+                    self(layer, hidden[s:s + self.batch])
+                except _Reached:
+                    pass
+        finally:
+            handle.remove()
+
+    @torch.no_grad()
     def attention(self, attn: LlamaAttention, x: torch.Tensor, rope: int = 0) -> torch.Tensor:
         """x [n, T, d] (the normed stream q/k/v read) -> the attention block's output [n, T, d];
         rope: the layer's config.rope (-1: it turns no q and k)."""
@@ -121,6 +139,10 @@ class LayerRun:
             rotation = self._rotation(rope, S)
             out[s:s + S] = attn(h.reshape(S * T, d), rotation, self.kv, self._meta(S)).view(S, T, d)
         return out
+
+
+class _Reached(Exception):
+    """LayerRun.inputs_of's stop: the forward reached the linear whose input was asked for."""
 
 
 def capture_inputs(layer: LlamaDecoderLayer, modules: dict[str, torch.nn.Module],

@@ -186,9 +186,11 @@ class LayerQuantizer:
         for name, modules in GROUPS:
             g = GPTQ(W[f"{modules[0]}.weight"].shape[1])
             split = Split((n - held_out(n)) * T, g.add_batch)  # the last samples: held out
-            h = self._capture(self.layer(i, W), [name], split)
-            if not out:  # nothing rounded yet: this pass was the float layer's
-                self._float_out = h
+            if out:  # the forward only up to this group's linear
+                layer_i = self.layer(i, W)
+                self.run.inputs_of(layer_i, name, linears(layer_i)[name], self.hidden, split)
+            else:  # nothing rounded yet: this pass is the float layer's, its output the reference
+                self._float_out = self._capture(self.layer(i, W), [name], split)
             held = split.held()
             for m in modules:  # q, k, v (and gate, up) share one input, so one Hessian
                 out[m] = g.quantize(W[f"{m}.weight"], c.bits, c.group_size, c.sym, c.desc_act, c.damp,
