@@ -71,9 +71,10 @@ def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24) -> torch.Te
     nb, eb = on_grid(b, b_bits, dim=0)  # eb [1, M]
     a = a.double()
     _, ea = torch.frexp(a.abs().amax(dim=1, keepdim=True))  # ea [N, 1]
-    a_scaled = torch.ldexp(a, -ea)  # |a_scaled| < 1, exact
-    hi = torch.round(torch.ldexp(a_scaled, torch.full_like(ea, a_bits)))
-    lo = torch.round(torch.ldexp(a_scaled - torch.ldexp(hi, torch.full_like(ea, -a_bits)),
-                                 torch.full_like(ea, 2 * a_bits)))
-    scale_b = pow2(eb - b_bits)
-    return (hi @ nb) * pow2(ea - a_bits) * scale_b + (lo @ nb) * pow2(ea - 2 * a_bits) * scale_b
+    scaled = a * pow2(a_bits - ea)  # |scaled| < 2^a_bits: a power-of-two scaling, exact
+    hi = torch.round(scaled)
+    lo = torch.round((scaled - hi) * 2.0 ** a_bits)  # the next a_bits bits (scaled - hi is exact)
+    both = torch.cat([hi, lo]) @ nb  # integers below 2^53 each: exact in any order
+    top, rest = both[:hi.shape[0]], both[hi.shape[0]:]
+    # one rounding (the sum), then power-of-two scalings: the value of hi 2^a_bits + lo, as exact
+    return (top * 2.0 ** a_bits + rest) * pow2(ea - 2 * a_bits) * pow2(eb - b_bits)
