@@ -5,11 +5,14 @@ BLAS kernel, its vector width and its thread count.
 Every step is one of two kinds, and neither depends on an order a kernel picks:
   - elementwise (a sqrt, a division, a rank-1 update x_i y_j subtracted as a product then a
     difference: one IEEE rounding each, the same at any vector width; no fused multiply-add);
-  - a block product through exact_sums.fixed_matmul, whose partial sums are exact integers.
+  - a block product on fixed-point grids whose partial sums are exact integers (exact_sums).
 Inside a panel of PANEL columns the factor is formed by right-looking rank-1 updates; the panel
-then updates the trailing matrix by one fixed_matmul. fixed_matmul keeps 24 bits of each
-column of its right operand (and about 40 of its left), so the factor is that close to LAPACK's,
-far finer than the 21-bit Hessian it factors or the damping added to it.
+then updates the trailing matrix by one exact product of its rows on 23-bit grids (outer_gram).
+The inverse halves the triangle and joins the halves by exact_sums.fixed_matmul (24 bits of each
+column on the right, about 30 on the left). So the factor agrees with LAPACK's to ~3e-8 of its
+largest value (measured at K = 576..3072), as fine as the 21-bit Hessian it factors and far finer
+than the damping added to it. Cost at one thread: about 2x LAPACK's three calls at K = 1536-2048
+(0.5 s against 0.22 s at 1536), 5x at 576, where both are small (0.08 s).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Sums of products whose float64 result is the same on every CPU, whatever the BLAS, its vector
-width or its thread count (GPTQ's Hessian and its error feedback, engine/quant/gptq.py).
+width or its thread count (GPTQ's Hessian, its error feedback, engine/quant/gptq.py, and its
+Cholesky factor, engine/quant/exact_cholesky.py).
 
 A BLAS sums a dot product in an order of its own (the kernel its dispatch picks, the threads'
 split, FMA or not), and float64 addition is not associative, so the last bits of X^T X differ
