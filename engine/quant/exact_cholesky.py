@@ -30,9 +30,8 @@ def outer_gram(P: torch.Tensor) -> torch.Tensor:
     trailing update is then as fine as the 21-bit Hessian it updates."""
     bits = (MANTISSA - max(P.shape[1] - 1, 1).bit_length()) // 2
     _, e = torch.frexp(P.abs().amax(dim=1, keepdim=True))  # [R, 1]
-    n = torch.round(P * pow2(bits - e))  # |n| <= 2^bits: an exact scaling, then one rounding
-    s = pow2(e - bits)  # [R, 1]
-    return (n @ n.T) * s * s.T
+    Pq = torch.round(P * pow2(bits - e)) * pow2(e - bits)  # P on its grid: integers 2^(e_i - bits)
+    return Pq @ Pq.T  # entry (i, j): an integer below 2^53 times 2^(e_i + e_j - 2 bits) in any order
 
 
 def cholesky_lower(A: torch.Tensor) -> torch.Tensor:

@@ -52,8 +52,8 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     total = torch.zeros(K, K, dtype=torch.float64, device=x.device)
     for t in range(0, x.shape[0], GRAM_BLOCK):
         n, e = on_grid(x[t:t + GRAM_BLOCK], GRAM_BITS, dim=0)  # e [1, K]
-        scale = pow2(e - GRAM_BITS)  # 2^(e_k - bits), exact
-        total += (n.T @ n) * scale.T * scale  # the integer product is exact; the scales are powers of 2
+        xq = n * pow2(e - GRAM_BITS)  # the block on its grid: integers times 2^(e_k - bits), exact
+        total += xq.T @ xq  # entry (j, k): an integer below 2^53 times 2^(e_j + e_k - 2 bits), any order
     return total
 
 
@@ -75,7 +75,8 @@ def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24) -> torch.Te
     scaled = a * pow2(a_bits - ea)  # |scaled| < 2^a_bits: a power-of-two scaling, exact
     hi = torch.round(scaled)
     lo = torch.round((scaled - hi) * 2.0 ** a_bits)  # the next a_bits bits (scaled - hi is exact)
-    both = torch.cat([hi, lo]) @ nb  # integers below 2^53 each: exact in any order
-    top, rest = both[:hi.shape[0]], both[hi.shape[0]:]
-    # one rounding (the sum), then power-of-two scalings: the value of hi 2^a_bits + lo, as exact
-    return (top * 2.0 ** a_bits + rest) * pow2(ea - 2 * a_bits) * pow2(eb - b_bits)
+    # on their grids (powers of two): each output's terms share one scale, 2^(ea_i + eb_j - ...), so
+    # every partial sum is an integer below 2^53 times it, exact in any order
+    bq = nb * pow2(eb - b_bits)
+    both = torch.cat([hi * pow2(ea - a_bits), lo * pow2(ea - 2 * a_bits)]) @ bq
+    return both[:hi.shape[0]] + both[hi.shape[0]:]  # one rounding: hi's exact product plus lo's
