@@ -115,4 +115,9 @@ def cmd_quantize(args) -> int:
           f"{' act-order' if cfg.desc_act else ''}, {cfg.format} format, {size:.1f} MiB, "
           f"{report.seconds:.0f} s" + (f", {report.calibration_tokens} calibration tokens, worst layer "
                                         f"output error {worst:.2%}" if report.calibration_tokens else ""))
+    if report.heldout is not None:  # GPTQ: the checkpoint against RTN on calibration rows no Hessian saw
+        h = report.heldout
+        ours, theirs = (h.chosen / h.reference) ** 0.5, (h.rtn / h.reference) ** 0.5  # relative norms, as above
+        print(f"held-out output error {ours:.3%} (RTN's {theirs:.3%}); "
+              f"rows from GPTQ {h.rows_gptq}, from RTN {h.rows_rtn}")
     return 0

@@ -61,6 +61,9 @@ class LayerRun:
     seq_len: int
     batch: int = 4
     rope_factors: dict[str, torch.Tensor] = field(default_factory=dict)  # source.ROPE_FACTORS it has
+    # float64 (GPTQ): the forward's last bits then differ between CPUs' kernels only below float32's,
+    # and the stream and the captured inputs are rounded to float32, so every CPU sees the same
+    dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         c = self.config
@@ -73,9 +76,10 @@ class LayerRun:
         self.tables = [rotary(positions)]
         if c.rope_theta_local is not None:
             self.tables.append(RotaryEmbedding(c.head_dim, c.rope_theta_local)(positions))
+        self.tables = [(cos.to(self.dtype), sin.to(self.dtype)) for cos, sin in self.tables]
         nb = -(-self.seq_len // BLOCK)
         shape = (self.batch * nb, BLOCK, c.num_kv_heads, c.head_dim)
-        self.kv = (torch.zeros(shape), torch.zeros(shape))
+        self.kv = (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
         self.nb = nb
 
     def _meta(self, S: int) -> AttentionMetadata:
@@ -98,12 +102,30 @@ class LayerRun:
         n, T, d = hidden.shape
         out = torch.empty_like(hidden)
         for s in range(0, n, self.batch):
-            h = hidden[s:s + self.batch]
+            h = hidden[s:s + self.batch].to(self.dtype)
             S = h.shape[0]
             rotation = self._rotation(layer.rope, S)
             mlp, residual = layer(h.reshape(S * T, d), None, rotation, self.kv, self._meta(S))
             out[s:s + S] = (residual + mlp).view(S, T, d)
         return out
+
+    @torch.no_grad()
+    def inputs_of(self, layer: LlamaDecoderLayer, name: str, module: torch.nn.Module, hidden: torch.Tensor,
+                  sink: Callable[[str, torch.Tensor], None]) -> None:
+        """Hand the input rows of `module` (one of layer's linears) to sink(name, x), running each
+        batch's forward only up to it: GPTQ's later groups need no more of the layer."""
+        def reached(_m, args):
+            sink(name, args[0].reshape(-1, args[0].shape[-1]).float())
+            raise _Reached
+        handle = module.register_forward_pre_hook(reached)
+        try:
+            for s in range(0, hidden.shape[0], self.batch):
+                try:
+                    self(layer, hidden[s:s + self.batch])
+                except _Reached:
+                    pass
+        finally:
+            handle.remove()
 
     @torch.no_grad()
     def attention(self, attn: LlamaAttention, x: torch.Tensor, rope: int = 0) -> torch.Tensor:
@@ -117,6 +139,10 @@ class LayerRun:
             rotation = self._rotation(rope, S)
             out[s:s + S] = attn(h.reshape(S * T, d), rotation, self.kv, self._meta(S)).view(S, T, d)
         return out
+
+
+class _Reached(Exception):
+    """LayerRun.inputs_of's stop: the forward reached the linear whose input was asked for."""
 
 
 def capture_inputs(layer: LlamaDecoderLayer, modules: dict[str, torch.nn.Module],

@@ -14,29 +14,41 @@ Group parameters are computed when a group starts, from the group's current (alr
 values. The reference reads them from W, which misses the pending updates of the current block
 when the group starts inside it; here those are applied first, so the result does not depend on
 block_size (tested).
+
+The same bytes on every CPU (issue 69): every step whose result decides a rounding is either
+elementwise (one IEEE rounding per value, the same at any vector width) or a sum made exact
+(engine/quant/exact_sums.py): the Hessian from float32 inputs put on 21-bit grids per block of
+2048 tokens, the blocks added in order; the error feedback's matmuls on grids whose products
+sum exactly; the damping's mean by math.fsum (correctly rounded, so order-free); the Cholesky
+and triangular inverse our own, blocked in a fixed order on the same exact sums
+(engine/quant/exact_cholesky.py), not LAPACK's, whose last bits moved with the thread count.
+tests/engine/test_gptq_deterministic.py checks the bytes under other kernel paths, BLAS paths and
+thread counts.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from engine.quant.exact_cholesky import inverse_upper_cholesky
+from engine.quant.exact_sums import fixed_matmul, gram
 from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
-
-CHUNK = 4096  # tokens per Hessian matmul: bounds the float32 product's rounding and its memory
 
 
 class GPTQ:
     """The Hessian of one layer's inputs (or of several layers that share them: q, k, v) and the
-    quantizer that uses it. H accumulates in float64 from float32 chunk products: a model's
-    calibration set is many batches and a float32 running sum would lose digits, and the
-    Cholesky of a barely damped H (condition number up to ~K / damp) needs them; chunks of
-    CHUNK tokens keep the K x K x T work in fast float32 matmuls."""
+    quantizer that uses it. H accumulates in float64, exactly per block of tokens (exact_sums.gram),
+    so its bits do not depend on the CPU; float64 inputs (the tests' oracles) by a plain float64
+    matmul."""
 
     def __init__(self, in_features: int):
         self.in_features = in_features
         self.xtx: torch.Tensor | None = None  # float64 [K, K]: sum_t x_t x_t^T
         self.n_samples = 0
         self.last_loss: float | None = None  # set by quantize(): see there
+        self._factor: tuple | None = None  # (damp, desc_act, perm, U): q, k and v share one H
 
     def add_batch(self, x: torch.Tensor) -> None:
         """Add inputs x [..., K] of the layer (each row one token)."""
@@ -45,10 +57,8 @@ class GPTQ:
             raise ValueError(f"inputs have {x.shape[1]} features, the layer {self.in_features}")
         if self.xtx is None:
             self.xtx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
-        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        for t in range(0, x.shape[0], CHUNK):
-            xc = x[t:t + CHUNK].to(dt)
-            self.xtx += (xc.T @ xc).double()
+        self.xtx += x.T @ x if x.dtype == torch.float64 else gram(x)
+        self._factor = None
         self.n_samples += x.shape[0]
 
     @property
@@ -70,7 +80,7 @@ class GPTQ:
         self._check(w, bits)
         N, K = w.shape
         G = K if group_size == -1 else group_size
-        dt = torch.float64 if w.dtype == torch.float64 else torch.float32
+        dt = torch.float64
         H = self.H.to(w.device)
         W = w.to(dt).clone()
 
@@ -78,12 +88,9 @@ class GPTQ:
         params = search_group_params if mse else group_params
         scales, zeros = _group_table(W, G, bits, sym, static_groups, params)
 
-        perm = None
-        if desc_act:
-            perm = torch.argsort(torch.diag(H), descending=True)
-            W, H = W[:, perm], H[perm][:, perm]
-
-        U = inverse_cholesky(H, damp).to(dt)
+        perm, U = self._inverse_factor(H, damp, desc_act)
+        if perm is not None:
+            W = W[:, perm]
 
         Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
         loss = torch.zeros((), dtype=torch.float64, device=W.device)
@@ -101,7 +108,7 @@ class GPTQ:
                     end = min(c + G, K)
                     cur = W1[:, i:end - i1]
                     if end > i2:  # the rest of the group has yet to receive this block's errors
-                        cur = torch.cat([cur, W[:, i2:end] - E1[:, :i] @ U[i1:c, i2:end]], dim=1)
+                        cur = torch.cat([cur, W[:, i2:end] - fixed_matmul(E1[:, :i], U[i1:c, i2:end])], dim=1)
                     scales[:, c // G], zeros[:, c // G] = params(cur, bits, sym)
                 g = col_group[c]
                 s, z = scales[:, g], zeros[:, g]
@@ -112,11 +119,23 @@ class GPTQ:
                 W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
                 E1[:, i] = err
                 Q[:, c] = q
-            W[:, i2:] -= E1 @ U[i1:i2, i2:]
+            if i2 < K:
+                W[:, i2:] -= fixed_matmul(E1, U[i1:i2, i2:])
 
         self.last_loss = loss.item()
         Q, g_idx = _original_order(Q, perm, col_group)
         return IntWeight(bits, group_size, Q.contiguous(), scales.float(), zeros.to(torch.uint8), g_idx)
+
+    def _inverse_factor(self, H: torch.Tensor, damp: float, desc_act: bool):
+        """(perm, U) of the damped H, in act-order when desc_act; made once for the linears
+        that share this Hessian (the factor is the costly step on small layers)."""
+        if self._factor is None or self._factor[:2] != (damp, desc_act):
+            perm = None
+            if desc_act:
+                perm = torch.argsort(torch.diag(H), descending=True, stable=True)
+                H = H[perm][:, perm]
+            self._factor = (damp, desc_act, perm, inverse_cholesky(H, damp))
+        return self._factor[2:]
 
     def _check(self, w: torch.Tensor, bits: int) -> None:
         if w.shape[1] != self.in_features:
@@ -136,11 +155,11 @@ def _drop_dead_inputs(H: torch.Tensor, W: torch.Tensor) -> None:
 def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor:
     """U, upper triangular with U^T U = (H + damp mean(diag H) I)^-1 (H is damped in place): the
     rows GPTQ's column-by-column error feedback reads (Frantar et al., eq. 5 as a Cholesky)."""
-    H.diagonal().add_(damp * torch.mean(torch.diag(H)))
-    L, info = torch.linalg.cholesky_ex(H)
-    if info.item() != 0:
-        raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp")
-    return torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+    H.diagonal().add_(damp * math.fsum(torch.diag(H).tolist()) / H.shape[0])  # fsum: order-free
+    try:
+        return inverse_upper_cholesky(H)  # fixed order, exact sums: the module docstring
+    except ValueError:
+        raise ValueError(f"GPTQ: the Hessian is not positive definite (damp={damp}); raise damp") from None
 
 
 def _group_table(W: torch.Tensor, G: int, bits: int, sym: bool, static: bool,

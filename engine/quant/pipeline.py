@@ -18,6 +18,7 @@ error feedback continues across layers); AWQ's on the float output, as AutoAWQ d
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -30,8 +31,11 @@ from engine.models.config import ModelConfig
 from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
 from engine.quant.quantize_config import Method, QuantizeConfig
+from engine.quant.rtn_guard import Split, Tally, held_out, keep_better
 from engine.quant.source import Source, layer_weights
 from engine.weights.int_weight import IntWeight
+
+log = logging.getLogger(__name__)
 
 # (our fused linear, the Hugging Face modules it is made of), in true-sequential order
 GROUPS = tuple((name, hf) for name, (_, hf) in FUSED.items())
@@ -54,6 +58,7 @@ class Report:
     seconds: float
     calibration_tokens: int
     output_error: list[float] = field(default_factory=list)  # per layer, relative, on calibration
+    heldout: Tally | None = None  # GPTQ: held-out output errors against RTN's (rtn_guard.py)
 
 
 Progress = Callable[[int, int, str], None]  # (layers done, layers, what is running)
@@ -124,10 +129,16 @@ class LayerQuantizer:
     def __init__(self, config: ModelConfig, cfg: QuantizeConfig, hidden: torch.Tensor | None,
                  rope_factors: dict[str, torch.Tensor] | None = None) -> None:
         self.config, self.cfg, self.hidden = config, cfg, hidden
-        self.run = None if hidden is None else LayerRun(config, hidden.shape[1], rope_factors=rope_factors or {})
+        # GPTQ's forward in float64, rounded to float32 between layers and at the captured inputs:
+        # the same stream on every CPU (calibration.LayerRun.dtype, gptq.py)
+        self.dtype = torch.float64 if cfg.method is Method.GPTQ else torch.float32
+        self.tally = Tally()
+        self.run = None if hidden is None else LayerRun(config, hidden.shape[1], rope_factors=rope_factors or {},
+                                                        dtype=self.dtype)
 
     def layer(self, i: int, W: dict[str, torch.Tensor]) -> LlamaDecoderLayer:
-        return LlamaDecoderLayer(self.config, i, fused_take(self.config, {k: v.float() for k, v in W.items()})).eval()
+        weights = {k: v.float().to(self.dtype) for k, v in W.items()}
+        return LlamaDecoderLayer(self.config, i, fused_take(self.config, weights)).eval()
 
     def __call__(self, i: int, W: dict[str, torch.Tensor]) -> tuple[LayerResult, float]:
         method = self.cfg.method
@@ -170,16 +181,26 @@ class LayerQuantizer:
     def _gptq(self, i: int, W: dict[str, torch.Tensor]) -> LayerResult:
         from engine.quant.gptq import GPTQ
 
-        c, W, out = self.cfg, dict(W), {}
+        c, W, out, layer = self.cfg, dict(W), {}, Tally()
+        n, T = self.hidden.shape[:2]
         for name, modules in GROUPS:
             g = GPTQ(W[f"{modules[0]}.weight"].shape[1])
-            h = self._capture(self.layer(i, W), [name], lambda _n, x: g.add_batch(x))
-            if not out:  # nothing rounded yet: this pass was the float layer's
-                self._float_out = h
+            split = Split((n - held_out(n)) * T, g.add_batch)  # the last samples: held out
+            if out:  # the forward only up to this group's linear
+                layer_i = self.layer(i, W)
+                self.run.inputs_of(layer_i, name, linears(layer_i)[name], self.hidden, split)
+            else:  # nothing rounded yet: this pass is the float layer's, its output the reference
+                self._float_out = self._capture(self.layer(i, W), [name], split)
+            held = split.held()
             for m in modules:  # q, k, v (and gate, up) share one input, so one Hessian
                 out[m] = g.quantize(W[f"{m}.weight"], c.bits, c.group_size, c.sym, c.desc_act, c.damp,
                                     static_groups=c.static_groups, mse=c.mse_scales)
+                if held is not None:  # each row GPTQ's or RTN's, whichever errs less on held-out rows
+                    out[m], t = keep_better(W[f"{m}.weight"], out[m], held, c.sym)
+                    layer.add(t)
                 W[f"{m}.weight"] = out[m].dequantize()
+        log.info("layer %d: GPTQ kept on %d rows, RTN on %d", i, layer.rows_gptq, layer.rows_rtn)
+        self.tally.add(layer)
         return LayerResult(out, self._dense(W))
 
     def _attention_loss(self, i: int, W: dict[str, torch.Tensor], x: torch.Tensor):
@@ -263,6 +284,8 @@ def quantize_model(src: Source, cfg: QuantizeConfig, on_layer: Callable[[int, La
         result, err = q(i, layer_weights(src, i))
         report.output_error.append(err)
         on_layer(i, result)
+    if q.tally.reference:
+        report.heldout = q.tally
     report.seconds = time.monotonic() - t0
     if progress:
         progress(n_layers, n_layers, "done")

@@ -202,7 +202,9 @@ def test_gptq_matches_obq_oracle(sym, desc_act, static):
         assert np.array_equal(iw.scales.double().numpy(), S) and np.array_equal(iw.zeros.numpy(), Z)
         assert (iw.g_idx is None) == (not desc_act)
         assert np.array_equal(iw.groups().numpy(), g_idx)
-        assert gq.last_loss == pytest.approx(loss, rel=1e-9)
+        # U is rounded to float32 (gptq.py: what makes the bytes the same on every CPU), so the
+        # loss agrees to float32's digits; the codes above agree exactly
+        assert gq.last_loss == pytest.approx(loss, rel=1e-6)
 
 
 def test_gptq_loss_is_the_damped_quadratic_error():

@@ -1,0 +1,48 @@
+"""GPTQ's inverse Cholesky factor of our own (engine/quant/exact_cholesky.py, issue 69): the same
+factor LAPACK gives to float32's precision, the same bits under every thread count, and a
+Hessian that is not positive definite refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.quant.exact_cholesky import PANEL, cholesky_lower, inverse_upper_cholesky, lower_inverse
+from test_quantizers import correlated
+
+
+def damped_hessian(K: int, seed: int) -> torch.Tensor:
+    x = correlated(2 * K, K, seed=seed).double()
+    H = x.T @ x / (2 * K)
+    return H + 0.01 * H.diagonal().mean() * torch.eye(K, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("K", [5, PANEL, 3 * PANEL + 7])  # one panel, exactly one, blocks and a rest
+def test_factor_matches_lapack(K):
+    H = damped_hessian(K, seed=K)
+    U = inverse_upper_cholesky(H)
+    reference = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    assert torch.equal(U, U.triu())
+    assert (U - reference).abs().max() <= 1e-6 * reference.abs().max()
+    L = cholesky_lower(H)
+    assert torch.allclose(L @ L.T, H, rtol=0, atol=1e-6 * H.abs().max().item())
+    assert torch.allclose(lower_inverse(L) @ L, torch.eye(K, dtype=torch.float64), rtol=0, atol=1e-6)
+
+
+def test_factor_bits_do_not_depend_on_the_thread_count():
+    H = damped_hessian(3 * PANEL + 7, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = inverse_upper_cholesky(H)
+        torch.set_num_threads(2)
+        two = inverse_upper_cholesky(H)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_not_positive_definite_is_refused():
+    H = damped_hessian(16, seed=2)
+    H[7, 7] = -1.0
+    with pytest.raises(ValueError, match="not positive definite"):
+        inverse_upper_cholesky(H)
