@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import jinja2
