@@ -115,6 +115,15 @@ async def acquire(thread: EngineHandle, spec: ModelSpec, keep_alive_s) -> Loaded
         raise APIError(400, f"loading {spec.id} failed: {e}", code="model_load_failed", param="model") from None
 
 
+def release_early(request: Request, model_id: str) -> None:
+    """The request stops holding `model_id` before its response ends: background work (a warm)
+    must not keep a model loaded that a request for another model needs the room of."""
+    holds = request.scope[HOLDS]
+    if model_id in holds:
+        holds.remove(model_id)
+        request.app.state.engine_thread.release(model_id)
+
+
 def _let_go(thread: EngineHandle, fut: concurrent.futures.Future, model_id: str) -> None:
     """A request that stops waiting: its place in the queue is given up, or the model it got
     after all is released."""

@@ -9,7 +9,8 @@ prompt runs as background work (`SamplingParams.background`: tokens only in step
 needs, the first sequence preempted) and samples one token, thrown away. Its full blocks stay in
 the prefix cache (read back from the disk tier when they are there, computed otherwise; on the
 llama.cpp runner its slot keeps the cells); the answer, once they are, says how many prompt tokens
-there were and how many came from a cache.
+there were and how many came from a cache. A warm holds its model only until it is queued: a model
+with nothing but a warm is idle, unloaded (the warm ended, 503) for a request that needs its room.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from engine.loaders.chat_template import TemplateError
 from engine.sampling_params import SamplingParams
 from engine.server.chat_images import encode_chat
 from engine.server.errors import APIError
-from engine.server.model_use import use_model
+from engine.server.model_use import release_early, use_model
 from engine.server.openai import bodies as R
 from engine.server.openai.protocol import ChatCompletionRequest
 from engine.server.serving import Job
@@ -40,6 +41,7 @@ async def warm_chat(request: Request, body: ChatCompletionRequest) -> dict:
     try:
         job.submit(ids, SamplingParams(temperature=0.0, max_tokens=1, background=True), R.new_id("warm"), engine,
                    images)
+        release_early(request, loaded.spec.id)  # queued: a request for another model may unload it, the warm ended
         out = None
         async for _, out in job:
             pass

@@ -84,7 +84,10 @@ class Resident:
 
     @property
     def busy(self) -> bool:
-        return self.holds > 0 or bool(self.requests) or self.loaded.engine.has_unfinished()
+        """Held by a request, or running one. Background work alone (a warm) leaves it idle: a
+        model only warming is unloaded for a request that needs the room, its warm ended."""
+        engine = self.loaded.engine
+        return self.holds > 0 or (engine.has_unfinished() and engine.scheduler.has_foreground())
 
     def idle_since(self, now: float, wall: float) -> None:
         """It just became idle: it stays keep_alive seconds from now (`wall` is time.time())."""

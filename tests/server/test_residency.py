@@ -68,6 +68,22 @@ def test_evictions_pick_idle_models_least_recently_used_first():
     assert cfg.kv_cap_bytes(2 * GB) > 0 and ResidencyConfig(budget_bytes=GB).kv_cap_bytes(2 * GB) == 1
 
 
+def test_a_model_with_only_background_work_is_idle_and_goes_first():
+    """A warm (background work) neither keeps its model loaded nor makes another model's request
+    wait: found in the GUI, where a chat opened on a model held it while two replies ran, and a
+    third chat waited for memory behind the warm."""
+    cfg = ResidencyConfig(budget_bytes=4 * GB, max_models=2)
+    engines = {m: make_engine() for m in "ab"}
+    rs = {m: Resident(LoadedModel(spec(m), engines[m], "t", "cpu"), 2 * GB, last_used=i) for i, m in enumerate("ab")}
+    engines["a"].add_request([5, 6, 7], SamplingParams(max_tokens=1, temperature=0, background=True), request_id="warm")
+    assert engines["a"].has_unfinished() and not rs["a"].busy
+    assert evictions(rs, 2 * GB, cfg) == ["a"]
+    engines["b"].add_request([5], SamplingParams(max_tokens=4, temperature=0), request_id="reply")
+    assert rs["b"].busy and evictions(rs, 2 * GB, cfg) == ["a"]
+    engines["a"].add_request([5], SamplingParams(max_tokens=4, temperature=0), request_id="reply")
+    assert rs["a"].busy and evictions(rs, 2 * GB, cfg) is None  # a request on each: the next waits
+
+
 def test_a_held_model_is_never_unloaded_and_the_next_waits_its_turn():
     t, factory = thread(budget_bytes=4 * GB, max_models=2)
     try:
