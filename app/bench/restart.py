@@ -4,7 +4,9 @@ started again, with the prefix cache's disk tier (engine/kv_disk/) and without i
 Per chat length and run: an engine computes the chat (its blocks go to a fresh disk folder) and
 stops; a new engine then answers the chat plus one more user turn twice, once without the tier
 (everything computed again) and once reading the tier. The figures are medians; the replies'
-greedy tokens must be the same. `--backend torch` (the default): Ember's engine and its block
+greedy tokens must be the same. Memory: a fresh process answers one chat's next turn from a tier that
+holds that chat alone and from one that holds `--memory-chats` chats: its peak RSS must not grow
+with the tier's size (the blocks are read into the KV pool, not kept). `--backend torch` (the default): Ember's engine and its block
 files; `--backend llama.cpp`: the llama.cpp runner's saved slot states (engine/backends/slot_disk.py).
 """
 from __future__ import annotations
@@ -67,6 +69,43 @@ def one_length(args, n: int) -> tuple[float, float, bool, int]:
     return statistics.median(cold), statistics.median(warm), same, cached
 
 
+def _peak_rss(args, prompt: list[int], disk: str, out) -> None:
+    """In a fresh process: answer `prompt` reading the tier; put (peak RSS, tokens from disk) on `out`."""
+    _, _, cached = first_token(args, prompt, disk)
+    status = dict(line.split(":", 1) for line in open("/proc/self/status", encoding="ascii"))
+    out.put((int(status["VmHWM"].split()[0]) * 1024, cached))
+
+
+def memory_round(args, n: int) -> list[tuple[int, int, int, int]]:
+    """(chats kept, the tier's bytes, the reader's peak RSS, tokens from disk) for a tier of one
+    chat of `n` tokens and for one of `--memory-chats` such chats (each with its own first line)."""
+    import multiprocessing
+    from pathlib import Path
+
+    from app.bench.lib.workloads import make_prompt
+    from engine.loaders.tokenizer import load_tokenizer
+    from engine.model_files.bundled import default_model_path
+
+    encode = load_tokenizer(args.model or str(default_model_path())).encode
+    chat = make_prompt(encode, n)
+    rows, ctx = [], multiprocessing.get_context("spawn")
+    for kept in sorted({1, args.memory_chats}):
+        folder = tempfile.mkdtemp(prefix="ember-bench-restart-")
+        try:
+            for i in range(kept):  # chat 0 is the one read back
+                first_token(args, (encode(f"Chat {i}. ") + chat)[:n], folder)
+            size = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+            out = ctx.Queue()
+            child = ctx.Process(target=_peak_rss, args=(args, (encode("Chat 0. ") + chat)[:n] + encode(TURN), folder, out))
+            child.start()
+            peak, cached = out.get()
+            child.join()
+            rows.append((kept, size, peak, cached))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
 def run(args) -> int:
     print(f"model {args.model or 'bundled'} on {args.backend}, {args.threads} threads, median of {args.runs} runs")
     print(f"{'chat tokens':>12}{'TTFT without (s)':>18}{'with disk tier (s)':>20}{'speed-up':>10}"
@@ -75,6 +114,12 @@ def run(args) -> int:
         cold, warm, same, cached = one_length(args, n)
         print(f"{n:>12}{cold:>18.3f}{warm:>20.3f}{cold / warm:>9.1f}x{cached:>11}  "
               f"{'identical' if same else 'DIFFER'}")
+    if args.memory_chats:
+        n = min(args.tokens)
+        print(f"memory, a fresh process answering a {n}-token chat's next turn from the tier:")
+        print(f"{'chats kept':>12}{'tier on disk (KiB)':>20}{'peak RSS (MiB)':>16}{'from disk':>11}")
+        for kept, size, peak, cached in memory_round(args, n):
+            print(f"{kept:>12}{size / 2**10:>20.0f}{peak / 2**20:>16.1f}{cached:>11}")
     return 0
 
 
@@ -86,4 +131,6 @@ def register(bench_sub) -> None:
     p.add_argument("--context", type=int, default=8192, help="the engine's context")
     p.add_argument("--reply", type=int, default=16, help="greedy tokens of the new turn's reply")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--memory-chats", type=int, default=8,
+                   help="the larger tier of the memory round, in chats of the shortest length (0: no memory round)")
     p.set_defaults(func=run)
