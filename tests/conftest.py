@@ -66,6 +66,24 @@ def bundle_build(request, tmp_path_factory):
     build.stop()
 
 
+@pytest.fixture(scope="session")
+def computed_once(tmp_path_factory):
+    """computed_once(name, make) -> make()'s result (tensors, lists, numbers, strings), made at the
+    first call of the session and read back from disk after: for oracle logits that several test
+    files compare against (minutes of llama.cpp on a busy CPU; hundreds of MB, so not kept in memory)."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("computed-once")
+
+    def get(name: str, make):
+        path = folder / f"{name}.pt"
+        if not path.exists():
+            torch.save(make(), path)
+        return torch.load(path)
+
+    return get
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     """Settings, data and model store of every test live in its own tmp dir, never the user's."""

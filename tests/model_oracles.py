@@ -132,6 +132,22 @@ def llama_cpp_logits(llm, tokens: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)
 
 
+def llama_cpp_corpus_logits(path) -> dict:
+    """llama.cpp's teacher-forced logits on a model's corpus chunks (tests/corpus.py), with its
+    default f16 KV cache, on 2 threads: {"chunks": token lists, "logits": [CTX, V] float32 each,
+    "system_info": llama.cpp's build line}. The oracle of the fidelity tests (float32, quantized,
+    8-bit KV), which share one computation through conftest's `computed_once`."""
+    import llama_cpp
+
+    from corpus import CTX, corpus_chunks, corpus_text
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX, logits_all=True,
+                          n_threads=2, verbose=False)
+    chunks = corpus_chunks(llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
+    return {"chunks": chunks, "logits": [torch.from_numpy(llama_cpp_logits(llm, c)) for c in chunks],
+            "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+
+
 def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool, rope_dim: int = 0,
              factors: torch.Tensor | None = None, mscale: float = 1.0) -> torch.Tensor:
     """x [T, H, d]. Interleaved pairs (2i, 2i+1) = llama.cpp NORM; else (i, i+n/2) = NEOX, over
