@@ -31,8 +31,12 @@ def prefill_meta(start: int, end: int, num_blocks: int) -> AttentionMetadata:
 
 
 @torch.inference_mode()
-def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tensor:
-    """float32 [T, V]: teacher-forced logits of one sequence, prefilled in chunks of `chunk`."""
+def our_logits(model, tokens: list[int], chunk: int | None = None, rows: slice | None = None) -> torch.Tensor:
+    """float32 [T, V]: teacher-forced logits of one sequence, prefilled in chunks of `chunk`;
+    with `rows` (whole prefill only), the logits of those positions only: the LM head of a large
+    vocabulary costs more than the layers, and a test that reads every other position need not
+    pay for the rest."""
+    assert rows is None or chunk is None, "rows: the whole prefill only"
     T = len(tokens)
     caches = kv_pool(model, T, model.dtype)
     nb = caches[0][0].shape[0]
@@ -42,7 +46,7 @@ def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tens
     for s in range(0, T, step):
         e = min(T, s + step)
         hidden = model(ids[s:e], torch.arange(s, e), caches, prefill_meta(s, e, nb))
-        out.append(model.compute_logits(hidden))
+        out.append(model.compute_logits(hidden if rows is None else hidden[rows].contiguous()))
     return torch.cat(out)
 
 
