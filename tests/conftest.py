@@ -44,6 +44,46 @@ def tiny_model_factory(tmp_path_factory):
     return make
 
 
+def pytest_collection_modifyitems(config, items):
+    """The bundle tests run last: their build runs in the background meanwhile (bundle_build.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("bundle") is not None)  # stable: order kept
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bundle_build(request, tmp_path_factory):
+    """The desktop bundle's build, started before the first test when a bundle test will run
+    (selected, not skipped, no EMBER_BUNDLE given); None otherwise."""
+    from bundle_build import BackgroundBuild
+
+    wanted = [item for item in request.session.items if item.get_closest_marker("bundle")
+              and not any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))]
+    if not wanted or os.environ.get("EMBER_BUNDLE"):
+        yield None
+        return
+    build = BackgroundBuild(tmp_path_factory.mktemp("bundle"))
+    build.start()
+    yield build
+    build.stop()
+
+
+@pytest.fixture(scope="session")
+def computed_once(tmp_path_factory):
+    """computed_once(name, make) -> make()'s result (tensors, lists, numbers, strings), made at the
+    first call of the session and read back from disk after: for oracle logits that several test
+    files compare against (minutes of llama.cpp on a busy CPU; hundreds of MB, so not kept in memory)."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("computed-once")
+
+    def get(name: str, make):
+        path = folder / f"{name}.pt"
+        if not path.exists():
+            torch.save(make(), path)
+        return torch.load(path)
+
+    return get
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
     """Settings, data and model store of every test live in its own tmp dir, never the user's."""

@@ -31,8 +31,12 @@ def prefill_meta(start: int, end: int, num_blocks: int) -> AttentionMetadata:
 
 
 @torch.inference_mode()
-def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tensor:
-    """float32 [T, V]: teacher-forced logits of one sequence, prefilled in chunks of `chunk`."""
+def our_logits(model, tokens: list[int], chunk: int | None = None, rows: slice | None = None) -> torch.Tensor:
+    """float32 [T, V]: teacher-forced logits of one sequence, prefilled in chunks of `chunk`;
+    with `rows` (whole prefill only), the logits of those positions only: the LM head of a large
+    vocabulary costs more than the layers, and a test that reads every other position need not
+    pay for the rest."""
+    assert rows is None or chunk is None, "rows: the whole prefill only"
     T = len(tokens)
     caches = kv_pool(model, T, model.dtype)
     nb = caches[0][0].shape[0]
@@ -42,7 +46,7 @@ def our_logits(model, tokens: list[int], chunk: int | None = None) -> torch.Tens
     for s in range(0, T, step):
         e = min(T, s + step)
         hidden = model(ids[s:e], torch.arange(s, e), caches, prefill_meta(s, e, nb))
-        out.append(model.compute_logits(hidden))
+        out.append(model.compute_logits(hidden if rows is None else hidden[rows].contiguous()))
     return torch.cat(out)
 
 
@@ -130,6 +134,22 @@ def llama_cpp_logits(llm, tokens: list[int]) -> np.ndarray:
     llm.reset()
     llm.eval(tokens)
     return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+
+
+def llama_cpp_corpus_logits(path) -> dict:
+    """llama.cpp's teacher-forced logits on a model's corpus chunks (tests/corpus.py), with its
+    default f16 KV cache, on 2 threads: {"chunks": token lists, "logits": [CTX, V] float32 each,
+    "system_info": llama.cpp's build line}. The oracle of the fidelity tests (float32, quantized,
+    8-bit KV), which share one computation through conftest's `computed_once`."""
+    import llama_cpp
+
+    from corpus import CTX, corpus_chunks, corpus_text
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX, logits_all=True,
+                          n_threads=2, verbose=False)
+    chunks = corpus_chunks(llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
+    return {"chunks": chunks, "logits": [torch.from_numpy(llama_cpp_logits(llm, c)) for c in chunks],
+            "system_info": llama_cpp.llama_print_system_info().decode().strip()}
 
 
 def _rope_ref(x: torch.Tensor, pos: torch.Tensor, base: float, interleaved: bool, rope_dim: int = 0,

@@ -1,9 +1,10 @@
 """The desktop bundle, built and run (issue 17): `packaging/build.py` makes the PyInstaller
-one-folder bundle (a few minutes on 2 cores; EMBER_BUNDLE=DIR/ember reuses one already built),
-then the frozen program serves the bundled model headless on Ember's compiled kernels and its GUI
-starts its engine as itself: on a real X screen with a screenshot when Xvfb and xdotool are
-installed, else on Qt's offscreen platform. User data must land in platformdirs' locations, never
-inside the bundle."""
+one-folder bundle (a few minutes on 2 cores; run in the background from the session's start, these
+tests last: tests/bundle_build.py; EMBER_BUNDLE=DIR/ember reuses one already built), then the
+frozen program serves the bundled model headless on Ember's compiled kernels and its GUI starts
+its engine as itself: on a real X screen with a screenshot when Xvfb and xdotool are installed,
+else on Qt's offscreen platform. User data must land in platformdirs' locations, never inside the
+bundle."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,21 +22,19 @@ import pytest
 
 from engine.kernel_library import kernels_installed
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.bundle, pytest.mark.slow,
               pytest.mark.skipif(not kernels_installed(), reason="the bundle needs Ember's kernels built")]
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
+def bundle(bundle_build) -> Path:
     if os.environ.get("EMBER_BUNDLE"):
         return Path(os.environ["EMBER_BUNDLE"])
-    out = tmp_path_factory.mktemp("bundle")
-    build = subprocess.run([sys.executable, str(ROOT / "packaging" / "build.py"), "--dist", str(out / "dist"),
-                            "--work", str(out / "work")], capture_output=True, text=True, timeout=1800)
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    assert "bundle:" in build.stdout  # its size report
-    return out / "dist" / "ember"
+    # built in the background since the session began (tests/bundle_build.py, started by conftest)
+    rc, output = bundle_build.wait(timeout=1800)
+    assert rc == 0, output[-6000:]
+    assert "bundle:" in output  # its size report
+    return bundle_build.dist / "ember"
 
 
 def user_env(tmp_path: Path) -> dict[str, str]:

