@@ -53,8 +53,22 @@ def gram(x: torch.Tensor) -> torch.Tensor:
     for t in range(0, x.shape[0], GRAM_BLOCK):
         n, e = on_grid(x[t:t + GRAM_BLOCK], GRAM_BITS, dim=0)  # e [1, K]
         xq = n * pow2(e - GRAM_BITS)  # the block on its grid: integers times 2^(e_k - bits), exact
-        total += xq.T @ xq  # entry (j, k): an integer below 2^53 times 2^(e_j + e_k - 2 bits), any order
-    return total
+        lower_gram_(total, xq)
+    return mirror_lower(total)
+
+
+def lower_gram_(total: torch.Tensor, xq: torch.Tensor, chunk: int = 128) -> None:
+    """total += xq^T xq on and below the diagonal blocks of `chunk` columns, about half the
+    products. Each entry (j, k) is an integer below 2^53 times 2^(e_j + e_k - 2 bits) in any
+    order, so entry (k, j) would have had the same bits: mirror_lower supplies it."""
+    for a in range(0, xq.shape[1], chunk):
+        b = min(a + chunk, xq.shape[1])
+        total[a:b, :b] += xq[:, a:b].T @ xq[:, :b]
+
+
+def mirror_lower(m: torch.Tensor) -> torch.Tensor:
+    """The symmetric matrix whose lower triangle (diagonal included) is m's."""
+    return m.tril() + m.tril(-1).T
 
 
 def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24) -> torch.Tensor:
