@@ -45,16 +45,24 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones(e.shape, dtype=torch.float64, device=e.device), e)
 
 
-def gram(x: torch.Tensor) -> torch.Tensor:
+def gram(x: torch.Tensor, total: torch.Tensor | None = None) -> torch.Tensor:
     """float64 [K, K]: sum_t x_t x_t^T of x [T, K], the same bits on every CPU (module docstring):
-    each block of GRAM_BLOCK rows exact on its own grid, the blocks added in order."""
+    each block of GRAM_BLOCK rows exact on its own grid, the blocks added in order. With `total`:
+    added to it in place on and below the diagonal blocks only (mirror_lower makes the rest)."""
     K = x.shape[1]
-    total = torch.zeros(K, K, dtype=torch.float64, device=x.device)
+    # x's blocks summed on their own, then added to total: (total + (B1 + B2)), as a sum returned
+    # and added would be; one block goes straight in (0 + B1 is B1)
+    one = total is not None and x.shape[0] <= GRAM_BLOCK
+    out = total if one else torch.zeros(K, K, dtype=torch.float64, device=x.device)
     for t in range(0, x.shape[0], GRAM_BLOCK):
         n, e = on_grid(x[t:t + GRAM_BLOCK], GRAM_BITS, dim=0)  # e [1, K]
         xq = n * pow2(e - GRAM_BITS)  # the block on its grid: integers times 2^(e_k - bits), exact
-        lower_gram_(total, xq)
-    return mirror_lower(total)
+        lower_gram_(out, xq)
+    if total is None:
+        return mirror_lower(out)
+    if not one:
+        total += out
+    return total
 
 
 def lower_gram_(total: torch.Tensor, xq: torch.Tensor, chunk: int = 128) -> None:

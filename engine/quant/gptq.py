@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from engine.quant.exact_cholesky import inverse_upper_cholesky
-from engine.quant.exact_sums import fixed_matmul, gram
+from engine.quant.exact_sums import fixed_matmul, gram, mirror_lower
 from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
 
@@ -58,7 +58,11 @@ class GPTQ:
             raise ValueError(f"inputs have {x.shape[1]} features, the layer {self.in_features}")
         if self.xtx is None:
             self.xtx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
-        self.xtx += x.T @ x if x.dtype == torch.float64 else gram(x)
+            self._lower = torch.zeros_like(self.xtx)  # the exact sums' lower blocks (gram), mirrored once
+        if x.dtype == torch.float64:
+            self.xtx += x.T @ x
+        else:
+            gram(x, self._lower)
         self._factor = None
         self.n_samples += x.shape[0]
 
@@ -67,7 +71,7 @@ class GPTQ:
         """float64 [K, K]: 2/n sum x x^T, the running average of the calibration tokens."""
         if self.xtx is None or self.n_samples == 0:
             raise ValueError("GPTQ.quantize needs calibration inputs: call add_batch first")
-        return self.xtx * (2.0 / self.n_samples)
+        return (self.xtx + mirror_lower(self._lower)) * (2.0 / self.n_samples)
 
     def quantize(self, w: torch.Tensor, bits: int, group_size: int, sym: bool, desc_act: bool = False,
                  damp: float = 0.01, block_size: int = 128, static_groups: bool = False,
