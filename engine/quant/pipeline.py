@@ -95,9 +95,9 @@ def calibration_text(src: Source, cfg: QuantizeConfig) -> str:
         return cfg.calibration.read_text(encoding="utf-8")
     if not cfg.self_calibration:
         return default_calibration_text()
-    from engine.quant.self_calibration import interleave, self_generated_text
+    from engine.quant.self_calibration import calibration_replies, interleave
 
-    own = self_generated_text(src.path, -(-cfg.num_samples // 2), max_tokens=max(cfg.seq_len, 256))
+    own = calibration_replies(src.path, -(-cfg.num_samples // 2), max_tokens=max(cfg.seq_len, 256))
     return interleave(own, default_calibration_text())
 
 
