@@ -7,7 +7,7 @@ Every step is one of two kinds, and neither depends on an order a kernel picks:
     difference: one IEEE rounding each, the same at any vector width; no fused multiply-add);
   - a block product on fixed-point grids whose partial sums are exact integers (exact_sums).
 Inside a panel of PANEL columns the factor is formed by right-looking rank-1 updates; the panel
-then updates the trailing matrix by one exact product of its rows on 23-bit grids (outer_gram).
+then updates the trailing matrix by one exact product of its rows on 23-bit grids (subtract_outer_gram_).
 The inverse halves the triangle and joins the halves by exact_sums.fixed_matmul (24 bits of each
 column on the right, about 30 on the left). So the factor agrees with LAPACK's to ~3e-8 of its
 largest value (measured at K = 576..3072), as fine as the 21-bit Hessian it factors and far finer
@@ -25,22 +25,18 @@ from engine.quant.exact_sums import MANTISSA, fixed_matmul, pow2
 PANEL = 64
 
 
-def outer_gram(P: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """P P^T (float64 [R, R] of P [R, n]) with the same bits everywhere, on and below the
-    diagonal blocks of `chunk` rows (above them: zeros; the Cholesky reads only the lower
-    triangle): each row of P on a grid of `bits` bits under its own power of two, 2 bits +
-    log2(n) <= 53, so the integer product is exact (exact_sums' module docstring). For a panel
-    of 64 that keeps 23 bits of each row: the trailing update is then as fine as the 21-bit
-    Hessian it updates."""
+def subtract_outer_gram_(A: torch.Tensor, P: torch.Tensor, chunk: int = 256) -> None:
+    """A -= P P^T (A float64 [R, R], P [R, n]) with the same bits everywhere, on and below the
+    diagonal blocks of `chunk` rows (the Cholesky reads only the lower triangle): each row of P
+    on a grid of `bits` bits under its own power of two, 2 bits + log2(n) <= 53, so the integer
+    product is exact (exact_sums' module docstring). For a panel of 64 that keeps 23 bits of
+    each row: the trailing update is then as fine as the 21-bit Hessian it updates."""
     bits = (MANTISSA - max(P.shape[1] - 1, 1).bit_length()) // 2
     _, e = torch.frexp(P.abs().amax(dim=1, keepdim=True))  # [R, 1]
     Pq = torch.round(P * pow2(bits - e)) * pow2(e - bits)  # P on its grid: integers 2^(e_i - bits)
-    R = P.shape[0]
-    out = torch.zeros(R, R, dtype=torch.float64, device=P.device)
-    for a in range(0, R, chunk):  # entry (i, j): an integer below 2^53 times 2^(e_i + e_j - 2 bits), any order
-        b = min(a + chunk, R)
-        out[a:b, :b] = Pq[a:b] @ Pq[:b].T
-    return out
+    for a in range(0, P.shape[0], chunk):  # entry (i, j): an integer below 2^53 times 2^(e_i + e_j - 2 bits)
+        b = min(a + chunk, P.shape[0])
+        A[a:b, :b] -= Pq[a:b] @ Pq[:b].T
 
 
 def cholesky_lower(A: torch.Tensor) -> torch.Tensor:
@@ -63,7 +59,7 @@ def cholesky_lower(A: torch.Tensor) -> torch.Tensor:
                 P[j + 1:, j + 1:] -= np.multiply.outer(P[j, j + 1:e - k], P[j, j + 1:])
         L[k:, k:e] = torch.from_numpy(P.T).tril()
         if e < K:  # the trailing matrix, by one exact-sum product
-            A[e:, e:] -= outer_gram(L[e:, k:e])
+            subtract_outer_gram_(A[e:, e:], L[e:, k:e])
     return L
 
 
@@ -89,7 +85,7 @@ def lower_inverse(L: torch.Tensor) -> torch.Tensor:
     Ai, Ci = lower_inverse(L[:h, :h]), lower_inverse(L[h:, h:])
     X = torch.zeros_like(L)
     X[:h, :h], X[h:, h:] = Ai, Ci
-    X[h:, :h] = -fixed_matmul(fixed_matmul(Ci, L[h:, :h]), Ai)
+    X[h:, :h] = -fixed_matmul(fixed_matmul(Ci, L[h:, :h], lower="a"), Ai, lower="b")
     return X
 
 
@@ -97,6 +93,5 @@ def inverse_upper_cholesky(H: torch.Tensor) -> torch.Tensor:
     """U upper triangular with U^T U = H^-1, the rows GPTQ reads. With J the reversal,
     J H J = L L^T gives H = V V^T for the upper V = J L J, so H^-1 = V^-T V^-1 and U = V^-1 =
     J L^-1 J: one Cholesky and one triangular inverse."""
-    flip = torch.arange(H.shape[0] - 1, -1, -1, device=H.device)
-    L = cholesky_lower(H[flip][:, flip])
-    return lower_inverse(L)[flip][:, flip]
+    L = cholesky_lower(torch.flip(H, (0, 1)))
+    return torch.flip(lower_inverse(L), (0, 1))
