@@ -111,10 +111,13 @@ class LayerRun:
 
     @torch.no_grad()
     def inputs_of(self, layer: LlamaDecoderLayer, name: str, module: torch.nn.Module, hidden: torch.Tensor,
-                  sink: Callable[[str, torch.Tensor], None]) -> None:
+                  sink: Callable[[str, torch.Tensor], None], keep: list | None = None) -> None:
         """Hand the input rows of `module` (one of layer's linears) to sink(name, x), running each
-        batch's forward only up to it: GPTQ's later groups need no more of the layer."""
+        batch's forward only up to it: GPTQ's later groups need no more of the layer. keep: a
+        list that gets each batch's input as the module read it (engine/quant/sequential.py)."""
         def reached(_m, args):
+            if keep is not None:
+                keep.append(args[0])
             sink(name, args[0].reshape(-1, args[0].shape[-1]).float())
             raise _Reached
         handle = module.register_forward_pre_hook(reached)

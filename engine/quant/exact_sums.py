@@ -45,24 +45,47 @@ def pow2(e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones(e.shape, dtype=torch.float64, device=e.device), e)
 
 
-def gram(x: torch.Tensor) -> torch.Tensor:
+def gram(x: torch.Tensor, total: torch.Tensor | None = None) -> torch.Tensor:
     """float64 [K, K]: sum_t x_t x_t^T of x [T, K], the same bits on every CPU (module docstring):
-    each block of GRAM_BLOCK rows exact on its own grid, the blocks added in order."""
+    each block of GRAM_BLOCK rows exact on its own grid, the blocks added in order. With `total`:
+    added to it in place on and below the diagonal blocks only (mirror_lower makes the rest)."""
     K = x.shape[1]
-    total = torch.zeros(K, K, dtype=torch.float64, device=x.device)
+    # x's blocks summed on their own, then added to total: (total + (B1 + B2)), as a sum returned
+    # and added would be; one block goes straight in (0 + B1 is B1)
+    one = total is not None and x.shape[0] <= GRAM_BLOCK
+    out = total if one else torch.zeros(K, K, dtype=torch.float64, device=x.device)
     for t in range(0, x.shape[0], GRAM_BLOCK):
         n, e = on_grid(x[t:t + GRAM_BLOCK], GRAM_BITS, dim=0)  # e [1, K]
         xq = n * pow2(e - GRAM_BITS)  # the block on its grid: integers times 2^(e_k - bits), exact
-        total += xq.T @ xq  # entry (j, k): an integer below 2^53 times 2^(e_j + e_k - 2 bits), any order
+        lower_gram_(out, xq)
+    if total is None:
+        return mirror_lower(out)
+    if not one:
+        total += out
     return total
 
 
-def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24) -> torch.Tensor:
+def lower_gram_(total: torch.Tensor, xq: torch.Tensor, chunk: int = 128) -> None:
+    """total += xq^T xq on and below the diagonal blocks of `chunk` columns, about half the
+    products. Each entry (j, k) is an integer below 2^53 times 2^(e_j + e_k - 2 bits) in any
+    order, so entry (k, j) would have had the same bits: mirror_lower supplies it."""
+    for a in range(0, xq.shape[1], chunk):
+        b = min(a + chunk, xq.shape[1])
+        total[a:b, :b] += xq[:, a:b].T @ xq[:, :b]
+
+
+def mirror_lower(m: torch.Tensor) -> torch.Tensor:
+    """The symmetric matrix whose lower triangle (diagonal included) is m's."""
+    return m.tril() + m.tril(-1).T
+
+
+def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24, lower: str = "") -> torch.Tensor:
     """a [N, n] @ b [n, M] in float64 with the same bits on every CPU. b's columns go on grids of
     b_bits; a's rows on grids of two slices (hi + lo) of a_bits each, a_bits = 53 - b_bits -
     log2(n), so each slice's product is exact (module docstring) and the two exact products are
     added once. What is lost: b below 2^-b_bits of its column's largest, a below 2^-2 a_bits of
-    its row's largest."""
+    its row's largest. lower "a" or "b": that operand is lower triangular (square), and the
+    products skip its zero blocks (exact sums without some zero terms: the same bits)."""
     n_inner = a.shape[1]
     if n_inner == 0:
         return torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64, device=a.device)
@@ -78,5 +101,22 @@ def fixed_matmul(a: torch.Tensor, b: torch.Tensor, b_bits: int = 24) -> torch.Te
     # on their grids (powers of two): each output's terms share one scale, 2^(ea_i + eb_j - ...), so
     # every partial sum is an integer below 2^53 times it, exact in any order
     bq = nb * pow2(eb - b_bits)
-    both = torch.cat([hi * pow2(ea - a_bits), lo * pow2(ea - 2 * a_bits)]) @ bq
-    return both[:hi.shape[0]] + both[hi.shape[0]:]  # one rounding: hi's exact product plus lo's
+    # one rounding: hi's exact product plus lo's
+    return _product(hi * pow2(ea - a_bits), bq, lower) + _product(lo * pow2(ea - 2 * a_bits), bq, lower)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, lower: str, chunks: int = 8) -> torch.Tensor:
+    """a @ b, skipping the zero blocks of a lower triangular a (its rows i use columns <= i) or
+    b (its column j, rows >= j)."""
+    if not lower:
+        return a @ b
+    n = a.shape[0] if lower == "a" else b.shape[1]
+    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    step = -(-n // chunks)
+    for c0 in range(0, n, step):
+        c1 = min(c0 + step, n)
+        if lower == "a":
+            out[c0:c1] = a[c0:c1, :c1] @ b[:c1]
+        else:
+            out[:, c0:c1] = a[:, c0:] @ b[c0:, c0:c1]
+    return out

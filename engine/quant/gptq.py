@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from engine.quant.exact_cholesky import inverse_upper_cholesky
-from engine.quant.exact_sums import fixed_matmul, gram
+from engine.quant.exact_sums import fixed_matmul, gram, mirror_lower
 from engine.weights.rtn import group_params, quantize_codes, search_group_params
 from engine.weights.int_weight import IntWeight
 
@@ -57,7 +58,11 @@ class GPTQ:
             raise ValueError(f"inputs have {x.shape[1]} features, the layer {self.in_features}")
         if self.xtx is None:
             self.xtx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
-        self.xtx += x.T @ x if x.dtype == torch.float64 else gram(x)
+            self._lower = torch.zeros_like(self.xtx)  # the exact sums' lower blocks (gram), mirrored once
+        if x.dtype == torch.float64:
+            self.xtx += x.T @ x
+        else:
+            gram(x, self._lower)
         self._factor = None
         self.n_samples += x.shape[0]
 
@@ -66,7 +71,7 @@ class GPTQ:
         """float64 [K, K]: 2/n sum x x^T, the running average of the calibration tokens."""
         if self.xtx is None or self.n_samples == 0:
             raise ValueError("GPTQ.quantize needs calibration inputs: call add_batch first")
-        return self.xtx * (2.0 / self.n_samples)
+        return (self.xtx + mirror_lower(self._lower)) * (2.0 / self.n_samples)
 
     def quantize(self, w: torch.Tensor, bits: int, group_size: int, sym: bool, desc_act: bool = False,
                  damp: float = 0.01, block_size: int = 128, static_groups: bool = False,
@@ -80,9 +85,8 @@ class GPTQ:
         self._check(w, bits)
         N, K = w.shape
         G = K if group_size == -1 else group_size
-        dt = torch.float64
         H = self.H.to(w.device)
-        W = w.to(dt).clone()
+        W = w.to(torch.float64).clone()
 
         _drop_dead_inputs(H, W)
         params = search_group_params if mse else group_params
@@ -92,37 +96,14 @@ class GPTQ:
         if perm is not None:
             W = W[:, perm]
 
-        Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
-        loss = torch.zeros((), dtype=torch.float64, device=W.device)
         col_group = torch.arange(K, device=W.device) // G  # group of each column in the working order
         if static_groups and perm is not None:
             col_group = perm // G
+        sweep = _Sweep(W, U, scales, zeros, bits, G, col_group.tolist(), None if static_groups else params, sym)
         for i1 in range(0, K, block_size):
-            i2 = min(i1 + block_size, K)
-            W1 = W[:, i1:i2].clone()
-            E1 = torch.zeros_like(W1)
-            U1 = U[i1:i2, i1:i2]
-            for i in range(i2 - i1):
-                c = i1 + i
-                if not static_groups and c % G == 0:  # a group starts: its current values
-                    end = min(c + G, K)
-                    cur = W1[:, i:end - i1]
-                    if end > i2:  # the rest of the group has yet to receive this block's errors
-                        cur = torch.cat([cur, W[:, i2:end] - fixed_matmul(E1[:, :i], U[i1:c, i2:end])], dim=1)
-                    scales[:, c // G], zeros[:, c // G] = params(cur, bits, sym)
-                g = col_group[c]
-                s, z = scales[:, g], zeros[:, g]
-                col = W1[:, i]
-                q = quantize_codes(col, s, z, bits)
-                err = (col - s * (q.to(dt) - z)) / U1[i, i]
-                loss += (err.double() ** 2).sum() / 2
-                W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
-                E1[:, i] = err
-                Q[:, c] = q
-            if i2 < K:
-                W[:, i2:] -= fixed_matmul(E1, U[i1:i2, i2:])
-
-        self.last_loss = loss.item()
+            sweep.block(i1, min(i1 + block_size, K))
+        Q = torch.from_numpy(sweep.codes.T).to(torch.uint8)
+        self.last_loss = sweep.loss
         Q, g_idx = _original_order(Q, perm, col_group)
         return IntWeight(bits, group_size, Q.contiguous(), scales.float(), zeros.to(torch.uint8), g_idx)
 
@@ -142,6 +123,61 @@ class GPTQ:
             raise ValueError(f"weight has {w.shape[1]} input columns, the Hessian {self.in_features}")
         if not 1 <= bits <= 8:
             raise ValueError(f"bits must be 1..8, got {bits}")
+
+
+class _Sweep:
+    """GPTQ's column-by-column sweep (GPTQ.quantize), one block of columns at a time. The block's
+    columns and errors are numpy rows (column-major, so each column is contiguous) and each step
+    is numpy's elementwise float64 ops, one IEEE rounding each as torch's, in the same order:
+    the same bits as torch's ops at a fraction of their per-call cost. The block's products with
+    the rest of W stay exact sums (exact_sums.fixed_matmul)."""
+
+    def __init__(self, W, U, scales, zeros, bits, G, col_group, params, sym):
+        self.W, self.U, self.scales, self.zeros, self.bits, self.G = W, U, scales, zeros, bits, G
+        self.col_group, self.params, self.sym = col_group, params, sym  # params None: static groups
+        self.codes = np.empty((W.shape[1], W.shape[0]))  # [K, N]: column c's codes (integers)
+        self.loss = 0.0
+        self.group: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # g -> (scale, zero) columns
+
+    def _params(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        if g not in self.group:
+            self.group[g] = (self.scales[:, g].numpy().copy(), self.zeros[:, g].numpy().copy())
+        return self.group[g]
+
+    def _group_start(self, W1: np.ndarray, E1: np.ndarray, i1: int, i: int, i2: int) -> None:
+        """A group starts at column i1 + i: its parameters from its current values (the rest of
+        the group, past this block, given this block's errors so far first)."""
+        c, W, K = i1 + i, self.W, self.W.shape[1]
+        end = min(c + self.G, K)
+        cur = torch.from_numpy(W1[i:end - i1].T)
+        if end > i2:
+            cur = torch.cat([cur, W[:, i2:end] - fixed_matmul(torch.from_numpy(E1[:i].T), self.U[i1:c, i2:end])], dim=1)
+        g = c // self.G
+        self.scales[:, g], self.zeros[:, g] = self.params(cur, self.bits, self.sym)
+        self.group.pop(g, None)
+
+    def block(self, i1: int, i2: int) -> None:
+        W1 = self.W[:, i1:i2].T.numpy().copy()  # [B, N]
+        E1 = np.zeros_like(W1)
+        U1 = self.U[i1:i2, i1:i2].numpy()
+        maxq = float(2 ** self.bits - 1)
+        for i in range(i2 - i1):
+            c = i1 + i
+            if self.params is not None and c % self.G == 0:
+                self._group_start(W1, E1, i1, i, i2)
+            s, z = self._params(self.col_group[c])
+            col = W1[i]
+            q = col / s  # quantize_codes: clamp(round(w / scale) + zero, 0, maxq)
+            np.rint(q, out=q)
+            q += z
+            np.clip(q, 0.0, maxq, out=q)
+            err = (col - s * (q - z)) / U1[i, i]
+            W1[i + 1:] -= np.multiply.outer(U1[i, i + 1:], err)
+            E1[i] = err
+            self.codes[c] = q
+        self.loss += float((E1 * E1).sum()) / 2
+        if i2 < self.W.shape[1]:
+            self.W[:, i2:] -= fixed_matmul(torch.from_numpy(E1.T), self.U[i1:i2, i2:])
 
 
 def _drop_dead_inputs(H: torch.Tensor, W: torch.Tensor) -> None:

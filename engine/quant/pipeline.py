@@ -32,6 +32,7 @@ from engine.models.llama import LlamaDecoderLayer
 from engine.quant.calibration import LayerRun, capture_inputs, default_calibration_text, samples
 from engine.quant.quantize_config import Method, QuantizeConfig
 from engine.quant.rtn_guard import Split, Tally, held_out, keep_better
+from engine.quant.sequential import SequentialPasses, linears
 from engine.quant.source import Source, layer_weights
 from engine.weights.int_weight import IntWeight
 
@@ -87,11 +88,6 @@ def fused_take(config: ModelConfig, W: dict[str, torch.Tensor]):
     return take
 
 
-def linears(layer: LlamaDecoderLayer) -> dict[str, torch.nn.Module]:
-    a, m = layer.self_attn, layer.mlp
-    return {"qkv_proj": a.qkv_proj, "o_proj": a.o_proj, "gate_up_proj": m.gate_up_proj, "down_proj": m.down_proj}
-
-
 def calibration_text(src: Source, cfg: QuantizeConfig) -> str:
     """The file's text, else the standard library's interleaved with the model's own replies
     (one reply per two samples: about half the calibration tokens)."""
@@ -99,9 +95,9 @@ def calibration_text(src: Source, cfg: QuantizeConfig) -> str:
         return cfg.calibration.read_text(encoding="utf-8")
     if not cfg.self_calibration:
         return default_calibration_text()
-    from engine.quant.self_calibration import interleave, self_generated_text
+    from engine.quant.self_calibration import calibration_replies, interleave
 
-    own = self_generated_text(src.path, -(-cfg.num_samples // 2), max_tokens=max(cfg.seq_len, 256))
+    own = calibration_replies(src.path, -(-cfg.num_samples // 2), max_tokens=max(cfg.seq_len, 256))
     return interleave(own, default_calibration_text())
 
 
@@ -143,6 +139,7 @@ class LayerQuantizer:
     def __call__(self, i: int, W: dict[str, torch.Tensor]) -> tuple[LayerResult, float]:
         method = self.cfg.method
         self._float_out = None  # the float layer's output, when a method's first pass computed it
+        self._passes = None  # GPTQ's passes, which end with the quantized layer's output
         if method is Method.RTN:
             result = self._rtn(W)
         elif method is Method.GPTQ:
@@ -153,7 +150,8 @@ class LayerQuantizer:
         if self.hidden is not None:  # the next layer's input, through the quantized weights
             ref = self._float_out if self._float_out is not None else self.run(self.layer(i, W), self.hidden)
             Wq = dict(result.dense) | {f"{m}.weight": w.dequantize() for m, w in result.weights.items()}
-            out = self.run(self.layer(i, Wq), self.hidden)
+            layer = self.layer(i, Wq)
+            out = self._passes.output(layer) if self._passes else self.run(layer, self.hidden)
             err = float((out - ref).norm() / ref.norm())  # what this layer's rounding costs, on its input
             self.hidden = ref if method is Method.AWQ else out
         return result, err
@@ -183,12 +181,12 @@ class LayerQuantizer:
 
         c, W, out, layer = self.cfg, dict(W), {}, Tally()
         n, T = self.hidden.shape[:2]
+        self._passes = SequentialPasses(self.run, self.hidden)
         for name, modules in GROUPS:
             g = GPTQ(W[f"{modules[0]}.weight"].shape[1])
             split = Split((n - held_out(n)) * T, g.add_batch)  # the last samples: held out
-            if out:  # the forward only up to this group's linear
-                layer_i = self.layer(i, W)
-                self.run.inputs_of(layer_i, name, linears(layer_i)[name], self.hidden, split)
+            if out:  # the forward only up to this group's linear, from the last pass's tensors
+                self._passes.inputs(self.layer(i, W), name, split)
             else:  # nothing rounded yet: this pass is the float layer's, its output the reference
                 self._float_out = self._capture(self.layer(i, W), [name], split)
             held = split.held()

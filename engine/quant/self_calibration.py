@@ -23,6 +23,7 @@ runs on its quantized weights, and the log says its text may then differ between
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -77,6 +78,22 @@ def self_generated_text(model: str | Path, num_replies: int, max_tokens: int, se
     finally:
         engine.close()
     return "\n\n".join(p + o.text for p, o in zip(prompts, outs))
+
+
+def calibration_replies(model: str | Path, num_replies: int, max_tokens: int) -> str:
+    """self_generated_text, written once per process for a model file as it is now: the methods
+    quantized one after another from one model (`ember bench quant`'s variants and groups, the
+    tests' GPTQ then AWQ) calibrate on the same replies, and the engine that writes them is the
+    costly part of a small model's quantization."""
+    path = Path(model)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())
+    return _replies(str(path), stamp, num_replies, max_tokens)
+
+
+@functools.lru_cache(maxsize=4)
+def _replies(model: str, _stamp: tuple, num_replies: int, max_tokens: int) -> str:
+    return self_generated_text(model, num_replies, max_tokens)
 
 
 def float32_bytes(model: Path) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.quant.exact_cholesky import PANEL, cholesky_lower, inverse_upper_cholesky, lower_inverse
+from engine.quant.exact_cholesky import PANEL, cholesky_lower, inverse_upper_cholesky, lower_inverse, subtract_outer_gram_
+from engine.quant.exact_sums import fixed_matmul, gram, mirror_lower
 from test_quantizers import correlated
 
 
@@ -46,3 +47,24 @@ def test_not_positive_definite_is_refused():
     H[7, 7] = -1.0
     with pytest.raises(ValueError, match="not positive definite"):
         inverse_upper_cholesky(H)
+
+
+def test_exact_sums_have_the_same_bits_however_they_are_split():
+    """What keeps GPTQ's bits while making it cheaper: products that skip a triangle's zero blocks,
+    a Hessian accumulated on its lower blocks and mirrored once, equal the plain exact products."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(200, 200, dtype=torch.float64, generator=g).tril()
+    b = torch.randn(200, 130, dtype=torch.float64, generator=g)
+    assert torch.equal(fixed_matmul(a, b, lower="a"), fixed_matmul(a, b))
+    assert torch.equal(fixed_matmul(b.T, a, lower="b"), fixed_matmul(b.T, a))
+    x = torch.randn(3000, 150, generator=g) * torch.rand(150, generator=g)
+    total = torch.zeros(150, 150, dtype=torch.float64)
+    for part in (x[:1000], x[1000:]):  # a call of one block, then one of two
+        gram(part, total)
+    assert torch.equal(mirror_lower(total), gram(x[:1000]) + gram(x[1000:]))
+    full = gram(x[:500])
+    A = full.clone()
+    subtract_outer_gram_(A, b[:150, :64], chunk=64)
+    B = full.clone()
+    subtract_outer_gram_(B, b[:150, :64], chunk=1000)  # one chunk: the whole product
+    assert torch.equal(A.tril(), B.tril())

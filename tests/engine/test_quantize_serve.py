@@ -3,7 +3,9 @@ process and asked through the official `openai` client; its greedy reply is the 
 engine's on the same checkpoint, token for token (same kernels, same bits)."""
 from __future__ import annotations
 
+import inspect
 import json
+import textwrap
 
 import pytest
 import torch
@@ -21,9 +23,13 @@ MSGS = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 @pytest.fixture(scope="module")
 def gptq_dir(bundled_model_path, tmp_path_factory):
+    # calibrated on a text file: serving is the claim here, and the model's own replies (the
+    # default) would take an engine of their own to write (test_quantize_quality's GPTQ has them)
     out = tmp_path_factory.mktemp("quant") / "smollm2-gptq"
+    calibration = out.with_name("calibration.txt")
+    calibration.write_text(inspect.getsource(textwrap), encoding="utf-8")
     assert main(["quantize", str(bundled_model_path), str(out), "--method", "gptq", "--samples", "4",
-                 "--seq-len", "128", "--threads", "1", "--no-progress"]) == 0
+                 "--seq-len", "128", "--calibration", str(calibration), "--threads", "1", "--no-progress"]) == 0
     return out
 
 
