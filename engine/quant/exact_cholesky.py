@@ -4,7 +4,9 @@ BLAS kernel, its vector width and its thread count.
 
 Every step is one of two kinds, and neither depends on an order a kernel picks:
   - elementwise (a sqrt, a division, a rank-1 update x_i y_j subtracted as a product then a
-    difference: one IEEE rounding each, the same at any vector width; no fused multiply-add);
+    difference: one IEEE rounding each, the same at any vector width; no fused multiply-add; the
+    pivot's sqrt is math.sqrt, correctly rounded, where torch's float64 sqrt of a 0-d tensor is
+    not always: 1 ulp off for 0.6455851101594835, so a vendor's kernel could round it otherwise);
   - a block product on fixed-point grids whose partial sums are exact integers (exact_sums).
 Inside a panel of PANEL columns the factor is formed by right-looking rank-1 updates; the panel
 then updates the trailing matrix by one exact product of its rows on 23-bit grids
@@ -20,6 +22,8 @@ numpy (the same IEEE operations at a fraction of torch's per-call cost). Cost at
 those changes; LAPACK's, for scale, ~40 s, extrapolated from K = 4096).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -58,19 +62,13 @@ def cholesky_lower(A: torch.Tensor) -> torch.Tensor:
             pivot = P[j, j]
             if not pivot > 0:
                 raise ValueError("not positive definite")
-            P[j, j:] = P[j, j:] / _torch_sqrt(pivot)
+            P[j, j:] = P[j, j:] / math.sqrt(pivot)  # IEEE's sqrt, correctly rounded on every CPU
             if j + 1 < e - k:
                 P[j + 1:, j + 1:] -= np.multiply.outer(P[j, j + 1:e - k], P[j, j + 1:])
         L[k:, k:e] = torch.from_numpy(P.T).tril()
         if e < K:  # the trailing matrix, by one exact-sum product
             subtract_outer_gram_(A[e:, e:], L[e:, k:e])
     return L
-
-
-def _torch_sqrt(x: float) -> float:
-    """torch's float64 sqrt of a 0-d tensor, which the factors were first made with: it is not
-    always numpy's (the correctly rounded one): 1 ulp off in some near-ties (0.6455851101594835)."""
-    return torch.sqrt(torch.tensor(x, dtype=torch.float64)).item()
 
 
 def lower_inverse(L: torch.Tensor) -> torch.Tensor:

@@ -68,3 +68,17 @@ def test_exact_sums_have_the_same_bits_however_they_are_split():
     B = full.clone()
     subtract_outer_gram_(B, b[:150, :64], chunk=1000)  # one chunk: the whole product
     assert torch.equal(A.tril(), B.tril())
+
+
+def test_the_pivots_sqrt_is_the_correctly_rounded_one():
+    """torch's float64 sqrt of a 0-d tensor is 1 ulp off for this pivot (0x1.9b62236becb71p-1, the
+    correctly rounded root ends in 70): a kernel whose last bit another vendor's CPU could round
+    otherwise. The factor's first entry is pivot / sqrt(pivot) with IEEE's sqrt."""
+    import math
+    from fractions import Fraction
+
+    x = 0.6455851101594835
+    root, half_ulp = math.sqrt(x), Fraction(2) ** -54  # roots in [0.5, 1): ulp 2^-53
+    assert (Fraction(root) - half_ulp) ** 2 <= Fraction(x) <= (Fraction(root) + half_ulp) ** 2  # correctly rounded
+    got = cholesky_lower(torch.tensor([[x]], dtype=torch.float64))[0, 0].item()
+    assert got == float(Fraction(x) / Fraction(root))  # one rounding of the exact quotient
