@@ -11,6 +11,7 @@ import time
 
 from app.bench import add_model_args
 from app.bench.lib.workloads import build_engine, chat_prompts
+from app.bench.synthetic import add_synthetic_args, bench_model_path
 
 def run_ember(engine, prompts, new_tokens: int) -> dict:
     from engine.sampling_params import SamplingParams
@@ -54,9 +55,7 @@ def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
 def run(args) -> int:
     import llama_cpp
 
-    from engine.model_files.bundled import default_model_path
-
-    path = args.model or str(default_model_path())
+    path = bench_model_path(args)
     if args.with_model:  # two models resident at once (app/bench/two_models.py)
         from app.bench.two_models import run_two
 
@@ -93,6 +92,7 @@ def run(args) -> int:
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("throughput", help="aggregate tok/s of N concurrent chats vs llama.cpp")
     add_model_args(p)
+    add_synthetic_args(p)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--backend", nargs="+", default=["torch", "llama.cpp"], choices=["torch", "llama.cpp"],
