@@ -78,12 +78,14 @@ def run(args) -> int:
         l = run_llamacpp(llm, prompts[:args.llamacpp_max], args.new_tokens)
         print(f"{row} | {l['agg']:>20.1f} {l['ttft']:>7.2f} {l['per_chat']:>8.1f}", flush=True)
     if args.profile and "torch" in engines:
-        from app.bench.step_profile import format_profile, profile_steps, steady_decode
+        from app.bench.step_profile import format_phases, format_profile, profile_steps, steady_decode, timed_phases
 
         engine = engines["torch"]
         for n in args.profile:
             ids = steady_decode(engine, chat_prompts(tokenizer_engine, n), args.new_tokens)
-            print(format_profile(n, profile_steps(engine, steps=10)), flush=True)
+            phases = timed_phases(engine, steps=10)  # the native stack is one op: its own timers see inside
+            print(f"{n} chats decoding: {format_phases(phases)}" if phases else
+                  format_profile(n, profile_steps(engine, steps=10)), flush=True)
             for i in ids:
                 engine.abort(i)
     return 0
