@@ -64,6 +64,7 @@ def run(args) -> int:
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=args.threads, verbose=False)
     for engine in engines.values():
         run_ember(engine, chat_prompts(engine, 2), 4)  # warm-up
+    run_llamacpp(llm, chat_prompts(next(iter(engines.values())), 1), 4)  # its first chat pays its warm-up too
     print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, {args.new_tokens} new tokens per chat, "
           "greedy, ignore EOS; llama-cpp-python serves the chats one after another")
     cols = "".join(f" | {'ember/' + b + ' agg':>20} {'TTFT s':>7} {'per-chat':>8}" for b in engines)
