@@ -16,6 +16,7 @@ from app.bench.lib.roofline import (gguf_bytes_per_token, kv_bytes_read, model_b
                                    roofline_rows, stream)
 from app.bench.lib.workloads import bench_ember, make_prompt
 from app.bench.step_profile import format_phases, stack_phases, torch_runner
+from app.bench.synthetic import add_synthetic_args, bench_model_path
 
 
 def bench_llamacpp(llm, prompt: list[int], new_tokens: int) -> tuple[float, float]:
@@ -91,9 +92,8 @@ def run(args) -> int:
 
     from engine.backends import load_engine
     from engine.config import EngineConfig
-    from engine.model_files.bundled import default_model_path
 
-    path = args.model or str(default_model_path())
+    path = bench_model_path(args)
     torch.set_num_threads(args.threads)
     rss0 = psutil.Process().memory_info().rss
     engine, decision = load_engine(EngineConfig(model_path=path, dtype=args.dtype, weights=args.weights,
@@ -146,6 +146,7 @@ def run(args) -> int:
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("decode", help="single-stream prefill and decode tok/s, Ember vs llama.cpp")
     add_model_args(p, backend="torch")  # Ember's own engine by default: the one this bench is for
+    add_synthetic_args(p)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)

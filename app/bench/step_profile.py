@@ -89,42 +89,52 @@ def phase_names(moe: bool) -> tuple[str, ...]:
 def stack_phases(engine, prompt: list[int], new_tokens: int) -> dict[str, float] | None:
     """ms per decode step of one greedy stream, split by the native decoder stack's own phase
     timers (engine/kernels/csrc/decoder.cpp; the stack is one op, so no outside profiler sees
-    inside it), with `step` the whole engine step, `head` the runner's logits (the final matrix
-    and its copy out), and `forward outside the stack` the runner's forward less the stack's
-    phases (embedding, RoPE tables, the step's metadata, the op's own set-up). None when the
-    model runs Python layers or the stream ends at its first token (no decode step to time)."""
+    inside it): see timed_phases. None when the model runs Python layers or the stream ends at
+    its first token (no decode step to time)."""
     from engine.sampling_params import SamplingParams
 
     runner = torch_runner(engine.runner)
-    stack = runner.model.stack if runner is not None else None
-    if stack is None:
+    if runner is None or runner.model.stack is None:
         return None
     engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
     while not any(o.new_token_ids for o in engine.step()):  # the prefill, untimed
         pass
+    return timed_phases(engine)
+
+
+def timed_phases(engine, steps: int | None = None) -> dict[str, float] | None:
+    """ms per step of the engine's next `steps` steps (all of them till none is left: None), by
+    the native stack's phase timers, with `step` the whole engine step, `head` the runner's
+    logits (the final matrix and its copy out), and `forward outside the stack` the runner's
+    forward less the stack's phases (embedding, RoPE tables, the step's metadata, the op's own
+    set-up). None without the native stack, or when no step ran."""
+    runner = torch_runner(engine.runner)
+    stack = runner.model.stack if runner is not None else None
+    if stack is None:
+        return None
     stack.set_profile(True)
     timed = {"forward": 0.0, "head": 0.0}
 
     def add(phase: str, seconds: float) -> None:
         timed[phase] += seconds
     engine.runner.phase_timer = add  # the runner's profiling hook (engine/runner.py)
-    steps, t0 = 0, time.perf_counter()
+    done, t0 = 0, time.perf_counter()
     try:
-        while engine.has_unfinished():
+        while engine.has_unfinished() and (steps is None or done < steps):
             engine.step()
-            steps += 1
+            done += 1
     finally:
         engine.runner.phase_timer = None
     wall = time.perf_counter() - t0
     seconds = stack.phases()
     stack.set_profile(False)
-    if not steps:
+    if not done:
         return None
     names = phase_names(bool(runner.model.config.num_experts))
-    ms = {name: s * 1e3 / steps for name, s in zip(STACK_PHASES, seconds) if name in names}
-    outside = timed["forward"] * 1e3 / steps - sum(ms.values())
-    return {"step": wall * 1e3 / steps, **ms, "forward outside the stack": max(outside, 0.0),
-            "head": timed["head"] * 1e3 / steps}
+    ms = {name: s * 1e3 / done for name, s in zip(STACK_PHASES, seconds) if name in names}
+    outside = timed["forward"] * 1e3 / done - sum(ms.values())
+    return {"step": wall * 1e3 / done, **ms, "forward outside the stack": max(outside, 0.0),
+            "head": timed["head"] * 1e3 / done}
 
 
 def format_phases(phases: dict[str, float]) -> str:

@@ -11,6 +11,7 @@ import time
 
 from app.bench import add_model_args
 from app.bench.lib.workloads import build_engine, chat_prompts
+from app.bench.synthetic import add_synthetic_args, bench_model_path
 
 def run_ember(engine, prompts, new_tokens: int) -> dict:
     from engine.sampling_params import SamplingParams
@@ -54,9 +55,7 @@ def run_llamacpp(llm, prompts, new_tokens: int) -> dict:
 def run(args) -> int:
     import llama_cpp
 
-    from engine.model_files.bundled import default_model_path
-
-    path = args.model or str(default_model_path())
+    path = bench_model_path(args)
     if args.with_model:  # two models resident at once (app/bench/two_models.py)
         from app.bench.two_models import run_two
 
@@ -65,6 +64,7 @@ def run(args) -> int:
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=args.threads, verbose=False)
     for engine in engines.values():
         run_ember(engine, chat_prompts(engine, 2), 4)  # warm-up
+    run_llamacpp(llm, chat_prompts(next(iter(engines.values())), 1), 4)  # its first chat pays its warm-up too
     print(f"model {path}\nthreads {args.threads}, dtype {args.dtype}, {args.new_tokens} new tokens per chat, "
           "greedy, ignore EOS; llama-cpp-python serves the chats one after another")
     cols = "".join(f" | {'ember/' + b + ' agg':>20} {'TTFT s':>7} {'per-chat':>8}" for b in engines)
@@ -79,12 +79,14 @@ def run(args) -> int:
         l = run_llamacpp(llm, prompts[:args.llamacpp_max], args.new_tokens)
         print(f"{row} | {l['agg']:>20.1f} {l['ttft']:>7.2f} {l['per_chat']:>8.1f}", flush=True)
     if args.profile and "torch" in engines:
-        from app.bench.step_profile import format_profile, profile_steps, steady_decode
+        from app.bench.step_profile import format_phases, format_profile, profile_steps, steady_decode, timed_phases
 
         engine = engines["torch"]
         for n in args.profile:
             ids = steady_decode(engine, chat_prompts(tokenizer_engine, n), args.new_tokens)
-            print(format_profile(n, profile_steps(engine, steps=10)), flush=True)
+            phases = timed_phases(engine, steps=10)  # the native stack is one op: its own timers see inside
+            print(f"{n} chats decoding: {format_phases(phases)}" if phases else
+                  format_profile(n, profile_steps(engine, steps=10)), flush=True)
             for i in ids:
                 engine.abort(i)
     return 0
@@ -93,6 +95,7 @@ def run(args) -> int:
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("throughput", help="aggregate tok/s of N concurrent chats vs llama.cpp")
     add_model_args(p)
+    add_synthetic_args(p)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--backend", nargs="+", default=["torch", "llama.cpp"], choices=["torch", "llama.cpp"],

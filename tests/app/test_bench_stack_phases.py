@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from app.bench.step_profile import STACK_PHASES, format_phases, phase_names, stack_phases
+from app.bench.step_profile import STACK_PHASES, format_phases, phase_names, stack_phases, steady_decode, timed_phases
 from engine.kernels import kernels
 from tests.gguf_factory import write_tiny_model
 
@@ -61,3 +61,22 @@ def test_a_mixture_of_experts_is_timed_as_one_phase(tmp_path):
     phases = stack_phases(engine, [1, 2, 3, 4], new_tokens=4)
     assert set(phases) == {"step", *phase_names(moe=True), "forward outside the stack", "head"}
     assert phases[STACK_PHASES[-1]] > 0 and "gate_up and act" not in phases
+
+
+def test_a_batched_decode_is_timed_by_the_same_phases(tmp_path):
+    """bench throughput's profile: several chats decoding together, a fixed number of steps timed
+    (their requests go on: the bench aborts them)."""
+    from arch_ggufs import write_arch_gguf
+    from engine.backends import load_engine
+    from engine.config import EngineConfig
+
+    path = tmp_path / "moe.gguf"
+    write_arch_gguf(path, "qwen3moe", seed=1, qtype=QT.Q8_0)
+    engine, _ = load_engine(EngineConfig(model_path=str(path), num_threads=1, max_model_len=128), "torch", "cpu")
+    ids = steady_decode(engine, [[1, 2, 3], [4, 5, 6, 7], [8, 9]], max_tokens=20, warm_steps=1)
+    phases = timed_phases(engine, steps=3)
+    assert set(phases) == {"step", *phase_names(moe=True), "forward outside the stack", "head"}
+    assert phases[STACK_PHASES[-1]] > 0 and sum(v for k, v in phases.items() if k != "step") < phases["step"]
+    assert engine.runner.phase_timer is None and engine.has_unfinished()
+    for i in ids:
+        engine.abort(i)
