@@ -69,17 +69,27 @@ def one_length(args, n: int) -> tuple[float, float, bool, int]:
     return statistics.median(cold), statistics.median(warm), same, cached
 
 
-def _peak_rss(args, prompt: list[int], disk: str, out) -> None:
-    """In a fresh process: answer `prompt` reading the tier; put (peak RSS, tokens from disk) on `out`."""
-    _, _, cached = first_token(args, prompt, disk)
+ENGINE_FIELDS = ("model", "dtype", "weights", "kv_cache_dtype", "threads", "context", "mmproj", "backend", "device", "reply")
+
+
+def peak_rss_child(job: dict) -> None:
+    """A fresh process's part (`python -c`): answer the prompt reading the tier, then print its
+    peak RSS (VmHWM) and the tokens that came from disk."""
+    import argparse
+
+    _, _, cached = first_token(argparse.Namespace(**job["args"]), job["prompt"], job["disk"])
     status = dict(line.split(":", 1) for line in open("/proc/self/status", encoding="ascii"))
-    out.put((int(status["VmHWM"].split()[0]) * 1024, cached))
+    print(int(status["VmHWM"].split()[0]) * 1024, cached)
 
 
 def memory_round(args, n: int) -> list[tuple[int, int, int, int]]:
     """(chats kept, the tier's bytes, the reader's peak RSS, tokens from disk) for a tier of one
-    chat of `n` tokens and for one of `--memory-chats` such chats (each with its own first line)."""
-    import multiprocessing
+    chat of `n` tokens and for one of `--memory-chats` such chats (each with its own first line).
+    The reader is a plain child process (not multiprocessing's spawn, whose resource tracker
+    would outlive it), so its RSS is its own."""
+    import json
+    import subprocess
+    import sys
     from pathlib import Path
 
     from app.bench.lib.workloads import make_prompt
@@ -87,19 +97,19 @@ def memory_round(args, n: int) -> list[tuple[int, int, int, int]]:
     from engine.model_files.bundled import default_model_path
 
     encode = load_tokenizer(args.model or str(default_model_path())).encode
-    chat = make_prompt(encode, n)
-    rows, ctx = [], multiprocessing.get_context("spawn")
+    chat, rows = make_prompt(encode, n), []
     for kept in sorted({1, args.memory_chats}):
         folder = tempfile.mkdtemp(prefix="ember-bench-restart-")
         try:
             for i in range(kept):  # chat 0 is the one read back
                 first_token(args, (encode(f"Chat {i}. ") + chat)[:n], folder)
             size = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
-            out = ctx.Queue()
-            child = ctx.Process(target=_peak_rss, args=(args, (encode("Chat 0. ") + chat)[:n] + encode(TURN), folder, out))
-            child.start()
-            peak, cached = out.get()
-            child.join()
+            job = {"args": {k: getattr(args, k) for k in ENGINE_FIELDS}, "disk": folder,
+                   "prompt": (encode("Chat 0. ") + chat)[:n] + encode(TURN)}
+            out = subprocess.run([sys.executable, "-c", "import json, sys; from app.bench.restart import "
+                                  "peak_rss_child; peak_rss_child(json.loads(sys.argv[1]))", json.dumps(job)],
+                                 capture_output=True, text=True, check=True)
+            peak, cached = map(int, out.stdout.split()[-2:])
             rows.append((kept, size, peak, cached))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
